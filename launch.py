@@ -1,0 +1,32 @@
+"""The single entry point: `python launch.py [group=option ...] [key=value ...]`.
+
+Hydra composes conf/config.yaml with the chosen groups against the typed schemas in
+titan_exp.config; titan_exp.launch does the rest.
+"""
+
+import sys
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from titan_exp.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> int:
+    from titan_exp.launch import launch
+
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    code = launch(cfg, hc.runtime.output_dir, multirun=multirun)
+    if code and not multirun:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""One rank in the launching process: for debuggers and quick looks; world size must be 1."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+from titan_exp.config import JobConfig
+from titan_exp.run_dir import RunDir
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_debug(job: JobConfig, run_dir: RunDir) -> Optional[str]:
+    from titan_exp import train
+
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        train.main(str(run_dir.path))
+    except Exception as exc:  # noqa: BLE001 - reported like a failed rank
+        return f"rank 0: {type(exc).__name__}: {exc}"
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return None

@@ -1,0 +1,40 @@
+"""Local processes through torch's elastic launcher (what torchrun uses), gloo on CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import uuid
+from typing import Optional
+
+from titan_exp.config import JobConfig
+from titan_exp.run_dir import RunDir
+
+
+def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    nproc = job.cluster.nnodes * job.cluster.nproc_per_node
+    # Split the cores between ranks unless the user chose a thread count.
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=uuid.uuid4().hex,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # a free port, chosen by the OS: runs never collide
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
+        return f"rank {rank} exited with code {failure.exitcode}: {message}".strip()
+    return None

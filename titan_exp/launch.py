@@ -1,0 +1,73 @@
+"""The launcher: validate -> resolve -> write the run dir -> hand the ranks to an executor.
+
+Nothing is spawned and nothing of the run is written until the whole config is valid.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from titan_exp.cluster import get_executor
+from titan_exp.config import JobConfig, to_job_config, to_yaml
+from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
+from titan_exp.run_dir import RunDir
+from titan_exp.validation import resolve, validate
+
+logger = logging.getLogger("titan_exp.launch")
+
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+
+
+def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
+    """Make the default corpus and tokenizer exist (cached, offline) and point the config at
+    the corpus file; returns (job, tokenizer file)."""
+    data = job.data
+    if data.dataset == "pydoc_topics":
+        data = dataclasses.replace(data, path=str(default_corpus()))
+    tokenizer = Path(data.tokenizer_path) if data.tokenizer_path else trained_tokenizer(default_corpus(), data.tokenizer_vocab_size)
+    return dataclasses.replace(job, data=data), tokenizer
+
+
+def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
+    """Run one job; returns an exit code. In a sweep an invalid member leaves a summary saying
+    so; a single invalid run writes nothing."""
+    job = to_job_config(cfg)
+    record = RunDir(run_dir)
+    errors = validate(job)
+    if not errors:
+        job, tokenizer = prepare_data(job)
+        errors = validate(job, tokenizer_vocab=Tokenizer(tokenizer).vocab_size)
+    if errors:
+        logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))
+        if multirun:
+            record.write_summary({"status": "invalid", "error": "; ".join(errors), "errors": errors})
+        return EXIT_INVALID
+
+    job = resolve(job)
+    record.path.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tokenizer, record.tokenizer)
+    job = dataclasses.replace(job, data=dataclasses.replace(job.data, tokenizer_path=str(record.tokenizer)))
+    record.config.write_text(to_yaml(job))
+    world = job.cluster.nnodes * job.cluster.nproc_per_node
+    logger.info("run dir %s | %s executor, %d rank(s)", record.path, job.cluster.executor, world)
+
+    error = get_executor(job.cluster.executor)(job, record)
+    summary = record.read_summary()
+    if summary is None or summary["status"] == "running":
+        # A rank died before it could write (killed, segfault): the launcher says so.
+        summary = {**(summary or {}), "status": "failed", "error": error or "no summary written by rank 0"}
+        record.write_summary(summary)
+    elif error and summary["status"] == "ok":
+        # gloo sometimes aborts in process teardown after every rank finished; the run is fine.
+        logger.warning("training finished but a rank exited badly afterwards (%s); the run is ok", error)
+    if summary["status"] == "ok":
+        logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s",
+                    summary["final_loss"], summary["tokens_per_second_per_device"], summary["mfu"], record.summary)
+        return EXIT_OK
+    logger.error("run %s: %s (summary %s)", summary["status"], summary.get("error"), record.summary)
+    return EXIT_FAILED

@@ -1,0 +1,141 @@
+"""Throughput, MFU, memory, and the sinks that record them (console, JSONL, TensorBoard, wandb)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import resource
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titan_exp.config import JobConfig
+
+logger = logging.getLogger("titan_exp")
+
+# Dense peak TFLOP/s per GPU by name fragment (bf16 tensor cores, no sparsity).
+GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0, "A10G": 125.0}
+
+
+def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) -> float:
+    """Best observed `torch.mm` rate at this process's thread count: the ceiling MFU is read against."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best / 1e12
+
+
+def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
+    """(per-device peak, where it came from): config override, GPU table, or a CPU measurement."""
+    if job.metrics.peak_tflops is not None:
+        return job.metrics.peak_tflops, "config"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, value in GPU_PEAK_TFLOPS.items():
+            if key in name:
+                return value, f"table ({name})"
+        logger.warning("no peak FLOP/s known for %s; set metrics.peak_tflops for MFU", name)
+        return float("nan"), f"unknown ({name})"
+    return measure_cpu_peak_tflops(dtype), f"measured torch.mm {dtype} on {torch.get_num_threads()} thread(s)"
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak allocated device memory on GPU; peak resident set size of the process on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+class Throughput:
+    """Tokens/s per device and MFU over the steps since the last report, and in steady state
+    (every step after `warmup_steps`) for the summary."""
+
+    def __init__(self, flops_per_token: int, peak_tflops: float, world_size: int, warmup_steps: int):
+        self.flops_per_token = flops_per_token
+        self.peak = peak_tflops * 1e12
+        self.world_size = world_size
+        self.warmup_steps = warmup_steps
+        self._window_tokens = 0
+        self._window_time = 0.0
+        self._steady_tokens = 0
+        self._steady_time = 0.0
+
+    def record(self, step: int, tokens: int, seconds: float) -> None:
+        self._window_tokens += tokens
+        self._window_time += seconds
+        if step > self.warmup_steps:
+            self._steady_tokens += tokens
+            self._steady_time += seconds
+
+    def _rates(self, tokens: int, seconds: float) -> dict[str, float]:
+        tps = tokens / seconds / self.world_size if seconds > 0 else float("nan")
+        return {"tps_per_device": tps, "mfu": 100 * tps * self.flops_per_token / self.peak}
+
+    def window(self) -> dict[str, float]:
+        out = self._rates(self._window_tokens, self._window_time)
+        self._window_tokens, self._window_time = 0, 0.0
+        return out
+
+    def steady(self) -> dict[str, float]:
+        return self._rates(self._steady_tokens, self._steady_time)
+
+
+class MetricSinks:
+    """Every enabled sink behind one `log(step, metrics)`; only rank 0 writes."""
+
+    def __init__(self, job: JobConfig, run_dir: Path, rank: int):
+        self.active = rank == 0
+        self.jsonl = self.tb = self.wandb_run = None
+        if not self.active:
+            return
+        self.jsonl = open(run_dir / "metrics.jsonl", "a")
+        if job.metrics.enable_tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tb"))
+        if job.metrics.enable_wandb:
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=job.metrics.wandb_project,
+                mode=job.metrics.wandb_mode,
+                dir=str(run_dir),
+                name=run_dir.name,
+                config=_plain(job),
+            )
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.active:
+            return
+        self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in metrics.items():
+                self.tb.add_scalar(key, value, step)
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+        logger.info(
+            "step %4d | loss %.4f | grad_norm %.3f | lr %.2e | tps/device %8.1f | mfu %5.1f%% | mem %.2f GiB",
+            step, metrics["loss"], metrics["grad_norm"], metrics["lr"],
+            metrics["tps_per_device"], metrics["mfu"], metrics["peak_memory_gib"],
+        )
+
+    def close(self) -> None:
+        if self.jsonl is not None:
+            self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def _plain(job: JobConfig) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.structured(job))

@@ -1,0 +1,184 @@
+"""Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Written for parallelism from the start:
+- blocks live in a ModuleDict keyed "0".."n-1", so a pipeline stage can drop blocks and keep
+  every parameter's fully qualified name (checkpoints and weight init stay layout-independent);
+- the embedding, final norm and output may be None on a pipeline stage that lacks them;
+- attention infers its local head count from tensor shapes, so tensor parallel sharding of the
+  projections needs no change here.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titan_exp.config import ModelConfig
+
+
+def ffn_hidden_dim(cfg: ModelConfig) -> int:
+    """Llama's SwiGLU width: 2/3 of 4*dim, scaled, rounded up to `multiple_of`."""
+    hidden = int(2 * 4 * cfg.dim / 3)
+    if cfg.ffn_dim_multiplier is not None:
+        hidden = int(cfg.ffn_dim_multiplier * hidden)
+    return cfg.multiple_of * ((hidden + cfg.multiple_of - 1) // cfg.multiple_of)
+
+
+def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate consecutive pairs (x[2i], x[2i+1]) as Llama's complex formulation does.
+    x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim/2)."""
+    pairs = x.float().unflatten(-1, (-1, 2))
+    real, imag = pairs[..., 0], pairs[..., 1]
+    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
+    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
+    return rotated.flatten(-2).type_as(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.dim // cfg.n_heads
+        self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        bsz, seqlen, _ = x.shape
+        cos, sin = cos[:seqlen], sin[:seqlen]
+        # -1 heads: under tensor parallel each rank holds n_heads / tp of them.
+        q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        repeats = q.shape[2] // k.shape[2]
+        if repeats > 1:
+            k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)
+        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w3 = nn.Linear(dim, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg.dim, ffn_hidden_dim(cfg))
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        if cfg.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (batch, seq) int64 -> logits (batch, seq, vocab); on a pipeline stage without
+        the embedding the input is already hidden states, and without the output it stays so."""
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        # Full RoPE tables: under sequence parallel a block's input holds seq/tp positions, and
+        # attention (which sees the whole sequence) takes the rows it needs.
+        for layer in self.layers.values():
+            h = layer(h, self.rope_cos, self.rope_sin)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
+
+    @torch.no_grad()
+    def init_weights(self, seed: int) -> None:
+        """Deterministic, layout-independent init: each parameter is drawn in full from a generator
+        seeded by (seed, its name) and then cut to this rank's shard. A model split by FSDP, TP or
+        PP therefore starts from exactly the weights of the single-process model."""
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        cos, sin = rope_tables(self.cfg.dim // self.cfg.n_heads, self.cfg.max_seq_len, self.cfg.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
+        for name, param in self.named_parameters():
+            full = torch.empty(param.shape, dtype=torch.float32)
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            _init_param(name, full, self.cfg, gen)
+            if isinstance(param, DTensor):
+                full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+            param.copy_(full)
+
+
+def _init_param(name: str, t: torch.Tensor, cfg: ModelConfig, gen: torch.Generator) -> None:
+    """TorchTitan's Llama init: unit-normal embeddings, 0.02 for input projections, depth-scaled
+    std for projections that write into the residual stream, dim^-0.5 for the output."""
+    if name.endswith("norm.weight"):
+        t.fill_(1.0)
+    elif name.startswith("tok_embeddings"):
+        t.normal_(0.0, 1.0, generator=gen)
+    elif name.startswith("output"):
+        std = cfg.dim**-0.5
+        nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std, generator=gen)
+    elif name.startswith("layers."):
+        layer_id = int(name.split(".")[1])
+        residual = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
+        std = 0.02 / math.sqrt(2 * (layer_id + 1)) if residual else 0.02
+        nn.init.trunc_normal_(t, 0.0, std, -2 * std, 2 * std, generator=gen)
+    else:
+        raise ValueError(f"no init rule for parameter {name!r}")
+
+
+def count_params(cfg: ModelConfig) -> tuple[int, int]:
+    """(total, embedding) parameter counts, computed from the shapes without building the model."""
+    head_dim = cfg.dim // cfg.n_heads
+    kv = cfg.n_kv_heads or cfg.n_heads
+    attn = cfg.dim * head_dim * (2 * cfg.n_heads + 2 * kv)
+    ffn = 3 * cfg.dim * ffn_hidden_dim(cfg)
+    per_layer = attn + ffn + 2 * cfg.dim
+    embedding = cfg.vocab_size * cfg.dim
+    output = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.dim
+    return embedding + cfg.n_layers * per_layer + cfg.dim + output, embedding
+
+
+def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
+    """Training FLOPs per token, TorchTitan's count:
+        6 * (N - N_embedding) + 6 * n_layers * n_heads * (2 * head_dim) * seq_len
+    The first term is forward (2) + backward (4) FLOPs of every matmul weight; the embedding is a
+    lookup, not a matmul. The second is the attention scores and the weighted sum of values
+    (QK^T and PV, 2 * head_dim multiply-adds per head, position and layer), without a causal
+    discount. With tied embeddings the shared matrix is counted once, as the output matmul."""
+    total, embedding = count_params(cfg)
+    dense = total - embedding if not cfg.tie_word_embeddings else total
+    head_dim = cfg.dim // cfg.n_heads
+    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * head_dim) * seq_len

@@ -1,0 +1,93 @@
+"""What every rank runs: `python -m titan_exp.train RUN_DIR`.
+
+The rank reads the resolved config the launcher wrote, validates it again, joins the process
+group, trains, and rank 0 writes summary.json, on failure as well as on success.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from titan_exp.config import JobConfig, load_job_config
+from titan_exp.run_dir import RunDir
+from titan_exp.validation import ConfigError, validate
+
+logger = logging.getLogger("titan_exp")
+
+
+def setup_logging(run_dir: RunDir, rank: int) -> None:
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S")
+    file_handler = logging.FileHandler(run_dir.rank_log(rank))
+    file_handler.setFormatter(fmt)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(fmt)
+    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    root = logging.getLogger()
+    root.handlers[:] = [file_handler, console]
+    root.setLevel(logging.INFO)
+
+
+def init_distributed() -> torch.device:
+    """CUDA + NCCL when there is a GPU, else CPU + gloo; rendezvous from the launcher's env."""
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "cuda:nccl,cpu:gloo"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    return device
+
+
+def failure_status(exc: BaseException) -> str:
+    return "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
+
+
+def run(job: JobConfig, run_dir: RunDir) -> dict:
+    """Train on this rank; the summary fields of a finished run."""
+    from titan_exp.trainer import Trainer
+
+    torch.use_deterministic_algorithms(job.training.deterministic)
+    device = init_distributed()
+    return Trainer(job, run_dir, device).train()
+
+
+@record
+def main(path: str) -> int:
+    run_dir = RunDir(path)
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(run_dir, rank)
+    start = time.time()
+    summary: dict = {"status": "running", "run_dir": str(run_dir.path)}
+    job = load_job_config(run_dir.config)
+    try:
+        errors = validate(job)
+        if errors:
+            raise ConfigError(errors)
+        summary.update(run(job, run_dir), status="ok")
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
+        summary.update(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
+        logger.exception("rank %d failed", rank)
+        raise
+    finally:
+        summary["wall_time_s"] = time.time() - start
+        if rank == 0:
+            run_dir.write_summary(summary)
+        if dist.is_initialized():
+            if summary["status"] == "ok":
+                dist.barrier()
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,237 @@
+"""The training loop. Construction builds, in order: mesh -> model (meta) -> parallelize ->
+weights -> optimizer and schedule -> data -> metrics. `train()` runs the steps and returns the
+numbers the run summary records."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from titan_exp.config import JobConfig, LRSchedulerConfig
+from titan_exp.data.corpus import Tokenizer
+from titan_exp.data.loader import PackedLoader, open_dataset
+from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
+from titan_exp.models.llama import Transformer, count_params, flops_per_token
+from titan_exp.parallel import DTYPES, loss_parallel_enabled, parallelize
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
+from titan_exp.run_dir import RunDir
+
+logger = logging.getLogger("titan_exp")
+
+
+def lr_lambda(cfg: LRSchedulerConfig, steps: int):
+    """Warmup-stable-decay as a multiplier of the peak lr, for optimizer step s = 1..steps."""
+    warmup = cfg.warmup_steps
+    decay = round(cfg.decay_ratio * steps) if cfg.decay_ratio is not None else steps - warmup
+    decay_start = steps - decay
+
+    def factor(last_epoch: int) -> float:
+        s = last_epoch + 1
+        if s <= warmup:
+            return s / warmup
+        if s <= decay_start or decay <= 0:
+            return 1.0
+        progress = min(1.0, (s - decay_start) / decay)
+        curve = {
+            "linear": 1.0 - progress,
+            "sqrt": 1.0 - math.sqrt(progress),
+            "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
+        }[cfg.decay_type]
+        return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * curve
+
+    return factor
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
+    """Total gradient norm over every parameter of the model, wherever its shards live; clips
+    in place when max_norm > 0. Under PP each rank holds some stages, so squares are summed
+    across the pipeline group."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total = torch.nn.utils.get_total_norm(grads, foreach=True)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    if pp_group is not None:
+        total = total**2
+        dist.all_reduce(total, group=pp_group)
+        total = total.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+    return total
+
+
+class Trainer:
+    def __init__(self, job: JobConfig, run_dir: RunDir, device: torch.device):
+        self.job, self.run_dir, self.device = job, run_dir, device
+        t = job.training
+        self.dims = ParallelDims.from_config(job.parallelism, dist.get_world_size())
+        self.mesh = self.dims.build_mesh(device.type)
+        self.rank = dist.get_rank()
+        torch.manual_seed(t.seed)
+
+        # Model: built on the meta device, split into pipeline stages if any, parallelized,
+        # then materialized and initialised part by part.
+        with torch.device("meta"):
+            model = Transformer(job.model)
+        dp_mesh = self.dims.submesh(self.mesh, "dp")
+        dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
+        rows_per_rank = t.global_batch_size // self.dims.dp
+        self.tokens_per_rank_step = rows_per_rank * t.seq_len
+        self.loss_parallel = loss_parallel_enabled(job, self.dims)
+        pp_mesh = self.dims.submesh(self.mesh, "pp")
+        self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
+        if pp_mesh is not None:
+            schedule = job.parallelism.pipeline_parallel_schedule
+            self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
+                model,
+                schedule=schedule,
+                per_rank=stages_per_rank(schedule, job.parallelism.pipeline_parallel_stages_per_rank),
+                pp_mesh=pp_mesh,
+                device=device,
+                n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,
+                loss_fn=self._loss,
+                prepare=self._prepare,
+            )
+        else:
+            self.schedule, self.has_first, self.has_last = None, True, True
+            self._prepare(model)
+            self.model_parts = [model]
+        # Autocast only where FSDP's mixed precision policy does not already cast.
+        self.autocast_dtype = (
+            DTYPES[job.precision.param_dtype]
+            if job.precision.param_dtype != "float32" and not self.dims.fsdp_enabled
+            else None
+        )
+
+        self.params = [p for part in self.model_parts for p in part.parameters()]
+        o = job.optimizer
+        optim_cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[o.name]
+        self.optimizer = optim_cls(
+            self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=True
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(job.lr_scheduler, t.steps))
+
+        self.loader = PackedLoader(
+            open_dataset(job.data),
+            Tokenizer(run_dir.tokenizer),
+            text_field=job.data.text_field,
+            seq_len=t.seq_len,
+            global_batch_size=t.global_batch_size,
+            local_batch_size=t.local_batch_size,
+            dp_rank=dp_rank,
+            dp_degree=self.dims.dp,
+        )
+
+        self.num_params, _ = count_params(job.model)
+        self.flops_per_token = flops_per_token(job.model, t.seq_len)
+        self.peak_tflops, self.peak_source = peak_tflops(job, device, DTYPES[job.precision.param_dtype])
+        self.throughput = Throughput(
+            self.flops_per_token, self.peak_tflops, self.dims.world_size, job.metrics.warmup_steps
+        )
+        self.sinks = MetricSinks(job, run_dir.path, self.rank)
+        logger.info(
+            "model %s: %.2fM params, %.3g FLOPs/token | mesh %s | peak %.3g TFLOP/s (%s)",
+            job.model.flavor, self.num_params / 1e6, self.flops_per_token,
+            {k: v for k, v in self.dims.degrees.items() if v > 1} or "single", self.peak_tflops, self.peak_source,
+        )
+
+    def _prepare(self, part: torch.nn.Module) -> None:
+        parallelize(part, self.dims, self.mesh, self.job)
+        part.to_empty(device=self.device)
+        part.init_weights(self.job.training.seed)
+        part.train()
+
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Summed token losses over this rank's share of the step's tokens: summing it over
+        microbatches gives the rank's mean, and averaging gradients over data-parallel ranks
+        (as FSDP/DDP do) gives the global mean, whatever the layout or accumulation."""
+        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+        return ce / self.tokens_per_rank_step
+
+    def _loss_context(self):
+        if self.loss_parallel:
+            from torch.distributed.tensor.parallel import loss_parallel
+
+            return loss_parallel()
+        return contextlib.nullcontext()
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """One optimizer step over this rank's microbatches; returns (global mean loss, grad norm)."""
+        self.optimizer.zero_grad()
+        loss = torch.zeros((), device=self.device)
+        for inputs, labels in microbatches:
+            inputs, labels = inputs.to(self.device), labels.to(self.device)
+            with self._loss_context(), self._autocast():
+                if self.schedule is None:
+                    mb_loss = self._loss(self.model_parts[0](inputs), labels)
+                    mb_loss.backward()
+                    loss += mb_loss.detach()
+                else:
+                    losses: list[torch.Tensor] = []
+                    args = (inputs,) if self.has_first else ()
+                    target = labels if self.has_last else None
+                    self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
+                    loss += sum(l.detach() for l in losses) if self.has_last else 0.0
+        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
+        self.optimizer.step()
+        self.scheduler.step()
+        # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
+        if self.pp_group is not None:
+            dist.all_reduce(loss, group=self.pp_group)
+        dp_mesh = self.dims.submesh(self.mesh, "dp_cp")
+        if dp_mesh is not None:
+            dist.all_reduce(loss, group=dp_mesh.get_group())
+            loss /= dp_mesh.size()
+        return loss, grad_norm
+
+    def train(self) -> dict[str, Any]:
+        t = self.job.training
+        tokens_per_step = t.global_batch_size * t.seq_len
+        losses: list[float] = []
+        start = time.perf_counter()
+        for step in range(1, t.steps + 1):
+            step_start = time.perf_counter()
+            loss, grad_norm = self.train_step(self.loader.next_batch())
+            loss_value = loss.item()  # syncs the device, so the step time below is honest
+            self.throughput.record(step, tokens_per_step, time.perf_counter() - step_start)
+            losses.append(loss_value)
+            if not math.isfinite(loss_value):
+                raise FloatingPointError(f"loss is {loss_value} at step {step}")
+            if step % self.job.metrics.log_freq == 0 or step == t.steps:
+                self.sinks.log(step, {
+                    "loss": loss_value,
+                    "grad_norm": grad_norm.item(),
+                    "lr": self.scheduler.get_last_lr()[0],
+                    **self.throughput.window(),
+                    "peak_memory_gib": peak_memory_gib(self.device),
+                })
+        self.sinks.close()
+        peak = torch.tensor(peak_memory_gib(self.device))
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        steady = self.throughput.steady()
+        return {
+            "steps": t.steps,
+            "final_loss": losses[-1],
+            "losses": losses,
+            "tokens_per_second_per_device": steady["tps_per_device"],
+            "mfu": steady["mfu"],
+            "peak_memory_gib": peak.item(),
+            "train_time_s": time.perf_counter() - start,
+            "num_params": self.num_params,
+            "flops_per_token": self.flops_per_token,
+            "peak_tflops": self.peak_tflops,
+            "peak_tflops_source": self.peak_source,
+        }

@@ -1,0 +1,276 @@
+"""Validation: one pure function from a JobConfig to every error it has, and the resolution of
+derived values (world size, dp_shard=-1, global batch) that runs only on a valid config.
+
+Each message reads `field = value: what is wrong; how to fix it`. The launcher runs this before
+anything is spawned or written, and every rank runs it again on the resolved config.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+
+from titan_exp.config import JobConfig
+from titan_exp.models.llama import ffn_hidden_dim
+from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.fsdp import RESHARD_MODES
+from titan_exp.parallel.pipeline import LOOPED, SCHEDULES, SINGLE_STAGE, V_SHAPED, stages_per_rank
+
+DTYPE_NAMES = ("float32", "bfloat16")
+NOT_YET = "not supported yet (tracked in its own issue)"
+
+
+class ConfigError(ValueError):
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__("invalid config:\n  - " + "\n  - ".join(errors))
+
+
+def world_size(job: JobConfig) -> int:
+    """Ranks the job runs on: nnodes x nproc_per_node, or what the degrees need when unset."""
+    c, p = job.cluster, job.parallelism
+    if c.nproc_per_node is not None:
+        return c.nnodes * c.nproc_per_node
+    need = p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+    need *= p.context_parallel_degree * p.tensor_parallel_degree * max(1, p.data_parallel_shard_degree)
+    return need
+
+
+def _err(errors: list[str], field: str, value, problem: str) -> None:
+    errors.append(f"{field} = {value!r}: {problem}")
+
+
+def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int | None = None) -> list[str]:
+    """Every error in `job`. `cuda` defaults to what this machine has; `tokenizer_vocab` is
+    checked against the model when the tokenizer is known."""
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    e: list[str] = []
+    m, p, t, c = job.model, job.parallelism, job.training, job.cluster
+
+    # Every integer that counts something must be positive.
+    for group, names in (
+        ("model", ("dim", "n_layers", "n_heads", "vocab_size", "multiple_of", "max_seq_len")),
+        ("training", ("steps", "local_batch_size", "seq_len")),
+        ("parallelism", ("data_parallel_replicate_degree", "tensor_parallel_degree", "pipeline_parallel_degree",
+                         "context_parallel_degree", "pipeline_parallel_microbatch_size")),
+        ("cluster", ("nnodes",)),
+        ("metrics", ("log_freq",)),
+    ):
+        for name in names:
+            value = getattr(getattr(job, group), name)
+            if value < 1:
+                _err(e, f"{group}.{name}", value, "must be >= 1")
+    if e:
+        return e  # the rules below divide by these
+
+    # Model shape.
+    if m.name != "llama3":
+        _err(e, "model.name", m.name, "unknown model family; use 'llama3'")
+    if m.dim % m.n_heads:
+        _err(e, "model.dim", m.dim, f"must be divisible by model.n_heads = {m.n_heads}")
+    elif (m.dim // m.n_heads) % 2:
+        _err(e, "model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE")
+    kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+    if kv < 1 or m.n_heads % kv:
+        _err(e, "model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads = {m.n_heads}")
+    if tokenizer_vocab is not None and tokenizer_vocab > m.vocab_size:
+        _err(e, "model.vocab_size", m.vocab_size,
+             f"smaller than the tokenizer's vocabulary ({tokenizer_vocab}); set it to at least that")
+    if t.seq_len > m.max_seq_len:
+        _err(e, "training.seq_len", t.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}")
+
+    # Training, optimizer, schedule, metrics.
+    if t.max_norm < 0:
+        _err(e, "training.max_norm", t.max_norm, "must be >= 0 (0 disables clipping)")
+    o = job.optimizer
+    if o.name not in ("AdamW", "Adam"):
+        _err(e, "optimizer.name", o.name, "choose AdamW or Adam")
+    if not o.lr > 0:
+        _err(e, "optimizer.lr", o.lr, "must be > 0")
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(o, name) < 1:
+            _err(e, f"optimizer.{name}", getattr(o, name), "must be in [0, 1)")
+    s = job.lr_scheduler
+    if not 0 <= s.warmup_steps <= t.steps:
+        _err(e, "lr_scheduler.warmup_steps", s.warmup_steps, f"must be in [0, training.steps = {t.steps}]")
+    if s.decay_ratio is not None and not 0 <= s.decay_ratio <= 1:
+        _err(e, "lr_scheduler.decay_ratio", s.decay_ratio, "must be in [0, 1] or null")
+    elif s.decay_ratio is not None and s.warmup_steps + round(s.decay_ratio * t.steps) > t.steps:
+        _err(e, "lr_scheduler.decay_ratio", s.decay_ratio,
+             "warmup plus decay steps exceed training.steps; lower one of them")
+    if s.decay_type not in ("linear", "sqrt", "cosine"):
+        _err(e, "lr_scheduler.decay_type", s.decay_type, "choose linear, sqrt or cosine")
+    if not 0 <= s.min_lr_factor <= 1:
+        _err(e, "lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]")
+    if job.metrics.wandb_mode not in ("online", "offline"):
+        _err(e, "metrics.wandb_mode", job.metrics.wandb_mode, "choose online or offline")
+    if job.metrics.peak_tflops is not None and not job.metrics.peak_tflops > 0:
+        _err(e, "metrics.peak_tflops", job.metrics.peak_tflops, "must be > 0, or null to measure/look up")
+
+    # Data.
+    d = job.data
+    if d.dataset in ("text", "json") and not d.path:
+        _err(e, "data.path", d.path, f"data.dataset = {d.dataset!r} reads local files; give a file or glob")
+    elif d.dataset in ("text", "json") and not glob.glob(d.path):
+        _err(e, "data.path", d.path, "matches no file; check the path")
+    if d.tokenizer_path is not None and not os.path.isfile(d.tokenizer_path):
+        _err(e, "data.tokenizer_path", d.tokenizer_path, "is not a file; give a tokenizers JSON file or null")
+    if d.tokenizer_path is None and d.tokenizer_vocab_size < 258:
+        _err(e, "data.tokenizer_vocab_size", d.tokenizer_vocab_size,
+             "a byte-level BPE needs >= 258 (256 bytes + BOS/EOS)")
+
+    # Precision, compile, AC, checkpoints: what has landed.
+    pr = job.precision
+    for name in ("param_dtype", "reduce_dtype"):
+        if getattr(pr, name) not in DTYPE_NAMES:
+            _err(e, f"precision.{name}", getattr(pr, name), f"choose one of {', '.join(DTYPE_NAMES)}")
+    if pr.float8:
+        _err(e, "precision.float8", True, NOT_YET)
+    if job.compile.enable:
+        _err(e, "compile.enable", True, NOT_YET)
+    if job.activation_checkpoint.mode != "none":
+        _err(e, "activation_checkpoint.mode", job.activation_checkpoint.mode, f"only 'none' for now; {NOT_YET}")
+    if job.checkpoint.enable:
+        _err(e, "checkpoint.enable", True, NOT_YET)
+
+    # Cluster.
+    if c.executor not in ("local", "debug"):
+        _err(e, "cluster.executor", c.executor, "choose local or debug (slurm is " + NOT_YET + ")")
+    if c.nproc_per_node is not None and c.nproc_per_node < 1:
+        _err(e, "cluster.nproc_per_node", c.nproc_per_node, "must be >= 1, or null to derive it from the degrees")
+        return e
+    if c.nproc_per_node is None and world_size(job) % c.nnodes:
+        _err(e, "cluster.nnodes", c.nnodes,
+             f"does not divide the {world_size(job)} ranks the degrees need; set cluster.nproc_per_node")
+
+    e += _validate_layout(job, cuda)
+    return e
+
+
+def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
+    e: list[str] = []
+    m, p, t, c = job.model, job.parallelism, job.training, job.cluster
+    world = world_size(job)
+    other = p.pipeline_parallel_degree * p.data_parallel_replicate_degree
+    other *= p.context_parallel_degree * p.tensor_parallel_degree
+    shard = p.data_parallel_shard_degree
+    if shard == -1:
+        if world % other:
+            _err(e, "parallelism", _degrees(p),
+                 f"pp x dp_replicate x cp x tp = {other} does not divide the world size {world}; "
+                 "change the degrees or cluster.nproc_per_node")
+            return e
+    elif shard < 1:
+        _err(e, "parallelism.data_parallel_shard_degree", shard, "must be >= 1, or -1 for the rest of the world")
+        return e
+    elif other * shard != world:
+        _err(e, "parallelism", _degrees(p),
+             f"the product of the degrees is {other * shard} but the world size is {world} "
+             f"(cluster.nnodes x cluster.nproc_per_node); make them equal or set data_parallel_shard_degree=-1")
+        return e
+    dims = ParallelDims.from_config(p, world)
+
+    if c.executor == "debug" and world != 1:
+        _err(e, "cluster.executor", "debug", f"runs one rank in-process but the world size is {world}; use cluster=local")
+    if p.fsdp_reshard_after_forward not in RESHARD_MODES:
+        _err(e, "parallelism.fsdp_reshard_after_forward", p.fsdp_reshard_after_forward,
+             f"choose one of {', '.join(RESHARD_MODES)}")
+
+    # Batch sizes.
+    gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+    if gbs < 1:
+        _err(e, "training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")
+    elif gbs % (t.local_batch_size * dims.dp):
+        _err(e, "training.global_batch_size", gbs,
+             f"must be a multiple of local_batch_size x dp = {t.local_batch_size} x {dims.dp}; "
+             "the quotient is the number of gradient accumulation steps")
+
+    # Tensor parallel.
+    if dims.tp > 1:
+        kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
+        for field, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", kv),
+                             ("ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier)", ffn_hidden_dim(m)),
+                             ("training.seq_len (sequence parallel)", t.seq_len)):
+            if value % dims.tp:
+                _err(e, "parallelism.tensor_parallel_degree", dims.tp,
+                     f"does not divide {field} = {value}; pick a degree that does")
+    if p.enable_async_tensor_parallel:
+        why = []
+        if not cuda:
+            why.append("needs CUDA (torch skips the fused collective-matmul passes without NCCL, so it would do nothing)")
+        if not job.compile.enable:
+            why.append("needs compile.enable=true (it is a torch.compile pass)")
+        if dims.tp == 1:
+            why.append("needs tensor_parallel_degree > 1")
+        _err(e, "parallelism.enable_async_tensor_parallel", True, "; ".join(why) or NOT_YET)
+
+    # Context parallel.
+    if dims.cp > 1:
+        _err(e, "parallelism.context_parallel_degree", dims.cp, NOT_YET)
+
+    # Data parallel flavours.
+    if dims.dp_replicate > 1 and dims.dp_shard == 1 and (dims.tp > 1 or dims.pp > 1 or dims.cp > 1):
+        _err(e, "parallelism.data_parallel_replicate_degree", dims.dp_replicate,
+             "replicate-only data parallel (DDP) does not compose with TP/PP/CP; "
+             "shard too (data_parallel_shard_degree > 1, i.e. HSDP) or use FSDP")
+
+    # Pipeline parallel.
+    if dims.pp > 1:
+        sched = p.pipeline_parallel_schedule
+        if sched not in SCHEDULES:
+            _err(e, "parallelism.pipeline_parallel_schedule", sched, f"choose one of {', '.join(SCHEDULES)}")
+            return e
+        per_rank = stages_per_rank(sched, p.pipeline_parallel_stages_per_rank)
+        if sched in SINGLE_STAGE and per_rank != 1:
+            _err(e, "parallelism.pipeline_parallel_stages_per_rank", per_rank,
+                 f"{sched} runs one stage per rank; set it to 1 (or null) or pick a looped schedule")
+        if sched in V_SHAPED and per_rank != 2:
+            _err(e, "parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs exactly 2 (a V)")
+        if sched in LOOPED and per_rank < 2:
+            _err(e, "parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs >= 2 stages per rank")
+        stages = dims.pp * per_rank
+        if stages > m.n_layers:
+            _err(e, "parallelism.pipeline_parallel_degree", dims.pp,
+                 f"{dims.pp} ranks x {per_rank} stages = {stages} stages but model.n_layers = {m.n_layers}; "
+                 "every stage needs a block")
+        mbs = p.pipeline_parallel_microbatch_size
+        if t.local_batch_size % mbs:
+            _err(e, "parallelism.pipeline_parallel_microbatch_size", mbs,
+                 f"must divide training.local_batch_size = {t.local_batch_size}")
+        else:
+            n_mb = t.local_batch_size // mbs
+            if sched not in SINGLE_STAGE and n_mb % dims.pp:
+                _err(e, "training.local_batch_size", t.local_batch_size,
+                     f"{sched} needs the microbatch count ({n_mb}) to be a multiple of pipeline_parallel_degree "
+                     f"= {dims.pp}; raise local_batch_size or lower pipeline_parallel_microbatch_size")
+            elif n_mb < dims.pp:
+                _err(e, "training.local_batch_size", t.local_batch_size,
+                     f"gives {n_mb} microbatches for {dims.pp} pipeline ranks; need at least one per rank")
+        if m.tie_word_embeddings:
+            _err(e, "model.tie_word_embeddings", True, "tied embeddings span the first and last stage; " + NOT_YET + " with PP")
+    return e
+
+
+def _degrees(p) -> str:
+    return (f"pp={p.pipeline_parallel_degree} dp_replicate={p.data_parallel_replicate_degree} "
+            f"dp_shard={p.data_parallel_shard_degree} cp={p.context_parallel_degree} tp={p.tensor_parallel_degree}")
+
+
+def resolve(job: JobConfig) -> JobConfig:
+    """Fill the derived values of a valid config, so the ranks and the record see numbers."""
+    world = world_size(job)
+    dims = ParallelDims.from_config(job.parallelism, world)
+    t = job.training
+    return dataclasses.replace(
+        job,
+        cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes),
+        parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=dims.dp_shard),
+        training=dataclasses.replace(
+            t, global_batch_size=t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+        ),
+    )
+
