@@ -57,7 +57,7 @@ class ParallelismConfig:
         None, "stages each pipeline rank holds; null = 1, or 2 for looped/V schedules"
     )
     context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)")
-    fsdp_reshard_after_forward: str = doc("default", "default | always | never")
+    fsdp_reshard_after_forward: str = doc("default", "default | always | never | N (reshard to groups of N ranks)")
     enable_async_tensor_parallel: bool = doc(False, "fuse TP collectives with matmuls (CUDA + compile)")
     disable_loss_parallel: bool = doc(False, "gather logits before the loss instead of a parallel loss")
 
@@ -146,7 +146,9 @@ class MetricsConfig:
     enable_wandb: bool = doc(False, "log to Weights & Biases")
     wandb_project: str = doc("titan_exp", "wandb project")
     wandb_mode: str = doc("offline", "online | offline (offline needs no network)")
-    peak_tflops: Optional[float] = doc(None, "per-device peak for MFU; null = looked up (GPU) or measured (CPU)")
+    peak_tflops: Optional[float] = doc(
+        None, "per-device peak for MFU; null = looked up by GPU name, or on CPU measured at launch and shared by the ranks"
+    )
     warmup_steps: int = doc(2, "steps left out of the summary's steady-state throughput")
 
 

@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig
 
 from titan_exp.cluster import get_executor
 from titan_exp.config import JobConfig, to_job_config, to_yaml
 from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
+from titan_exp.parallel import DTYPES
 from titan_exp.run_dir import RunDir
 from titan_exp.validation import resolve, validate
 
@@ -33,6 +36,24 @@ def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
     return dataclasses.replace(job, data=data), tokenizer
 
 
+def resolve_cpu_peak(job: JobConfig) -> JobConfig:
+    """MFU's denominator on a CPU: the matmul peak of the whole machine, measured here once
+    before any rank competes for the cores, times each rank's share of the cores. Measured by
+    each rank instead, the peak would depend on what the other ranks were doing at that moment."""
+    if job.metrics.peak_tflops is not None or torch.cuda.is_available():
+        return job  # a GPU rank looks its peak up by device name
+    from titan_exp.cluster.local import threads_per_rank
+    from titan_exp.metrics import measure_cpu_peak_tflops
+
+    nproc, cores = job.cluster.nproc_per_node, os.cpu_count() or 1
+    threads = threads_per_rank(nproc) if job.cluster.executor == "local" else torch.get_num_threads()
+    machine = measure_cpu_peak_tflops(DTYPES[job.precision.param_dtype])
+    per_rank = machine * min(threads, cores / nproc) / cores
+    logger.info("CPU %s matmul peak %.3f TFLOP/s for %d cores; each of %d rank(s) gets %.3f",
+                job.precision.param_dtype, machine, cores, nproc, per_rank)
+    return dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))
+
+
 def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     """Run one job; returns an exit code. In a sweep an invalid member leaves a summary saying
     so; a single invalid run writes nothing."""
@@ -48,7 +69,7 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
             record.write_summary({"status": "invalid", "error": "; ".join(errors), "errors": errors})
         return EXIT_INVALID
 
-    job = resolve(job)
+    job = resolve_cpu_peak(resolve(job))
     record.path.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer, record.tokenizer)
     job = dataclasses.replace(job, data=dataclasses.replace(job.data, tokenizer_path=str(record.tokenizer)))

@@ -19,7 +19,7 @@ logger = logging.getLogger("titan_exp")
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0, "A10G": 125.0}
 
 
-def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) -> float:
+def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
     """Best observed `torch.mm` rate at this process's thread count: the ceiling MFU is read against."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     torch.mm(a, b)
@@ -32,7 +32,8 @@ def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 1024, reps: int = 8) ->
 
 
 def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:
-    """(per-device peak, where it came from): config override, GPU table, or a CPU measurement."""
+    """(per-device peak, where it came from): the config (set by the user, or by the launcher's
+    CPU measurement), the GPU table, or a measurement by this rank."""
     if job.metrics.peak_tflops is not None:
         return job.metrics.peak_tflops, "config"
     if device.type == "cuda":

@@ -48,6 +48,25 @@ def init_distributed() -> torch.device:
     return device
 
 
+def describe(job: JobConfig) -> dict:
+    """What the run was, for the summary and for sweep reports."""
+    p = job.parallelism
+    return {
+        "model": job.model.flavor,
+        "precision": job.precision.name,
+        "world_size": job.cluster.nnodes * (job.cluster.nproc_per_node or 1),
+        "layout": {
+            "pp": p.pipeline_parallel_degree,
+            "dp_replicate": p.data_parallel_replicate_degree,
+            "dp_shard": p.data_parallel_shard_degree,
+            "cp": p.context_parallel_degree,
+            "tp": p.tensor_parallel_degree,
+        },
+        "global_batch_size": job.training.global_batch_size,
+        "seq_len": job.training.seq_len,
+    }
+
+
 def failure_status(exc: BaseException) -> str:
     return "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
 
@@ -67,8 +86,8 @@ def main(path: str) -> int:
     rank = int(os.environ.get("RANK", 0))
     setup_logging(run_dir, rank)
     start = time.time()
-    summary: dict = {"status": "running", "run_dir": str(run_dir.path)}
     job = load_job_config(run_dir.config)
+    summary: dict = {"status": "running", "run_dir": str(run_dir.path), **describe(job)}
     try:
         errors = validate(job)
         if errors:

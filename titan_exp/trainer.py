@@ -21,6 +21,7 @@ from titan_exp.data.loader import PackedLoader, open_dataset
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import Transformer, count_params, flops_per_token
 from titan_exp.parallel import DTYPES, loss_parallel_enabled, parallelize
+from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
 from titan_exp.run_dir import RunDir
@@ -68,6 +69,28 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) 
     return total
 
 
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """A detached ordinary tensor (under loss parallel the loss is a replicated DTensor)."""
+    t = t.detach()
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds for these tensors (its shard of a DTensor)."""
+    total = 0
+    for t in tensors:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> int:
+    """Parameters + gradients + optimizer state held by this rank."""
+    opt_state = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    grads = [p.grad for p in params if p.grad is not None]
+    return local_bytes(params) + local_bytes(grads) + local_bytes(opt_state)
+
+
 class Trainer:
     def __init__(self, job: JobConfig, run_dir: RunDir, device: torch.device):
         self.job, self.run_dir, self.device = job, run_dir, device
@@ -84,7 +107,12 @@ class Trainer:
         dp_mesh = self.dims.submesh(self.mesh, "dp")
         dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
         rows_per_rank = t.global_batch_size // self.dims.dp
-        self.tokens_per_rank_step = rows_per_rank * t.seq_len
+        # Under CP a rank holds 1/cp of each sequence: its load-balanced positions.
+        cp_mesh = self.dims.submesh(self.mesh, "cp")
+        self.cp_positions = (
+            positions(t.seq_len, cp_mesh.get_local_rank(), self.dims.cp) if cp_mesh is not None else None
+        )
+        self.tokens_per_rank_step = rows_per_rank * t.seq_len // self.dims.cp
         self.loss_parallel = loss_parallel_enabled(job, self.dims)
         pp_mesh = self.dims.submesh(self.mesh, "pp")
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
@@ -173,18 +201,20 @@ class Trainer:
         self.optimizer.zero_grad()
         loss = torch.zeros((), device=self.device)
         for inputs, labels in microbatches:
+            if self.cp_positions is not None:
+                inputs, labels = inputs[:, self.cp_positions], labels[:, self.cp_positions]
             inputs, labels = inputs.to(self.device), labels.to(self.device)
             with self._loss_context(), self._autocast():
                 if self.schedule is None:
                     mb_loss = self._loss(self.model_parts[0](inputs), labels)
                     mb_loss.backward()
-                    loss += mb_loss.detach()
+                    loss += _plain(mb_loss)
                 else:
                     losses: list[torch.Tensor] = []
                     args = (inputs,) if self.has_first else ()
                     target = labels if self.has_last else None
                     self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
-                    loss += sum(l.detach() for l in losses) if self.has_last else 0.0
+                    loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         self.optimizer.step()
         self.scheduler.step()
@@ -201,6 +231,7 @@ class Trainer:
         t = self.job.training
         tokens_per_step = t.global_batch_size * t.seq_len
         losses: list[float] = []
+        grad_norms: list[float] = []
         start = time.perf_counter()
         for step in range(1, t.steps + 1):
             step_start = time.perf_counter()
@@ -208,27 +239,31 @@ class Trainer:
             loss_value = loss.item()  # syncs the device, so the step time below is honest
             self.throughput.record(step, tokens_per_step, time.perf_counter() - step_start)
             losses.append(loss_value)
+            grad_norms.append(grad_norm.item())
             if not math.isfinite(loss_value):
                 raise FloatingPointError(f"loss is {loss_value} at step {step}")
             if step % self.job.metrics.log_freq == 0 or step == t.steps:
                 self.sinks.log(step, {
                     "loss": loss_value,
-                    "grad_norm": grad_norm.item(),
+                    "grad_norm": grad_norms[-1],
                     "lr": self.scheduler.get_last_lr()[0],
                     **self.throughput.window(),
                     "peak_memory_gib": peak_memory_gib(self.device),
                 })
         self.sinks.close()
-        peak = torch.tensor(peak_memory_gib(self.device))
+        # Largest rank: memory limits are per device.
+        peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizer)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         steady = self.throughput.steady()
         return {
             "steps": t.steps,
             "final_loss": losses[-1],
             "losses": losses,
+            "grad_norms": grad_norms,
             "tokens_per_second_per_device": steady["tps_per_device"],
             "mfu": steady["mfu"],
-            "peak_memory_gib": peak.item(),
+            "peak_memory_gib": peak[0].item(),
+            "state_bytes_per_rank": int(peak[1].item()),
             "train_time_s": time.perf_counter() - start,
             "num_params": self.num_params,
             "flops_per_token": self.flops_per_token,

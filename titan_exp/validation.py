@@ -176,9 +176,16 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
 
     if c.executor == "debug" and world != 1:
         _err(e, "cluster.executor", "debug", f"runs one rank in-process but the world size is {world}; use cluster=local")
-    if p.fsdp_reshard_after_forward not in RESHARD_MODES:
-        _err(e, "parallelism.fsdp_reshard_after_forward", p.fsdp_reshard_after_forward,
-             f"choose one of {', '.join(RESHARD_MODES)}")
+    mode = p.fsdp_reshard_after_forward
+    if mode.isdigit():
+        group = dims.dp_shard * dims.cp
+        if not (1 < int(mode) < group and group % int(mode) == 0):
+            _err(e, "parallelism.fsdp_reshard_after_forward", mode,
+                 f"an integer must be a proper divisor (> 1) of the FSDP group size {group}; "
+                 f"or choose one of {', '.join(RESHARD_MODES)}")
+    elif mode not in RESHARD_MODES:
+        _err(e, "parallelism.fsdp_reshard_after_forward", mode,
+             f"choose one of {', '.join(RESHARD_MODES)} or an integer group size")
 
     # Batch sizes.
     gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
@@ -194,7 +201,8 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
         kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
         for field, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", kv),
                              ("ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier)", ffn_hidden_dim(m)),
-                             ("training.seq_len (sequence parallel)", t.seq_len)):
+                             ("the sequence per rank (training.seq_len / cp, sequence parallel)",
+                              t.seq_len // dims.cp)):
             if value % dims.tp:
                 _err(e, "parallelism.tensor_parallel_degree", dims.tp,
                      f"does not divide {field} = {value}; pick a degree that does")
@@ -208,14 +216,15 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
             why.append("needs tensor_parallel_degree > 1")
         _err(e, "parallelism.enable_async_tensor_parallel", True, "; ".join(why) or NOT_YET)
 
-    # Context parallel.
-    if dims.cp > 1:
-        _err(e, "parallelism.context_parallel_degree", dims.cp, NOT_YET)
+    # Context parallel: 2 x cp load-balanced chunks per sequence.
+    if dims.cp > 1 and t.seq_len % (2 * dims.cp):
+        _err(e, "parallelism.context_parallel_degree", dims.cp,
+             f"training.seq_len = {t.seq_len} must be divisible by 2 x cp = {2 * dims.cp} (load-balanced chunks)")
 
     # Data parallel flavours.
-    if dims.dp_replicate > 1 and dims.dp_shard == 1 and (dims.tp > 1 or dims.pp > 1 or dims.cp > 1):
+    if dims.dp_replicate > 1 and not dims.fsdp_enabled and (dims.tp > 1 or dims.pp > 1):
         _err(e, "parallelism.data_parallel_replicate_degree", dims.dp_replicate,
-             "replicate-only data parallel (DDP) does not compose with TP/PP/CP; "
+             "replicate-only data parallel (DDP) does not compose with TP/PP; "
              "shard too (data_parallel_shard_degree > 1, i.e. HSDP) or use FSDP")
 
     # Pipeline parallel.

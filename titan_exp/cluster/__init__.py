@@ -8,7 +8,9 @@ Each returns None on success or the error text of the first failed rank.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+import contextlib
+import os
+from typing import Callable, Iterator, Optional
 
 from titan_exp.config import JobConfig
 from titan_exp.run_dir import RunDir
@@ -26,3 +28,19 @@ def get_executor(name: str) -> Executor:
 
         return run_debug
     raise ValueError(f"unknown executor {name!r}")  # validation rejects this earlier
+
+
+@contextlib.contextmanager
+def scoped_env(**values: str) -> Iterator[None]:
+    """Set environment variables for the ranks started inside the block, then restore them, so
+    one member of a sweep never leaks its settings into the next."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

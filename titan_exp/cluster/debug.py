@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import socket
 from typing import Optional
 
+from titan_exp.cluster import scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.run_dir import RunDir
 
@@ -21,16 +21,9 @@ def run_debug(job: JobConfig, run_dir: RunDir) -> Optional[str]:
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        train.main(str(run_dir.path))
-    except Exception as exc:  # noqa: BLE001 - reported like a failed rank
-        return f"rank 0: {type(exc).__name__}: {exc}"
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with scoped_env(**env):
+        try:
+            train.main(str(run_dir.path))
+        except Exception as exc:  # noqa: BLE001 - reported like a failed rank
+            return f"rank 0: {type(exc).__name__}: {exc}"
     return None

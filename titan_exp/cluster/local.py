@@ -8,8 +8,14 @@ import sys
 import uuid
 from typing import Optional
 
+from titan_exp.cluster import scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.run_dir import RunDir
+
+
+def threads_per_rank(nproc: int) -> int:
+    """OMP threads each local rank gets: the user's OMP_NUM_THREADS, else an even split of the cores."""
+    return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
 def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
@@ -18,8 +24,6 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     nproc = job.cluster.nnodes * job.cluster.nproc_per_node
-    # Split the cores between ranks unless the user chose a thread count.
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -32,7 +36,8 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
         start_method="spawn",
     )
     try:
-        elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
+        with scoped_env(OMP_NUM_THREADS=str(threads_per_rank(nproc))):
+            elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")

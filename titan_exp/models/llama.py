@@ -45,6 +45,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    # Set by titan_exp.parallel.context.apply_cp when the sequence is split across ranks.
+    context_parallel = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
@@ -57,19 +60,29 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
-        cos, sin = cos[:seqlen], sin[:seqlen]
         # -1 heads: under tensor parallel each rank holds n_heads / tp of them.
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        repeats = q.shape[2] // k.shape[2]
-        if repeats > 1:
-            k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
-        return self.wo(out.transpose(1, 2).reshape(bsz, seqlen, -1))
+        if self.context_parallel is not None:
+            out = self.context_parallel.attention(q, k, v, cos, sin, apply_rope)
+        else:
+            out = causal_attention(apply_rope(q, cos[:seqlen], sin[:seqlen]), apply_rope(k, cos[:seqlen], sin[:seqlen]), v)
+        return self.wo(out.reshape(bsz, seqlen, -1))
+
+
+def causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
+) -> torch.Tensor:
+    """(batch, seq, heads, head_dim) in and out; k/v heads are repeated for GQA. Causal unless
+    an explicit boolean mask (True = attend) is given."""
+    repeats = q.shape[2] // k.shape[2]
+    if repeats > 1:
+        k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=mask is None
+    )
+    return out.transpose(1, 2)
 
 
 class FeedForward(nn.Module):

@@ -1,6 +1,6 @@
 """Apply the configured parallelisms to one model part, in TorchTitan's order:
 TP (+SP, loss parallel) -> async TP -> CP -> activation checkpointing -> compile -> FSDP/HSDP or DDP.
-(Async TP, CP, AC and compile are rejected by validation until they land.)"""
+(Async TP, AC and compile are rejected by validation until they land.)"""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from titan_exp.config import JobConfig
+from titan_exp.parallel.context import apply_cp
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.fsdp import apply_ddp, apply_fsdp
 from titan_exp.parallel.tensor import apply_tp
@@ -22,6 +23,8 @@ def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, job: JobConfig) -> None:
     if dims.tp > 1:
         apply_tp(model, dims.submesh(mesh, "tp"), loss_parallel=loss_parallel_enabled(job, dims))
+    if dims.cp > 1:
+        apply_cp(model, dims.submesh(mesh, "cp"), job.training.seq_len)
     if dims.fsdp_enabled:
         shard = "dp_shard_cp" if dims.cp > 1 and dims.dp_shard > 1 else ("cp" if dims.dp_shard == 1 else "dp_shard")
         dp_mesh = mesh[("dp_replicate", shard)] if dims.dp_replicate > 1 else mesh[shard]

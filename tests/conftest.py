@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The smallest job that still trains for real: debug model, 5 steps of 8 x 64 tokens, fp32,
+# deterministic, the same global batch whatever the layout, so losses compare across layouts.
+SMALL = [
+    "training.steps=5",
+    "training.seq_len=64",
+    "training.global_batch_size=8",
+    "training.deterministic=true",
+    "metrics.log_freq=1",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def titan_cache(tmp_path_factory):
+    """One asset cache (corpus, tokenizer) for the session, never the user's."""
+    path = tmp_path_factory.mktemp("titan_cache")
+    os.environ["TITAN_EXP_CACHE"] = str(path)
+    return path
+
+
+def compose(overrides: list[str]):
+    """The config `python launch.py <overrides>` would get."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from titan_exp.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def job_config(overrides: list[str]):
+    from titan_exp.config import to_job_config
+
+    return to_job_config(compose(overrides))
+
+
+def run_job(overrides: list[str], run_dir: Path, *, multirun: bool = False) -> tuple[int, dict | None]:
+    """Launch through titan_exp.launch (ranks are real processes); (exit code, summary)."""
+    from titan_exp.launch import launch
+    from titan_exp.run_dir import RunDir
+
+    code = launch(compose(overrides), str(run_dir), multirun=multirun)
+    return code, RunDir(run_dir).read_summary()
+
+
+def launch_cli(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:
+    """`python launch.py ARGS` from the repo root, as a user types it."""
+    return subprocess.run(
+        [sys.executable, "launch.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )

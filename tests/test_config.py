@@ -1,0 +1,159 @@
+"""Composition, typing and validation: no process is started here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ValidationError
+
+from conftest import REPO, compose, job_config, launch_cli
+from titan_exp.validation import resolve, validate, world_size
+
+PRESETS = {group: sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
+           for group in ("model", "parallelism", "precision", "checkpoint", "cluster", "data")}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in PRESETS.items() for o in opts])
+def test_every_preset_composes_and_validates(group, option):
+    job = job_config([f"{group}={option}"])
+    if group == "data" and option != "default":
+        return  # hub data sets need a network at run time, not at validation
+    assert validate(job, cuda=False) == []
+
+
+def test_parallelism_presets_derive_their_world_size():
+    sizes = {name: world_size(job_config([f"parallelism={name}"])) for name in PRESETS["parallelism"]}
+    assert sizes == {"single": 1, "fsdp": 1, "ddp": 2, "tp": 2, "pp": 2, "cp": 2, "hsdp": 4, "2d": 4, "3d": 8, "4d": 16}
+
+
+def test_published_llama3_shapes():
+    """The presets carry the published shapes: parameter counts of the released checkpoints."""
+    from titan_exp.models.llama import count_params, ffn_hidden_dim
+
+    published = {
+        "llama3_1b": 1_235_814_400,
+        "llama3_3b": 3_212_749_824,
+        "llama3_8b": 8_030_261_248,
+        "llama3_70b": 70_553_706_496,
+        "llama3_405b": 405_853_388_800,
+    }
+    for flavor, expected in published.items():
+        assert count_params(job_config([f"model={flavor}"]).model)[0] == expected, flavor
+    assert ffn_hidden_dim(job_config(["model=llama3_8b"]).model) == 14336
+
+
+def test_resolve_fills_derived_values():
+    job = resolve(job_config(["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2"]))
+    assert job.parallelism.data_parallel_shard_degree == 4
+    assert job.training.global_batch_size == 8
+    job = resolve(job_config(["parallelism=3d"]))
+    assert job.cluster.nproc_per_node == 8
+
+
+# (overrides, a fragment one of the messages must contain).
+BAD = [
+    (["training.steps=0"], "training.steps = 0: must be >= 1"),
+    (["parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=1",
+      "cluster.nproc_per_node=3"], "the product of the degrees is 2 but the world size is 3"),
+    (["parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=-1",
+      "cluster.nproc_per_node=3"], "does not divide the world size 3"),
+    (["parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=3",
+      "training.global_batch_size=8"], "must be a multiple of local_batch_size x dp = 3 x 2"),
+    (["parallelism=tp", "parallelism.tensor_parallel_degree=3"], "does not divide model.n_heads = 16"),
+    (["parallelism=tp", "model.n_kv_heads=1"], "does not divide model.n_kv_heads = 1"),
+    (["parallelism=tp", "parallelism.tensor_parallel_degree=16", "model.n_kv_heads=16", "model.multiple_of=100"],
+     "does not divide ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier) = 700"),
+    (["model.n_kv_heads=3"], "model.n_kv_heads = 3: must divide model.n_heads = 16"),
+    (["model.dim=250"], "model.dim = 250: must be divisible by model.n_heads = 16"),
+    (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Zigzag"], "choose one of GPipe, 1F1B"),
+    (["parallelism=pp", "model.n_layers=1"], "2 stages but model.n_layers = 1"),
+    (["parallelism=pp", "parallelism.pipeline_parallel_microbatch_size=3"], "must divide training.local_batch_size = 8"),
+    (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Interleaved1F1B", "training.local_batch_size=3"],
+     "to be a multiple of pipeline_parallel_degree = 2"),
+    (["parallelism=pp", "training.local_batch_size=1"], "gives 1 microbatches for 2 pipeline ranks"),
+    (["parallelism=pp", "parallelism.pipeline_parallel_schedule=ZBVZeroBubble",
+      "parallelism.pipeline_parallel_stages_per_rank=3"], "ZBVZeroBubble needs exactly 2"),
+    (["parallelism=pp", "parallelism.pipeline_parallel_stages_per_rank=2"], "1F1B runs one stage per rank"),
+    (["parallelism=pp", "model.tie_word_embeddings=true"], "tied embeddings span the first and last stage"),
+    (["parallelism=tp", "parallelism.enable_async_tensor_parallel=true"], "needs CUDA"),
+    (["parallelism.context_parallel_degree=2", "training.seq_len=66"], "must be divisible by 2 x cp = 4"),
+    (["parallelism.fsdp_reshard_after_forward=sometimes"], "choose one of default, always, never"),
+    (["parallelism=fsdp", "cluster.nproc_per_node=2", "parallelism.fsdp_reshard_after_forward=2"],
+     "proper divisor (> 1) of the FSDP group size 2"),
+    (["parallelism=ddp", "parallelism.tensor_parallel_degree=2", "cluster.nproc_per_node=4"],
+     "replicate-only data parallel (DDP) does not compose"),
+    (["training.seq_len=4096"], "exceeds model.max_seq_len = 2048"),
+    (["lr_scheduler.warmup_steps=100"], "lr_scheduler.warmup_steps = 100: must be in [0, training.steps = 40]"),
+    (["lr_scheduler.decay_ratio=0.99", "lr_scheduler.warmup_steps=10"], "warmup plus decay steps exceed"),
+    (["lr_scheduler.decay_type=step"], "choose linear, sqrt or cosine"),
+    (["optimizer.lr=0"], "optimizer.lr = 0.0: must be > 0"),
+    (["optimizer.name=SGD"], "choose AdamW or Adam"),
+    (["optimizer.beta2=1.0"], "optimizer.beta2 = 1.0: must be in [0, 1)"),
+    (["training.max_norm=-1"], "training.max_norm = -1.0"),
+    (["cluster.executor=debug", "parallelism=tp"], "runs one rank in-process but the world size is 2"),
+    (["cluster=debug", "parallelism=tp"], "the product of the degrees is 2 but the world size is 1"),
+    (["cluster.executor=slurm"], "choose local or debug"),
+    (["parallelism=tp", "cluster.nnodes=3"], "does not divide the 2 ranks the degrees need"),
+    (["data.dataset=text"], "reads local files; give a file or glob"),
+    (["data.dataset=json", "data.path=/nonexistent/*.jsonl"], "matches no file"),
+    (["data.tokenizer_path=/nonexistent.json"], "is not a file"),
+    (["data.tokenizer_vocab_size=100"], "needs >= 258"),
+    (["precision.param_dtype=float16"], "choose one of float32, bfloat16"),
+    (["precision.float8=true"], "precision.float8 = True: not supported yet"),
+    (["compile.enable=true"], "compile.enable = True: not supported yet"),
+    (["activation_checkpoint.mode=full"], "only 'none' for now"),
+    (["checkpoint.enable=true"], "checkpoint.enable = True: not supported yet"),
+    (["metrics.wandb_mode=cloud"], "choose online or offline"),
+    (["metrics.log_freq=0"], "metrics.log_freq = 0: must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
+def test_bad_config_is_rejected_with_a_clear_message(overrides, message):
+    errors = validate(job_config(overrides), cuda=False)
+    assert any(message in e for e in errors), errors
+    groups = {f.name for f in dataclasses.fields(job_config([]))}
+    for error in errors:  # every message starts by naming the field
+        assert error.split(" = ")[0].split(".")[0] in groups, error
+
+
+def test_every_error_is_reported_at_once():
+    errors = validate(job_config(["training.steps=0", "optimizer.lr=-1", "model.dim=250"]), cuda=False)
+    assert len(errors) == 1  # counts are checked first: the others divide by them
+    errors = validate(job_config(["optimizer.lr=-1", "model.dim=250", "lr_scheduler.decay_type=x"]), cuda=False)
+    assert len(errors) == 3
+
+
+def test_tokenizer_larger_than_the_embedding_is_rejected():
+    errors = validate(job_config([]), cuda=False, tokenizer_vocab=4096)
+    assert errors == ["model.vocab_size = 2048: smaller than the tokenizer's vocabulary (4096); set it to at least that"]
+
+
+def test_async_tp_is_accepted_only_with_cuda_and_compile():
+    job = job_config(["parallelism=tp", "parallelism.enable_async_tensor_parallel=true"])
+    (error,) = validate(job, cuda=True)
+    assert "needs compile.enable=true" in error and "CUDA" not in error
+
+
+def test_types_are_checked_at_compose_time():
+    with pytest.raises(ConfigCompositionException) as exc:
+        job_config(["training.steps=many"])
+    assert isinstance(exc.value.__cause__, ValidationError)
+    assert "could not be converted to Integer" in str(exc.value.__cause__)
+    assert "full_key: training.steps" in str(exc.value.__cause__)
+    with pytest.raises(ConfigCompositionException, match="stpes"):
+        compose(["training.stpes=5"])
+    with pytest.raises(ConfigCompositionException, match="llama3_8b"):  # lists the options
+        compose(["model=llama3_9b"])
+
+
+def test_cli_help_and_cfg_job():
+    help_out = launch_cli(["--help"])
+    assert help_out.returncode == 0
+    assert "parallelism: 2d, 3d, 4d, cp, ddp, fsdp, hsdp, pp, single, tp" in help_out.stdout
+    assert "data_parallel_shard_degree = -1\n      FSDP shards; -1 = the rest of the world size" in help_out.stdout
+    cfg = launch_cli(["--cfg", "job", "parallelism=3d", "model=llama3_8b"])
+    assert cfg.returncode == 0
+    assert "pipeline_parallel_degree: 2" in cfg.stdout and "dim: 4096" in cfg.stdout

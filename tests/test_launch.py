@@ -1,0 +1,77 @@
+"""The launch path end to end: launch.py -> validation -> run dir -> rank processes -> summary."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import SMALL, launch_cli, run_job
+from titan_exp.run_dir import RunDir
+
+RUN_FILES = ("config.yaml", "tokenizer.json", "metrics.jsonl", "summary.json", "logs")
+
+
+def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
+    """The issue's headline: 1 rank and 2 FSDP ranks, fp32, deterministic, same losses."""
+    single = launch_cli([f"hydra.run.dir={tmp_path / 'single'}", *SMALL])
+    assert single.returncode == 0, single.stderr[-3000:]
+    fsdp = launch_cli([f"hydra.run.dir={tmp_path / 'fsdp'}", "parallelism=fsdp", "cluster.nproc_per_node=2",
+                       "training.local_batch_size=4", *SMALL])
+    assert fsdp.returncode == 0, fsdp.stderr[-3000:]
+    a, b = RunDir(tmp_path / "single"), RunDir(tmp_path / "fsdp")
+    sa, sb = a.read_summary(), b.read_summary()
+    assert sa["status"] == sb["status"] == "ok"
+    assert sb["world_size"] == 2 and sb["layout"]["dp_shard"] == 2
+    assert len(sa["losses"]) == 5
+    assert sa["losses"] == pytest.approx(sb["losses"], abs=1e-5)
+    assert sa["grad_norms"] == pytest.approx(sb["grad_norms"], rel=2e-4)  # see test_parallel.py
+    # The run record: every file, a progress line per log step, and a summary with the numbers.
+    for name in RUN_FILES:
+        assert (b.path / name).exists(), name
+    assert (b.path / "logs" / "rank-1.log").exists()
+    assert [m["step"] for m in a.read_metrics()] == [1, 2, 3, 4, 5]
+    for key in ("loss", "grad_norm", "lr", "tps_per_device", "mfu", "peak_memory_gib"):
+        assert key in a.read_metrics()[-1]
+    for key in ("tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "wall_time_s"):
+        assert sa[key] > 0, key
+    assert "step    5 | loss" in single.stdout + single.stderr
+    # The ranks were built from the resolved config: derived values are numbers.
+    assert "data_parallel_shard_degree: 2" in (b.path / "config.yaml").read_text()
+    assert "global_batch_size: 8" in (b.path / "config.yaml").read_text()
+
+
+def test_invalid_config_starts_nothing_and_writes_nothing(tmp_path):
+    out = launch_cli([f"hydra.run.dir={tmp_path}", "parallelism=tp", "parallelism.tensor_parallel_degree=3"])
+    assert out.returncode == 2
+    assert "parallelism.tensor_parallel_degree = 3: does not divide model.n_heads = 16" in out.stdout + out.stderr
+    for name in RUN_FILES:
+        assert not (tmp_path / name).exists(), name
+
+
+def test_failure_still_writes_a_summary(tmp_path):
+    """A rank that raises mid-run: the summary says failed, with the error, and the exit code too."""
+    code, summary = run_job([*SMALL, "data.text_field=body"], tmp_path)
+    assert code == 1
+    assert summary["status"] == "failed"
+    assert "KeyError" in summary["error"] and "body" in summary["error"]
+    assert summary["wall_time_s"] > 0
+
+
+def test_debug_executor_runs_in_process_with_every_sink(tmp_path):
+    code, summary = run_job(
+        [*SMALL, "cluster=debug", "training.steps=3", "metrics.enable_tensorboard=true", "metrics.enable_wandb=true"],
+        tmp_path,
+    )
+    assert code == 0 and summary["status"] == "ok" and len(summary["losses"]) == 3
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "wandb").glob("offline-run-*"))
+
+
+def test_multirun_records_invalid_members_and_goes_on(tmp_path):
+    out = launch_cli(["-m", f"hydra.sweep.dir={tmp_path}", *SMALL, "training.steps=2",
+                      "parallelism.tensor_parallel_degree=1,3"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    ok, invalid = (json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in (0, 1))
+    assert ok["status"] == "ok"
+    assert invalid["status"] == "invalid" and "does not divide model.n_heads" in invalid["error"]

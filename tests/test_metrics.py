@@ -1,0 +1,36 @@
+"""Throughput/MFU arithmetic and the warmup-stable-decay schedule."""
+
+from __future__ import annotations
+
+import pytest
+
+from titan_exp.config import LRSchedulerConfig
+from titan_exp.metrics import Throughput, measure_cpu_peak_tflops
+from titan_exp.trainer import lr_lambda
+
+
+def test_throughput_and_mfu():
+    tp = Throughput(flops_per_token=1_000_000, peak_tflops=0.1, world_size=2, warmup_steps=1)
+    tp.record(1, tokens=1000, seconds=10.0)  # warm-up: in the window, not in steady state
+    tp.record(2, tokens=4000, seconds=1.0)
+    assert tp.window()["tps_per_device"] == pytest.approx(5000 / 11 / 2)
+    steady = tp.steady()
+    assert steady["tps_per_device"] == pytest.approx(2000)
+    assert steady["mfu"] == pytest.approx(100 * 2000 * 1e6 / 1e11)
+
+
+def test_cpu_peak_is_measured():
+    import torch
+
+    assert 0.001 < measure_cpu_peak_tflops(torch.float32, n=256, reps=2) < 100
+
+
+def test_warmup_stable_decay():
+    f = lr_lambda(LRSchedulerConfig(warmup_steps=2, decay_ratio=0.5, decay_type="linear", min_lr_factor=0.1), 10)
+    factors = [f(i) for i in range(10)]  # optimizer steps 1..10
+    assert factors[:2] == [0.5, 1.0]
+    assert factors[2:5] == [1.0, 1.0, 1.0]  # stable until step 5, then 5 decay steps
+    assert factors[-1] == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
+    cosine = lr_lambda(LRSchedulerConfig(warmup_steps=0, decay_type="cosine"), 4)
+    assert [round(cosine(i), 4) for i in range(4)] == [0.8536, 0.5, 0.1464, 0.0]
