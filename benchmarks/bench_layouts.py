@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from conftest import run_job  # noqa: E402
 
-# name: parallelism overrides (pp, dp_replicate, dp_shard, tp) and pipeline schedule if any.
+# name: degrees (pp, dp_replicate, dp_shard, cp, tp; 1 if absent) and pipeline schedule if any.
 LAYOUTS = {
     "single": dict(),
     "fsdp2": dict(dp_shard=2),
@@ -28,6 +28,7 @@ LAYOUTS = {
     "tp2": dict(tp=2),
     "pp2 1F1B": dict(pp=2),
     "pp2 Interleaved1F1B": dict(pp=2, schedule="Interleaved1F1B"),
+    "cp2": dict(cp=2),
     "fsdp4": dict(dp_shard=4),
     "hsdp 2x2": dict(dp_replicate=2, dp_shard=2),
     "tp4": dict(tp=4),
@@ -35,18 +36,21 @@ LAYOUTS = {
     "pp2 x fsdp2": dict(pp=2, dp_shard=2),
     "pp2 x tp2": dict(pp=2, tp=2),
     "pp4 1F1B": dict(pp=4),
+    "fsdp2 x cp2": dict(dp_shard=2, cp=2),
     "fsdp8": dict(dp_shard=8),
     "hsdp 2x4": dict(dp_replicate=2, dp_shard=4),
     "fsdp4 x tp2": dict(dp_shard=4, tp=2),
     "pp2 x fsdp4": dict(pp=2, dp_shard=4),
     "pp2 x fsdp2 x tp2 (3d)": dict(pp=2, dp_shard=2, tp=2),
+    "fsdp4 x cp2": dict(dp_shard=4, cp=2),
 }
 GLOBAL_BATCH, SEQ_LEN = 16, 128
 
 
 def overrides(layout: dict, steps: int) -> list[str]:
-    pp, rep, shard, tp = (layout.get(k, 1) for k in ("pp", "dp_replicate", "dp_shard", "tp"))
+    pp, rep, shard, cp, tp = (layout.get(k, 1) for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp"))
     return [
+        f"parallelism.context_parallel_degree={cp}",
         f"parallelism.pipeline_parallel_degree={pp}",
         f"parallelism.data_parallel_replicate_degree={rep}",
         f"parallelism.data_parallel_shard_degree={shard}",
