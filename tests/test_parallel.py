@@ -66,3 +66,13 @@ def test_layout_matches_single_process(name, reference, tmp_path):
     assert summary["world_size"] == world
     assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5)
     assert summary["grad_norms"] == pytest.approx(reference["grad_norms"], rel=2e-4)
+
+
+@pytest.mark.parametrize("layout", [[], ["parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=4"]],
+                         ids=["single_autocast", "fsdp2_mixed_precision_policy"])
+def test_bf16_trains_close_to_fp32(layout, reference, tmp_path):
+    """bf16 compute (autocast alone, FSDP's MixedPrecisionPolicy under FSDP), fp32 reduction."""
+    code, summary = run_job([*SMALL, "precision=bf16", *layout], tmp_path)
+    assert code == 0 and summary["precision"] == "bf16"
+    assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-2)
+    assert summary["losses"] != reference["losses"]  # bf16 really was used

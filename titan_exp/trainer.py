@@ -94,77 +94,82 @@ def state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) ->
 class Trainer:
     def __init__(self, job: JobConfig, run_dir: RunDir, device: torch.device):
         self.job, self.run_dir, self.device = job, run_dir, device
-        t = job.training
         self.dims = ParallelDims.from_config(job.parallelism, dist.get_world_size())
         self.mesh = self.dims.build_mesh(device.type)
         self.rank = dist.get_rank()
-        torch.manual_seed(t.seed)
+        torch.manual_seed(job.training.seed)
+        self._build_model()
+        self._build_optimizer()
+        self._build_data()
+        self._build_metrics()
 
-        # Model: built on the meta device, split into pipeline stages if any, parallelized,
-        # then materialized and initialised part by part.
+    def _build_model(self) -> None:
+        """Built on the meta device, split into pipeline stages if any, then each part is
+        parallelized, materialized and initialised (`_prepare`)."""
+        job, t = self.job, self.job.training
         with torch.device("meta"):
             model = Transformer(job.model)
-        dp_mesh = self.dims.submesh(self.mesh, "dp")
-        dp_rank = dp_mesh.get_local_rank() if dp_mesh is not None else 0
-        rows_per_rank = t.global_batch_size // self.dims.dp
         # Under CP a rank holds 1/cp of each sequence: its load-balanced positions.
         cp_mesh = self.dims.submesh(self.mesh, "cp")
-        self.cp_positions = (
-            positions(t.seq_len, cp_mesh.get_local_rank(), self.dims.cp) if cp_mesh is not None else None
-        )
-        self.tokens_per_rank_step = rows_per_rank * t.seq_len // self.dims.cp
+        self.cp_positions = positions(t.seq_len, cp_mesh.get_local_rank(), self.dims.cp) if cp_mesh else None
+        self.tokens_per_rank_step = t.global_batch_size // self.dims.dp * t.seq_len // self.dims.cp
         self.loss_parallel = loss_parallel_enabled(job, self.dims)
+        # Autocast only where FSDP's mixed precision policy does not already cast.
+        param_dtype = DTYPES[job.precision.param_dtype]
+        self.autocast_dtype = param_dtype if param_dtype != torch.float32 and not self.dims.fsdp_enabled else None
         pp_mesh = self.dims.submesh(self.mesh, "pp")
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
-        if pp_mesh is not None:
-            schedule = job.parallelism.pipeline_parallel_schedule
-            self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
-                model,
-                schedule=schedule,
-                per_rank=stages_per_rank(schedule, job.parallelism.pipeline_parallel_stages_per_rank),
-                pp_mesh=pp_mesh,
-                device=device,
-                n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,
-                loss_fn=self._loss,
-                prepare=self._prepare,
-            )
-        else:
+        if pp_mesh is None:
             self.schedule, self.has_first, self.has_last = None, True, True
             self._prepare(model)
             self.model_parts = [model]
-        # Autocast only where FSDP's mixed precision policy does not already cast.
-        self.autocast_dtype = (
-            DTYPES[job.precision.param_dtype]
-            if job.precision.param_dtype != "float32" and not self.dims.fsdp_enabled
-            else None
+            return
+        schedule = job.parallelism.pipeline_parallel_schedule
+        self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
+            model,
+            schedule=schedule,
+            per_rank=stages_per_rank(schedule, job.parallelism.pipeline_parallel_stages_per_rank),
+            pp_mesh=pp_mesh,
+            device=self.device,
+            n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,
+            loss_fn=self._loss,
+            prepare=self._prepare,
         )
 
+    def _build_optimizer(self) -> None:
+        o = self.job.optimizer
         self.params = [p for part in self.model_parts for p in part.parameters()]
-        o = job.optimizer
         optim_cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[o.name]
         self.optimizer = optim_cls(
             self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=True
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(job.lr_scheduler, t.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lr_lambda(self.job.lr_scheduler, self.job.training.steps)
+        )
 
+    def _build_data(self) -> None:
+        t = self.job.training
+        dp_mesh = self.dims.submesh(self.mesh, "dp")
         self.loader = PackedLoader(
-            open_dataset(job.data),
-            Tokenizer(run_dir.tokenizer),
-            text_field=job.data.text_field,
+            open_dataset(self.job.data),
+            Tokenizer(self.run_dir.tokenizer),
+            text_field=self.job.data.text_field,
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             local_batch_size=t.local_batch_size,
-            dp_rank=dp_rank,
+            dp_rank=dp_mesh.get_local_rank() if dp_mesh is not None else 0,
             dp_degree=self.dims.dp,
         )
 
+    def _build_metrics(self) -> None:
+        job = self.job
         self.num_params, _ = count_params(job.model)
-        self.flops_per_token = flops_per_token(job.model, t.seq_len)
-        self.peak_tflops, self.peak_source = peak_tflops(job, device, DTYPES[job.precision.param_dtype])
+        self.flops_per_token = flops_per_token(job.model, job.training.seq_len)
+        self.peak_tflops, self.peak_source = peak_tflops(job, self.device, DTYPES[job.precision.param_dtype])
         self.throughput = Throughput(
             self.flops_per_token, self.peak_tflops, self.dims.world_size, job.metrics.warmup_steps
         )
-        self.sinks = MetricSinks(job, run_dir.path, self.rank)
+        self.sinks = MetricSinks(job, self.run_dir.path, self.rank)
         logger.info(
             "model %s: %.2fM params, %.3g FLOPs/token | mesh %s | peak %.3g TFLOP/s (%s)",
             job.model.flavor, self.num_params / 1e6, self.flops_per_token,
