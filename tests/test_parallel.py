@@ -30,6 +30,8 @@ LAYOUTS = {
         f"pp2_{s}": (["parallelism=pp", f"parallelism.pipeline_parallel_schedule={s}"], 2)
         for s in ("GPipe", "1F1B", "Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
     },
+    "pp2_Interleaved1F1B_3_stages_per_rank": (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                               "parallelism.pipeline_parallel_layers_per_stage=1"], 2),
     "fsdp2_accumulate2": (["parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=2"], 2),
     "fsdp4": (["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2"], 4),
     "fsdp4_reshard_to_2": (["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2",

@@ -54,7 +54,10 @@ class ParallelismConfig:
     )
     pipeline_parallel_microbatch_size: int = doc(1, "sequences per pipeline microbatch")
     pipeline_parallel_stages_per_rank: Optional[int] = doc(
-        None, "stages each pipeline rank holds; null = 1, or 2 for looped/V schedules"
+        None, "stages each pipeline rank holds; null = from layers_per_stage, else 1 (2 for looped/V schedules)"
+    )
+    pipeline_parallel_layers_per_stage: Optional[int] = doc(
+        None, "transformer blocks per stage; sets the stage count to n_layers / this (null = split evenly)"
     )
     context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)")
     fsdp_reshard_after_forward: str = doc("default", "default | always | never | N (reshard to groups of N ranks)")

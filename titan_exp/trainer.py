@@ -128,7 +128,7 @@ class Trainer:
         self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
             model,
             schedule=schedule,
-            per_rank=stages_per_rank(schedule, job.parallelism.pipeline_parallel_stages_per_rank),
+            per_rank=stages_per_rank(job.parallelism, job.model.n_layers),
             pp_mesh=pp_mesh,
             device=self.device,
             n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,

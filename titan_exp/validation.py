@@ -233,7 +233,22 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
         if sched not in SCHEDULES:
             _err(e, "parallelism.pipeline_parallel_schedule", sched, f"choose one of {', '.join(SCHEDULES)}")
             return e
-        per_rank = stages_per_rank(sched, p.pipeline_parallel_stages_per_rank)
+        lps = p.pipeline_parallel_layers_per_stage
+        if lps is not None:
+            if lps < 1 or m.n_layers % lps:
+                _err(e, "parallelism.pipeline_parallel_layers_per_stage", lps,
+                     f"must divide model.n_layers = {m.n_layers}")
+                return e
+            if (m.n_layers // lps) % dims.pp:
+                _err(e, "parallelism.pipeline_parallel_layers_per_stage", lps,
+                     f"gives {m.n_layers // lps} stages, not a multiple of pipeline_parallel_degree = {dims.pp}")
+                return e
+            spr = p.pipeline_parallel_stages_per_rank
+            if spr is not None and spr != m.n_layers // lps // dims.pp:
+                _err(e, "parallelism.pipeline_parallel_stages_per_rank", spr,
+                     f"contradicts layers_per_stage = {lps} ({m.n_layers // lps // dims.pp} per rank); set only one")
+                return e
+        per_rank = stages_per_rank(p, m.n_layers)
         if sched in SINGLE_STAGE and per_rank != 1:
             _err(e, "parallelism.pipeline_parallel_stages_per_rank", per_rank,
                  f"{sched} runs one stage per rank; set it to 1 (or null) or pick a looped schedule")

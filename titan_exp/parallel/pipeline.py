@@ -18,16 +18,22 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules
 
+from titan_exp.config import ParallelismConfig
+
 SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED
 
 
-def stages_per_rank(schedule: str, configured: int | None) -> int:
-    if configured is not None:
-        return configured
-    return 1 if schedule in SINGLE_STAGE else 2
+def stages_per_rank(p: ParallelismConfig, n_layers: int) -> int:
+    """From layers_per_stage if set (stages = n_layers / it, spread over the pp ranks), else
+    stages_per_rank if set, else what the schedule needs: 1, or 2 for looped and V schedules."""
+    if p.pipeline_parallel_layers_per_stage is not None:
+        return n_layers // p.pipeline_parallel_layers_per_stage // p.pipeline_parallel_degree
+    if p.pipeline_parallel_stages_per_rank is not None:
+        return p.pipeline_parallel_stages_per_rank
+    return 1 if p.pipeline_parallel_schedule in SINGLE_STAGE else 2
 
 
 def stage_ids(schedule: str, pp_rank: int, pp: int, per_rank: int) -> list[int]:
