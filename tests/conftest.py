@@ -60,3 +60,11 @@ def launch_cli(args: list[str], timeout: int = 300) -> subprocess.CompletedProce
     return subprocess.run(
         [sys.executable, "launch.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+
+
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory):
+    """The fp32 single-process run of SMALL that every layout and feature is compared with."""
+    code, summary = run_job(SMALL, tmp_path_factory.mktemp("reference"))
+    assert code == 0, summary
+    return summary

@@ -108,9 +108,24 @@ BAD = [
     (["data.tokenizer_path=/nonexistent.json"], "is not a file"),
     (["data.tokenizer_vocab_size=100"], "needs >= 258"),
     (["precision.param_dtype=float16"], "choose one of float32, bfloat16"),
-    (["precision.float8=true"], "precision.float8 = True: not supported yet"),
-    (["compile.enable=true"], "compile.enable = True: not supported yet"),
-    (["activation_checkpoint.mode=full"], "only 'none' for now"),
+    (["precision=float8", "model.dim=264", "model.n_heads=12", "model.n_kv_heads=12"],
+     "model.dim = 264 is not divisible by 16; float8 matmuls need multiples of 16"),
+    (["precision=float8", "parallelism=tp", "parallelism.tensor_parallel_degree=8", "model.multiple_of=64"],
+     "the ffn hidden size = 704 is not divisible by 16 x tp = 128"),
+    (["precision=mxfp8", "model.multiple_of=16"], "the ffn hidden size = 688 is not divisible by 32"),
+    (["precision=float8_rowwise", "precision.float8_enable_fsdp_all_gather=true"],
+     "works with the tensorwise recipe only, not rowwise"),
+    (["precision=float8", "precision.float8_precompute_dynamic_scale_for_fsdp=true"],
+     "needs converter=float8 and float8_enable_fsdp_all_gather=true"),
+    (["precision.converter=int4"], "choose one of none, float8, mxfp8"),
+    (["precision=float8", "precision.float8_recipe=blockwise"], "choose one of tensorwise, rowwise, rowwise_with_gw_hp"),
+    (["precision=mxfp8", "precision.mx_recipe=mxfp4"], "choose one of mxfp8_rceil"),
+    (["precision.full_bf16=true"], "precision.param_dtype must be bfloat16"),
+    (["compile.enable=true", "compile.backend=tvm"], "choose one of inductor, aot_eager, eager"),
+    (["compile.enable=true", "parallelism=tp"], "fails on CPU in torch 2.13"),
+    (["activation_checkpoint.mode=some"], "choose one of none, full, selective"),
+    (["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=0"],
+     "'op' for the per-op policy or a positive integer N"),
     (["checkpoint.enable=true"], "checkpoint.enable = True: not supported yet"),
     (["metrics.wandb_mode=cloud"], "choose online or offline"),
     (["metrics.log_freq=0"], "metrics.log_freq = 0: must be >= 1"),
@@ -142,6 +157,16 @@ def test_async_tp_is_accepted_only_with_cuda_and_compile():
     job = job_config(["parallelism=tp", "parallelism.enable_async_tensor_parallel=true"])
     (error,) = validate(job, cuda=True)
     assert "needs compile.enable=true" in error and "CUDA" not in error
+    assert validate(job_config(["parallelism=tp", "parallelism.enable_async_tensor_parallel=true",
+                                "compile.enable=true"]), cuda=True) == []
+
+
+def test_mx_recipes_match_torchao():
+    from torchao.prototype.moe_training.config import MXFP8TrainingRecipe
+
+    from titan_exp.validation import MX_RECIPES
+
+    assert set(MX_RECIPES) == {r.value for r in MXFP8TrainingRecipe}
 
 
 def test_types_are_checked_at_compose_time():

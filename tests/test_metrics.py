@@ -17,6 +17,9 @@ def test_throughput_and_mfu():
     steady = tp.steady()
     assert steady["tps_per_device"] == pytest.approx(2000)
     assert steady["mfu"] == pytest.approx(100 * 2000 * 1e6 / 1e11)
+    short = Throughput(flops_per_token=1, peak_tflops=1, world_size=1, warmup_steps=5)
+    short.record(1, tokens=100, seconds=1.0)  # no step past warm-up: the whole run counts
+    assert short.steady()["tps_per_device"] == pytest.approx(100)
 
 
 def test_cpu_peak_is_measured():

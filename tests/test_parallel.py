@@ -51,13 +51,6 @@ LAYOUTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    code, summary = run_job(SMALL, tmp_path_factory.mktemp("single"))
-    assert code == 0, summary
-    return summary
-
-
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=slow) if w >= 4 else n for n, (_, w) in LAYOUTS.items()]
 )

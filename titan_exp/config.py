@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -67,23 +67,34 @@ class ParallelismConfig:
 
 @dataclass
 class PrecisionConfig:
-    """Numeric formats for parameters, compute and gradient reduction."""
+    """Numeric formats: mixed precision, and low-precision linears through torchao."""
 
     name: str = doc("fp32", "preset name, recorded in the run summary")
     param_dtype: str = doc("float32", "compute dtype of parameters: float32 | bfloat16")
     reduce_dtype: str = doc("float32", "dtype of gradient reduction: float32 | bfloat16")
-    float8: bool = doc(False, "float8 linears through torchao (not supported yet)")
+    full_bf16: bool = doc(False, "keep parameters and optimizer state in bf16 too (no fp32 master weights)")
+    converter: str = doc("none", "none | float8 | mxfp8: swap linears for torchao low-precision training ones")
+    float8_recipe: str = doc("tensorwise", "tensorwise | rowwise | rowwise_with_gw_hp")
+    float8_enable_fsdp_all_gather: bool = doc(False, "all-gather FSDP shards in float8 (tensorwise only)")
+    float8_precompute_dynamic_scale_for_fsdp: bool = doc(
+        False, "one all-reduce for every weight's float8 scale after each step (needs float8 all-gather)"
+    )
+    mx_recipe: str = doc("mxfp8_emulated_rceil", "torchao MXFP8 training recipe: mxfp8_rceil | mxfp8_emulated_rceil | ...")
+    filter_fqns: List[str] = doc(["output"], "linears whose name contains one of these stay in high precision")
+    emulate: Optional[bool] = doc(None, "emulate low-precision matmuls; null = when the device lacks them")
 
 
 @dataclass
 class CompileConfig:
-    enable: bool = doc(False, "torch.compile each transformer block (not supported yet)")
+    enable: bool = doc(False, "torch.compile each transformer block (and the loss)")
+    backend: str = doc("inductor", "torch.compile backend: inductor | aot_eager | eager")
+    fullgraph: bool = doc(True, "fail on graph breaks instead of silently splitting a block")
 
 
 @dataclass
 class ActivationCheckpointConfig:
-    mode: str = doc("none", "none | full | selective (full and selective not supported yet)")
-    selective_ac_option: str = doc("op", "'op' (per-op policy) or an integer N (every Nth block)")
+    mode: str = doc("none", "none | full (every block) | selective")
+    selective_ac_option: str = doc("op", "'op' (per-op save policy) or an integer N (checkpoint every Nth block)")
 
 
 @dataclass

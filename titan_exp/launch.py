@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from titan_exp.cluster import get_executor
 from titan_exp.config import JobConfig, to_job_config, to_yaml
 from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
-from titan_exp.parallel import DTYPES
+from titan_exp.precision import DTYPES
 from titan_exp.run_dir import RunDir
 from titan_exp.validation import resolve, validate
 

@@ -66,10 +66,14 @@ class Throughput:
         self._window_time = 0.0
         self._steady_tokens = 0
         self._steady_time = 0.0
+        self._total_tokens = 0
+        self._total_time = 0.0
 
     def record(self, step: int, tokens: int, seconds: float) -> None:
         self._window_tokens += tokens
         self._window_time += seconds
+        self._total_tokens += tokens
+        self._total_time += seconds
         if step > self.warmup_steps:
             self._steady_tokens += tokens
             self._steady_time += seconds
@@ -84,6 +88,9 @@ class Throughput:
         return out
 
     def steady(self) -> dict[str, float]:
+        """Rates after warm-up; for a run too short to have any, the whole run."""
+        if self._steady_time == 0:
+            return self._rates(self._total_tokens, self._total_time)
         return self._rates(self._steady_tokens, self._steady_time)
 
 

@@ -73,11 +73,19 @@ def failure_status(exc: BaseException) -> str:
 
 def run(job: JobConfig, run_dir: RunDir) -> dict:
     """Train on this rank; the summary fields of a finished run."""
+    from titan_exp.parallel.compile import inductor_cache_dir
     from titan_exp.trainer import Trainer
 
     torch.use_deterministic_algorithms(job.training.deterministic)
+    extra = {}
+    if job.compile.enable:
+        # Before anything compiles: this config's own inductor cache.
+        cache = inductor_cache_dir(job)
+        extra = {"compile_cache": "warm" if cache.exists() and any(cache.iterdir()) else "cold",
+                 "compile_cache_dir": str(cache)}
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     device = init_distributed()
-    return Trainer(job, run_dir, device).train()
+    return {**Trainer(job, run_dir, device).train(), **extra}
 
 
 @record

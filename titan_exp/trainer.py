@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import time
 from typing import Any
 
@@ -20,10 +21,11 @@ from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.loader import PackedLoader, open_dataset
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import Transformer, count_params, flops_per_token
-from titan_exp.parallel import DTYPES, loss_parallel_enabled, parallelize
+from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
+from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.run_dir import RunDir
 
 logger = logging.getLogger("titan_exp")
@@ -69,6 +71,10 @@ def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) 
     return total
 
 
+def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
+
+
 def _plain(t: torch.Tensor) -> torch.Tensor:
     """A detached ordinary tensor (under loss parallel the loss is a replicated DTensor)."""
     t = t.detach()
@@ -109,14 +115,21 @@ class Trainer:
         job, t = self.job, self.job.training
         with torch.device("meta"):
             model = Transformer(job.model)
+        if job.precision.full_bf16:
+            model.to(torch.bfloat16)
+        apply_converter(model, job.precision)
         # Under CP a rank holds 1/cp of each sequence: its load-balanced positions.
         cp_mesh = self.dims.submesh(self.mesh, "cp")
         self.cp_positions = positions(t.seq_len, cp_mesh.get_local_rank(), self.dims.cp) if cp_mesh else None
         self.tokens_per_rank_step = t.global_batch_size // self.dims.dp * t.seq_len // self.dims.cp
         self.loss_parallel = loss_parallel_enabled(job, self.dims)
-        # Autocast only where FSDP's mixed precision policy does not already cast.
-        param_dtype = DTYPES[job.precision.param_dtype]
-        self.autocast_dtype = param_dtype if param_dtype != torch.float32 and not self.dims.fsdp_enabled else None
+        self.autocast_dtype = autocast_dtype(job.precision, self.dims.fsdp_enabled)
+        # Compiled with the blocks, except under loss parallel (a DTensor loss stays eager).
+        self.cross_entropy = (
+            torch.compile(cross_entropy_sum, backend=job.compile.backend)
+            if job.compile.enable and not self.loss_parallel
+            else cross_entropy_sum
+        )
         pp_mesh = self.dims.submesh(self.mesh, "pp")
         self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
         if pp_mesh is None:
@@ -186,8 +199,7 @@ class Trainer:
         """Summed token losses over this rank's share of the step's tokens: summing it over
         microbatches gives the rank's mean, and averaging gradients over data-parallel ranks
         (as FSDP/DDP do) gives the global mean, whatever the layout or accumulation."""
-        ce = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum")
-        return ce / self.tokens_per_rank_step
+        return self.cross_entropy(logits, labels) / self.tokens_per_rank_step
 
     def _loss_context(self):
         if self.loss_parallel:
@@ -223,6 +235,7 @@ class Trainer:
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         self.optimizer.step()
         self.scheduler.step()
+        precompute_float8_scales(self.job.precision, self.model_parts)
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
@@ -237,12 +250,14 @@ class Trainer:
         tokens_per_step = t.global_batch_size * t.seq_len
         losses: list[float] = []
         grad_norms: list[float] = []
+        step_times: list[float] = []
         start = time.perf_counter()
         for step in range(1, t.steps + 1):
             step_start = time.perf_counter()
             loss, grad_norm = self.train_step(self.loader.next_batch())
             loss_value = loss.item()  # syncs the device, so the step time below is honest
-            self.throughput.record(step, tokens_per_step, time.perf_counter() - step_start)
+            step_times.append(time.perf_counter() - step_start)
+            self.throughput.record(step, tokens_per_step, step_times[-1])
             losses.append(loss_value)
             grad_norms.append(grad_norm.item())
             if not math.isfinite(loss_value):
@@ -260,6 +275,8 @@ class Trainer:
         peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizer)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         steady = self.throughput.steady()
+        # What the first step cost beyond a typical one: with compile on, the compilation.
+        first_step_overhead = max(0.0, step_times[0] - statistics.median(step_times[1:] or step_times))
         return {
             "steps": t.steps,
             "final_loss": losses[-1],
@@ -274,4 +291,6 @@ class Trainer:
             "flops_per_token": self.flops_per_token,
             "peak_tflops": self.peak_tflops,
             "peak_tflops_source": self.peak_source,
+            "first_step_s": step_times[0],
+            **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }

@@ -13,11 +13,17 @@ import os
 
 from titan_exp.config import JobConfig
 from titan_exp.models.llama import ffn_hidden_dim
+from titan_exp.parallel.compile import BACKENDS
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.fsdp import RESHARD_MODES
 from titan_exp.parallel.pipeline import LOOPED, SCHEDULES, SINGLE_STAGE, V_SHAPED, stages_per_rank
+from titan_exp.precision import ALIGNMENT, CONVERTERS, DTYPES, FLOAT8_RECIPES
 
-DTYPE_NAMES = ("float32", "bfloat16")
+DTYPE_NAMES = tuple(DTYPES)
+AC_MODES = ("none", "full", "selective")
+# torchao's MXFP8TrainingRecipe values, listed here so validation need not import torchao (~4 s);
+# a test keeps the two in step.
+MX_RECIPES = ("mxfp8_rceil", "mxfp8_rceil_wgrad_with_hp", "mxfp8_emulated_rceil")
 NOT_YET = "not supported yet (tracked in its own issue)"
 
 
@@ -123,17 +129,7 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "data.tokenizer_vocab_size", d.tokenizer_vocab_size,
              "a byte-level BPE needs >= 258 (256 bytes + BOS/EOS)")
 
-    # Precision, compile, AC, checkpoints: what has landed.
-    pr = job.precision
-    for name in ("param_dtype", "reduce_dtype"):
-        if getattr(pr, name) not in DTYPE_NAMES:
-            _err(e, f"precision.{name}", getattr(pr, name), f"choose one of {', '.join(DTYPE_NAMES)}")
-    if pr.float8:
-        _err(e, "precision.float8", True, NOT_YET)
-    if job.compile.enable:
-        _err(e, "compile.enable", True, NOT_YET)
-    if job.activation_checkpoint.mode != "none":
-        _err(e, "activation_checkpoint.mode", job.activation_checkpoint.mode, f"only 'none' for now; {NOT_YET}")
+    e += _validate_speed_features(job, cuda)
     if job.checkpoint.enable:
         _err(e, "checkpoint.enable", True, NOT_YET)
 
@@ -148,6 +144,60 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
              f"does not divide the {world_size(job)} ranks the degrees need; set cluster.nproc_per_node")
 
     e += _validate_layout(job, cuda)
+    return e
+
+
+def _validate_speed_features(job: JobConfig, cuda: bool) -> list[str]:
+    """Precision, torch.compile, activation checkpointing."""
+    e: list[str] = []
+    pr, m, p = job.precision, job.model, job.parallelism
+    for name in ("param_dtype", "reduce_dtype"):
+        if getattr(pr, name) not in DTYPE_NAMES:
+            _err(e, f"precision.{name}", getattr(pr, name), f"choose one of {', '.join(DTYPE_NAMES)}")
+    if pr.full_bf16 and pr.param_dtype != "bfloat16":
+        _err(e, "precision.full_bf16", True, "stores parameters in bf16, so precision.param_dtype must be bfloat16")
+    if pr.converter not in CONVERTERS:
+        _err(e, "precision.converter", pr.converter, f"choose one of {', '.join(CONVERTERS)}")
+    elif pr.converter != "none":
+        align = ALIGNMENT[pr.converter]
+        tp = max(1, p.tensor_parallel_degree)
+        kv = m.n_kv_heads or m.n_heads
+        for field, width in (("model.dim", m.dim), ("the ffn hidden size", ffn_hidden_dim(m)),
+                             ("n_kv_heads x head_dim", kv * (m.dim // max(1, m.n_heads)))):
+            if width % (align * tp):
+                _err(e, "precision.converter", pr.converter,
+                     f"{field} = {width} is not divisible by {align}{f' x tp = {align * tp}' if tp > 1 else ''}; "
+                     f"{pr.converter} matmuls need multiples of {align} per rank (or use precision=bf16)")
+                break
+    if pr.converter == "float8":
+        if pr.float8_recipe not in FLOAT8_RECIPES:
+            _err(e, "precision.float8_recipe", pr.float8_recipe, f"choose one of {', '.join(FLOAT8_RECIPES)}")
+        elif pr.float8_enable_fsdp_all_gather and pr.float8_recipe != "tensorwise":
+            _err(e, "precision.float8_enable_fsdp_all_gather", True,
+                 f"works with the tensorwise recipe only, not {pr.float8_recipe}; turn it off or use tensorwise")
+    if pr.float8_precompute_dynamic_scale_for_fsdp and not (pr.converter == "float8" and pr.float8_enable_fsdp_all_gather):
+        _err(e, "precision.float8_precompute_dynamic_scale_for_fsdp", True,
+             "precomputes scales for float8 all-gather; needs converter=float8 and float8_enable_fsdp_all_gather=true")
+    if pr.converter == "mxfp8":
+        if pr.mx_recipe not in MX_RECIPES:
+            _err(e, "precision.mx_recipe", pr.mx_recipe, f"choose one of {', '.join(MX_RECIPES)}")
+
+    c = job.compile
+    if c.backend not in BACKENDS:
+        _err(e, "compile.backend", c.backend, f"choose one of {', '.join(BACKENDS)}")
+    if c.enable and p.tensor_parallel_degree > 1 and not cuda:
+        _err(e, "compile.enable", True,
+             "with tensor_parallel_degree > 1 it fails on CPU in torch 2.13 (a DTensor redistribute's backward "
+             "receives a plain tensor); compile without TP, or run TP eager")
+
+    ac = job.activation_checkpoint
+    if ac.mode not in AC_MODES:
+        _err(e, "activation_checkpoint.mode", ac.mode, f"choose one of {', '.join(AC_MODES)}")
+    elif ac.mode == "selective" and ac.selective_ac_option != "op" and not (
+        ac.selective_ac_option.isdigit() and int(ac.selective_ac_option) >= 1
+    ):
+        _err(e, "activation_checkpoint.selective_ac_option", ac.selective_ac_option,
+             "'op' for the per-op policy or a positive integer N to checkpoint every Nth block")
     return e
 
 
@@ -214,7 +264,8 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
             why.append("needs compile.enable=true (it is a torch.compile pass)")
         if dims.tp == 1:
             why.append("needs tensor_parallel_degree > 1")
-        _err(e, "parallelism.enable_async_tensor_parallel", True, "; ".join(why) or NOT_YET)
+        if why:
+            _err(e, "parallelism.enable_async_tensor_parallel", True, "; ".join(why))
 
     # Context parallel: 2 x cp load-balanced chunks per sequence.
     if dims.cp > 1 and t.seq_len % (2 * dims.cp):

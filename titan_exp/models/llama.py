@@ -142,15 +142,22 @@ class Transformer(nn.Module):
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         cos, sin = rope_tables(self.cfg.dim // self.cfg.n_heads, self.cfg.max_seq_len, self.cfg.rope_theta)
-        self.rope_cos.copy_(cos)
-        self.rope_sin.copy_(sin)
+        # Assigned, not copied: the tables stay fp32 even when the parameters are bf16.
+        self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         for name, param in self.named_parameters():
+            name = canonical_name(name)
             full = torch.empty(param.shape, dtype=torch.float32)
             gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             _init_param(name, full, self.cfg, gen)
             if isinstance(param, DTensor):
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.copy_(full)
+
+
+def canonical_name(name: str) -> str:
+    """A parameter's name without wrapper prefixes (activation checkpointing inserts one), so
+    seeds and checkpoints do not depend on which wrappers a run used."""
+    return name.replace("_checkpoint_wrapped_module.", "")
 
 
 def _init_param(name: str, t: torch.Tensor, cfg: ModelConfig, gen: torch.Generator) -> None:

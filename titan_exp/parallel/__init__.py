@@ -1,19 +1,23 @@
-"""Apply the configured parallelisms to one model part, in TorchTitan's order:
+"""Apply the configured parallelisms and speed-ups to one model part, in TorchTitan's order:
 TP (+SP, loss parallel) -> async TP -> CP -> activation checkpointing -> compile -> FSDP/HSDP or DDP.
-(Async TP, AC and compile are rejected by validation until they land.)"""
+(Low-precision converters run before this, on the whole meta model: see titan_exp.precision.)"""
 
 from __future__ import annotations
 
-import torch
+import logging
+
 from torch import nn
 
 from titan_exp.config import JobConfig
+from titan_exp.parallel.activation_checkpoint import apply_ac
+from titan_exp.parallel.compile import apply_compile
 from titan_exp.parallel.context import apply_cp
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.fsdp import apply_ddp, apply_fsdp
-from titan_exp.parallel.tensor import apply_tp
+from titan_exp.parallel.tensor import apply_tp, enable_async_tp
+from titan_exp.precision import DTYPES, fsdp_param_dtype
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+logger = logging.getLogger("titan_exp")
 
 
 def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
@@ -21,18 +25,32 @@ def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, mesh, job: JobConfig) -> None:
+    p = job.precision
     if dims.tp > 1:
-        apply_tp(model, dims.submesh(mesh, "tp"), loss_parallel=loss_parallel_enabled(job, dims))
+        tp_mesh = dims.submesh(mesh, "tp")
+        # torchao's float8 TP styles all-gather in float8, which gloo cannot carry; there the
+        # collectives stay in high precision and only the matmuls are float8.
+        float8_collectives = p.converter == "float8" and p.float8_recipe == "tensorwise"
+        if float8_collectives and tp_mesh.device_type != "cuda":
+            logger.info("float8: TP collectives in high precision (gloo has no float8 dtype); matmuls are float8")
+            float8_collectives = False
+        apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8_collectives)
+        if job.parallelism.enable_async_tensor_parallel:
+            enable_async_tp(tp_mesh)
     if dims.cp > 1:
         apply_cp(model, dims.submesh(mesh, "cp"), job.training.seq_len)
+    if job.activation_checkpoint.mode != "none":
+        apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
+    if job.compile.enable:
+        apply_compile(model, job.compile.backend, job.compile.fullgraph)
     if dims.fsdp_enabled:
         shard = "dp_shard_cp" if dims.cp > 1 and dims.dp_shard > 1 else ("cp" if dims.dp_shard == 1 else "dp_shard")
         dp_mesh = mesh[("dp_replicate", shard)] if dims.dp_replicate > 1 else mesh[shard]
         apply_fsdp(
             model,
             dp_mesh,
-            param_dtype=DTYPES[job.precision.param_dtype],
-            reduce_dtype=DTYPES[job.precision.reduce_dtype],
+            param_dtype=fsdp_param_dtype(p),
+            reduce_dtype=DTYPES[p.reduce_dtype],
             reshard_mode=job.parallelism.fsdp_reshard_after_forward,
             pp_enabled=dims.pp > 1,
         )

@@ -27,7 +27,7 @@ def apply_fsdp(
     model: nn.Module,
     dp_mesh,
     *,
-    param_dtype: torch.dtype,
+    param_dtype: torch.dtype | None,
     reduce_dtype: torch.dtype,
     reshard_mode: str,
     pp_enabled: bool,

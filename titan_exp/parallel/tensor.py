@@ -19,7 +19,18 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool) -> None:
+def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = False) -> None:
+    """`float8`: the block linears are tensorwise float8; their styles then all-gather and
+    reduce-scatter in float8 too (torchao's float8 variants of the same plan)."""
+    colwise, rowwise, prepare_input = ColwiseParallel, RowwiseParallel, PrepareModuleInput
+    if float8:
+        from torchao.float8.float8_tensor_parallel import (
+            Float8ColwiseParallel,
+            Float8RowwiseParallel,
+            PrepareFloat8ModuleInput,
+        )
+
+        colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
         top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
@@ -37,17 +48,27 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool) -> None:
             tp_mesh,
             {
                 "attention_norm": SequenceParallel(),
-                "attention": PrepareModuleInput(
+                "attention": prepare_input(
                     input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
                 ),
-                "attention.wq": ColwiseParallel(),
-                "attention.wk": ColwiseParallel(),
-                "attention.wv": ColwiseParallel(),
-                "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+                "attention.wq": colwise(),
+                "attention.wk": colwise(),
+                "attention.wv": colwise(),
+                "attention.wo": rowwise(output_layouts=Shard(1)),
                 "ffn_norm": SequenceParallel(),
-                "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-                "feed_forward.w1": ColwiseParallel(),
-                "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
-                "feed_forward.w3": ColwiseParallel(),
+                "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+                "feed_forward.w1": colwise(),
+                "feed_forward.w2": rowwise(output_layouts=Shard(1)),
+                "feed_forward.w3": colwise(),
             },
         )
+
+
+def enable_async_tp(tp_mesh) -> None:
+    """Let inductor fuse TP's all-gather/reduce-scatter with the adjacent matmuls (CUDA with
+    symmetric memory and compile; validation rejects it anywhere else)."""
+    import torch._inductor.config as inductor_config
+    from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+
+    inductor_config._micro_pipeline_tp = True
+    enable_symm_mem_for_group(tp_mesh.get_group().group_name)

@@ -1,0 +1,58 @@
+"""Activation checkpointing per transformer block: none, full, or selective.
+
+- full: every block's activations are recomputed in backward.
+- selective, option "op": per-op policy. Matmul outputs are saved except every second one, and
+  attention outputs and reduce-scatters are always saved (recomputing them costs the most); the
+  rest (norms, activations, elementwise) is recomputed.
+- selective, option N: every Nth block is fully checkpointed, the others keep everything.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+_ops = torch.ops.aten
+# Attention kernels differ by device: the CPU one is its own op, not the CUDA names.
+SAVE_ALWAYS = {
+    _ops._scaled_dot_product_flash_attention_for_cpu.default,
+    _ops._scaled_dot_product_flash_attention.default,
+    _ops._scaled_dot_product_efficient_attention.default,
+    _ops._scaled_dot_product_cudnn_attention.default,
+    torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    _ops.max.default,  # float8 amax: cheap to save, a reduction to recompute
+}
+
+
+def _op_policy():
+    def selective_context():
+        counts: dict[str, int] = defaultdict(int)
+
+        def policy(ctx, func, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if func == _ops.mm.default:
+                counts[mode] += 1
+                # Save the 1st, 3rd, 5th... matmul of the block; recompute the others.
+                return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+            return CheckpointPolicy.MUST_SAVE if func in SAVE_ALWAYS else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return selective_context
+
+
+def apply_ac(model: nn.Module, mode: str, option: str) -> None:
+    for name, block in list(model.layers.items()):
+        if mode == "full":
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+        elif option == "op":
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_op_policy())
+        elif int(name) % int(option) == 0:  # every Nth block, by its place in the whole model
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
+        else:
+            continue
+        model.layers[name] = wrapped

@@ -1,0 +1,106 @@
+"""Numeric formats: mixed precision and torchao's low-precision linears (float8, MXFP8).
+
+Where the arithmetic happens:
+- FSDP/HSDP: FSDP's MixedPrecisionPolicy casts parameters to `param_dtype` for compute and
+  reduces gradients in `reduce_dtype` (see parallel/fsdp.py).
+- No FSDP: torch.autocast to `param_dtype`, except under MXFP8, whose linears take their own
+  inputs and compute in MX formats; autocast would hand them mismatched dtypes.
+- full_bf16: the parameters (and so optimizer state) themselves are bf16; nothing casts.
+- float8 / mxfp8: nn.Linear modules are swapped on the meta device, before parallelization,
+  for torchao's training linears. Without hardware support (float8 needs CUDA compute
+  capability >= 8.9, MX >= 10.0) torchao emulates them, which is said once in the log; it never
+  quietly trains in bf16 instead.
+(This is one module, not the design card's precision/ folder: it is one concern in ~100 lines.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+from torch import nn
+
+from titan_exp.config import PrecisionConfig
+
+logger = logging.getLogger("titan_exp")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+CONVERTERS = ("none", "float8", "mxfp8")
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+# Shapes the low-precision kernels need: float8 matmuls want multiples of 16, MX blocks are 32.
+ALIGNMENT = {"float8": 16, "mxfp8": 32}
+
+
+def hardware_support(converter: str) -> bool:
+    if not torch.cuda.is_available():
+        return False
+    need = (8, 9) if converter == "float8" else (10, 0)
+    return torch.cuda.get_device_capability() >= need
+
+
+def emulated(p: PrecisionConfig) -> bool:
+    return p.emulate if p.emulate is not None else not hardware_support(p.converter)
+
+
+def keeps_high_precision(p: PrecisionConfig, fqn: str, module: nn.Linear) -> bool:
+    """The filter: named layers (the output by default) and linears whose shapes the
+    low-precision kernels cannot take stay in high precision."""
+    align = ALIGNMENT[p.converter]
+    misaligned = module.in_features % align or module.out_features % align
+    return bool(misaligned) or any(name in fqn for name in p.filter_fqns)
+
+
+def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
+    """Swap the model's linears for torchao's float8 or MXFP8 training linears (in place)."""
+    if p.converter == "none":
+        return
+
+    def convert(module: nn.Module, fqn: str) -> bool:
+        return isinstance(module, nn.Linear) and not keeps_high_precision(p, fqn, module)
+
+    emulate = emulated(p)
+    if p.converter == "float8":
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+        config = dataclasses.replace(
+            Float8LinearConfig.from_recipe_name(p.float8_recipe),
+            emulate=emulate,
+            enable_fsdp_float8_all_gather=p.float8_enable_fsdp_all_gather,
+        )
+        convert_to_float8_training(model, config=config, module_filter_fn=convert)
+    else:
+        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+        from torchao.quantization import quantize_
+
+        recipe = MXFP8TrainingRecipe(p.mx_recipe)
+        if emulate and "emulated" not in p.mx_recipe:
+            recipe = MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL
+        quantize_(model, MXFP8TrainingOpConfig.from_recipe(recipe), filter_fn=convert)
+    converted = sum(1 for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and convert(m, fqn))
+    logger.info(
+        "%s: %d linears converted%s", p.converter if p.converter == "mxfp8" else f"float8 {p.float8_recipe}",
+        converted, " (emulated: this device has no such matmuls; numerics as on hardware, speed not)" if emulate else "",
+    )
+
+
+def autocast_dtype(p: PrecisionConfig, fsdp: bool) -> torch.dtype | None:
+    """The dtype to autocast the forward to, or None where something else already casts."""
+    if fsdp or p.full_bf16 or p.converter == "mxfp8" or p.param_dtype == "float32":
+        return None
+    return DTYPES[p.param_dtype]
+
+
+def fsdp_param_dtype(p: PrecisionConfig) -> torch.dtype | None:
+    """FSDP's compute dtype for parameters; None when they are already stored in it."""
+    return None if p.full_bf16 else DTYPES[p.param_dtype]
+
+
+def precompute_float8_scales(p: PrecisionConfig, model_parts: list[nn.Module]) -> None:
+    """After the optimizer step: one all-reduce for all float8 weight scales, instead of one per
+    weight during the next forward's all-gather."""
+    if p.converter == "float8" and p.float8_precompute_dynamic_scale_for_fsdp:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        for part in model_parts:
+            precompute_float8_dynamic_scale_for_fsdp(part)
