@@ -22,10 +22,17 @@ def test_throughput_and_mfu():
     assert short.steady()["tps_per_device"] == pytest.approx(100)
 
 
-def test_cpu_peak_is_measured():
+def test_cpu_peak_is_measured_and_the_best_is_kept(monkeypatch, tmp_path):
     import torch
 
+    from titan_exp import metrics
+
+    monkeypatch.setenv("TITAN_EXP_CACHE", str(tmp_path))  # not the session's cache
+
     assert 0.001 < measure_cpu_peak_tflops(torch.float32, n=256, reps=2) < 100
+    for measured, kept in ((0.5, 0.5), (0.2, 0.5), (0.7, 0.7)):
+        monkeypatch.setattr(metrics, "measure_cpu_peak_tflops", lambda dtype, m=measured: m)
+        assert metrics.best_cpu_peak_tflops(torch.float32) == kept
 
 
 def test_warmup_stable_decay():

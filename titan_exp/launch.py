@@ -37,17 +37,18 @@ def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
 
 
 def resolve_cpu_peak(job: JobConfig) -> JobConfig:
-    """MFU's denominator on a CPU: the matmul peak of the whole machine, measured here once
-    before any rank competes for the cores, times each rank's share of the cores. Measured by
-    each rank instead, the peak would depend on what the other ranks were doing at that moment."""
+    """MFU's denominator on a CPU: the matmul peak of the whole machine, measured here before
+    any rank competes for the cores (the best seen so far, see best_cpu_peak_tflops), times each
+    rank's share of the cores. Measured by each rank instead, the peak would depend on what the
+    other ranks were doing at that moment."""
     if job.metrics.peak_tflops is not None or torch.cuda.is_available():
         return job  # a GPU rank looks its peak up by device name
     from titan_exp.cluster.local import threads_per_rank
-    from titan_exp.metrics import measure_cpu_peak_tflops
+    from titan_exp.metrics import best_cpu_peak_tflops
 
     nproc, cores = job.cluster.nproc_per_node, os.cpu_count() or 1
     threads = threads_per_rank(nproc) if job.cluster.executor == "local" else torch.get_num_threads()
-    machine = measure_cpu_peak_tflops(DTYPES[job.precision.param_dtype])
+    machine = best_cpu_peak_tflops(DTYPES[job.precision.param_dtype])
     per_rank = machine * min(threads, cores / nproc) / cores
     logger.info("CPU %s matmul peak %.3f TFLOP/s for %d cores; each of %d rank(s) gets %.3f",
                 job.precision.param_dtype, machine, cores, nproc, per_rank)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import platform
 import resource
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import torch
 
+from titan_exp.cache import atomic_write, cache_dir
 from titan_exp.config import JobConfig
 
 logger = logging.getLogger("titan_exp")
@@ -29,6 +32,18 @@ def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) ->
         torch.mm(a, b)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e12
+
+
+def best_cpu_peak_tflops(dtype: torch.dtype) -> float:
+    """The highest matmul rate this machine has shown at this thread count. A peak is a
+    ceiling and noise only ever lowers a measurement, so the best one seen (kept in the cache)
+    is the most honest denominator; on a shared VM single measurements vary by 2x."""
+    path = cache_dir() / "cpu_peak.json"
+    key = f"{platform.machine()}-{os.cpu_count()}cpu-{torch.get_num_threads()}threads-{dtype}"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known[key] = max(measure_cpu_peak_tflops(dtype), known.get(key, 0.0))
+    atomic_write(path, json.dumps(known, indent=1))
+    return known[key]
 
 
 def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tuple[float, str]:

@@ -11,25 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import tempfile
 from pathlib import Path
 
+from titan_exp.cache import atomic_write, cache_dir
+
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
-
-
-def cache_dir() -> Path:
-    path = Path(os.environ.get("TITAN_EXP_CACHE", "~/.cache/titan_exp")).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def atomic_write(path: Path, data: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 def _digest(text: str) -> str:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from titan_exp.config import JobConfig
-from titan_exp.data.corpus import cache_dir
+from titan_exp.cache import cache_dir
 
 BACKENDS = ("inductor", "aot_eager", "eager")
 
