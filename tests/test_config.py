@@ -129,6 +129,13 @@ BAD = [
     (["checkpoint.enable=true"], "checkpoint.enable = True: not supported yet"),
     (["metrics.wandb_mode=cloud"], "choose online or offline"),
     (["metrics.log_freq=0"], "metrics.log_freq = 0: must be >= 1"),
+    (["metrics.warmup_steps=-1"], "metrics.warmup_steps = -1: must be >= 0"),
+    (["model.norm_eps=0"], "model.norm_eps = 0.0: must be > 0"),
+    (["model.rope_theta=-1"], "model.rope_theta = -1.0: must be > 0"),
+    (["model.ffn_dim_multiplier=0"], "model.ffn_dim_multiplier = 0.0: must be > 0, or null"),
+    (["optimizer.eps=0"], "optimizer.eps = 0.0: must be > 0"),
+    (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay = -0.1: must be >= 0"),
+    (["checkpoint.interval=0"], "checkpoint.interval = 0: must be >= 1"),
 ]
 
 

@@ -83,6 +83,11 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
     kv = m.n_kv_heads if m.n_kv_heads is not None else m.n_heads
     if kv < 1 or m.n_heads % kv:
         _err(e, "model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads = {m.n_heads}")
+    for name in ("norm_eps", "rope_theta"):
+        if not getattr(m, name) > 0:
+            _err(e, f"model.{name}", getattr(m, name), "must be > 0")
+    if m.ffn_dim_multiplier is not None and not m.ffn_dim_multiplier > 0:
+        _err(e, "model.ffn_dim_multiplier", m.ffn_dim_multiplier, "must be > 0, or null")
     if tokenizer_vocab is not None and tokenizer_vocab > m.vocab_size:
         _err(e, "model.vocab_size", m.vocab_size,
              f"smaller than the tokenizer's vocabulary ({tokenizer_vocab}); set it to at least that")
@@ -100,6 +105,10 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
     for name in ("beta1", "beta2"):
         if not 0 <= getattr(o, name) < 1:
             _err(e, f"optimizer.{name}", getattr(o, name), "must be in [0, 1)")
+    if not o.eps > 0:
+        _err(e, "optimizer.eps", o.eps, "must be > 0")
+    if o.weight_decay < 0:
+        _err(e, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
     s = job.lr_scheduler
     if not 0 <= s.warmup_steps <= t.steps:
         _err(e, "lr_scheduler.warmup_steps", s.warmup_steps, f"must be in [0, training.steps = {t.steps}]")
@@ -112,6 +121,10 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "lr_scheduler.decay_type", s.decay_type, "choose linear, sqrt or cosine")
     if not 0 <= s.min_lr_factor <= 1:
         _err(e, "lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]")
+    if job.metrics.warmup_steps < 0:
+        _err(e, "metrics.warmup_steps", job.metrics.warmup_steps, "must be >= 0")
+    if job.checkpoint.interval < 1:
+        _err(e, "checkpoint.interval", job.checkpoint.interval, "must be >= 1")
     if job.metrics.wandb_mode not in ("online", "offline"):
         _err(e, "metrics.wandb_mode", job.metrics.wandb_mode, "choose online or offline")
     if job.metrics.peak_tflops is not None and not job.metrics.peak_tflops > 0:
