@@ -29,10 +29,10 @@ EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
 def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
     """Make the default corpus and tokenizer exist (cached, offline) and point the config at
     the corpus file; returns (job, tokenizer file)."""
-    data = job.data
+    data, corpus = job.data, default_corpus()
     if data.dataset == "pydoc_topics":
-        data = dataclasses.replace(data, path=str(default_corpus()))
-    tokenizer = Path(data.tokenizer_path) if data.tokenizer_path else trained_tokenizer(default_corpus(), data.tokenizer_vocab_size)
+        data = dataclasses.replace(data, path=str(corpus))
+    tokenizer = Path(data.tokenizer_path) if data.tokenizer_path else trained_tokenizer(corpus, data.tokenizer_vocab_size)
     return dataclasses.replace(job, data=data), tokenizer
 
 

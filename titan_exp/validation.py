@@ -55,7 +55,7 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
 
         cuda = torch.cuda.is_available()
     e: list[str] = []
-    m, p, t, c = job.model, job.parallelism, job.training, job.cluster
+    m, t, c = job.model, job.training, job.cluster
 
     # Every integer that counts something must be positive.
     for group, names in (
