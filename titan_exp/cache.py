@@ -19,4 +19,7 @@ def atomic_write(path: Path, data: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as f:
         f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp makes it private; these files are for every reader
     os.replace(tmp, path)

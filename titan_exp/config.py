@@ -99,9 +99,28 @@ class ActivationCheckpointConfig:
 
 @dataclass
 class CheckpointConfig:
-    enable: bool = doc(False, "save distributed checkpoints (not supported yet)")
-    folder: str = doc("checkpoints", "checkpoint folder, relative to the run dir")
-    interval: int = doc(500, "save every this many steps")
+    """Distributed checkpoints (torch.distributed.checkpoint); TorchTitan's field names."""
+
+    enable: bool = doc(False, "save checkpoints; a relaunch with the same run dir resumes from the latest")
+    folder: str = doc("checkpoints", "checkpoint folder; a relative path is inside the run dir")
+    interval: int = doc(500, "save every this many steps, and at the last step")
+    async_mode: str = doc("disabled", "disabled | async (written by a background thread) | async_with_pinned_mem (CUDA)")
+    keep_latest_k: int = doc(0, "keep only the k newest complete checkpoints; 0 = keep all")
+    load_step: int = doc(-1, "step to resume from; -1 = the latest complete checkpoint")
+    exclude_from_loading: List[str] = doc(
+        [], "parts not restored: model, optimizer, lr_scheduler, dataloader, train_state, rng"
+    )
+    initial_load_path: Optional[str] = doc(None, "a step-N checkpoint to start from when the run dir has none of its own")
+    initial_load_model_only: bool = doc(True, "take only the model weights from initial_load_path")
+    last_save_model_only: bool = doc(False, "the checkpoint at the last step holds the model alone, in export_dtype")
+    export_dtype: str = doc("float32", "dtype of model-only checkpoints and exports: float32 | bfloat16 | float16")
+    export_format: Optional[str] = doc(
+        None, "after training, write <run dir>/export/model.<ext>: safetensors | pt; null = no export"
+    )
+    create_seed_checkpoint: bool = doc(False, "write the initial weights as step-0 (model only) and stop")
+    hsdp_save_replicas: str = doc(
+        "all", "with data-parallel replicas: all (every rank writes, DCP de-duplicates) | first (only the first replica writes)"
+    )
 
 
 @dataclass

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from titan_exp import checkpoint
 from titan_exp.cluster import get_executor
 from titan_exp.config import JobConfig, to_job_config, to_yaml
 from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
@@ -34,6 +35,14 @@ def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
         data = dataclasses.replace(data, path=str(corpus))
     tokenizer = Path(data.tokenizer_path) if data.tokenizer_path else trained_tokenizer(corpus, data.tokenizer_vocab_size)
     return dataclasses.replace(job, data=data), tokenizer
+
+
+def model_shapes(job: JobConfig) -> dict[str, torch.Size]:
+    """Parameter shapes of the configured model, from a meta-device instance (no memory)."""
+    from titan_exp.models.llama import Transformer
+
+    with torch.device("meta"):
+        return {k: v.shape for k, v in Transformer(job.model).state_dict().items()}
 
 
 def resolve_cpu_peak(job: JobConfig) -> JobConfig:
@@ -64,6 +73,8 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     if not errors:
         job, tokenizer = prepare_data(job)
         errors = validate(job, tokenizer_vocab=Tokenizer(tokenizer).vocab_size)
+    if not errors:
+        errors = checkpoint.preflight(job.checkpoint, record.path, model_shapes(job))
     if errors:
         logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))
         if multirun:
@@ -88,8 +99,13 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
         # gloo sometimes aborts in process teardown after every rank finished; the run is fine.
         logger.warning("training finished but a rank exited badly afterwards (%s); the run is ok", error)
     if summary["status"] == "ok":
-        logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s",
-                    summary["final_loss"], summary["tokens_per_second_per_device"], summary["mfu"], record.summary)
+        if "final_loss" in summary:
+            logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s", summary["final_loss"],
+                        summary["tokens_per_second_per_device"], summary["mfu"], record.summary)
+        else:
+            logger.info("done: no steps to train (%s), summary %s",
+                        summary.get("seed_checkpoint") or f"resumed at step {summary.get('start_step', 1) - 1}",
+                        record.summary)
         return EXIT_OK
     logger.error("run %s: %s (summary %s)", summary["status"], summary.get("error"), record.summary)
     return EXIT_FAILED

@@ -5,6 +5,8 @@
     <run dir>/metrics.jsonl    one line per logged step
     <run dir>/summary.json     status, throughput, MFU, memory, losses: always written
     <run dir>/logs/rank-K.log  each rank's log
+    <run dir>/checkpoints/step-N/   DCP checkpoints (titan_exp.checkpoint), when enabled
+    <run dir>/export/model.safetensors   the final model alone (checkpoint.export_format)
 """
 
 from __future__ import annotations

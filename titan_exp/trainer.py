@@ -1,6 +1,7 @@
 """The training loop. Construction builds, in order: mesh -> model (meta) -> parallelize ->
-weights -> optimizer and schedule -> data -> metrics. `train()` runs the steps and returns the
-numbers the run summary records."""
+weights -> optimizer and schedule -> data -> metrics -> checkpointer. `train()` resumes from
+the latest checkpoint if there is one, runs the steps, and returns the numbers the run summary
+records."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from titan_exp import checkpoint
 from titan_exp.config import JobConfig, LRSchedulerConfig
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.loader import PackedLoader, open_dataset
+from titan_exp.faults import maybe_fault
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import Transformer, count_params, flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
@@ -90,9 +93,9 @@ def local_bytes(tensors) -> int:
     return total
 
 
-def state_bytes(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> int:
+def state_bytes(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> int:
     """Parameters + gradients + optimizer state held by this rank."""
-    opt_state = [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+    opt_state = [v for o in optimizers for state in o.state.values() for v in state.values() if torch.is_tensor(v)]
     grads = [p.grad for p in params if p.grad is not None]
     return local_bytes(params) + local_bytes(grads) + local_bytes(opt_state)
 
@@ -108,6 +111,7 @@ class Trainer:
         self._build_optimizer()
         self._build_data()
         self._build_metrics()
+        self._build_checkpointer()
 
     def _build_model(self) -> None:
         """Built on the meta device, split into pipeline stages if any, then each part is
@@ -150,15 +154,20 @@ class Trainer:
         )
 
     def _build_optimizer(self) -> None:
+        """One optimizer (and lr schedule) per model part, as TorchTitan does: each part's
+        optimizer state is then keyed by that part's FQNs, which are the unsplit model's, so
+        checkpoints move between pipeline and non-pipeline layouts. The update is elementwise,
+        so this gives the same numbers as one optimizer over every parameter."""
         o = self.job.optimizer
         self.params = [p for part in self.model_parts for p in part.parameters()]
         optim_cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[o.name]
-        self.optimizer = optim_cls(
-            self.params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay, foreach=True
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lr_lambda(self.job.lr_scheduler, self.job.training.steps)
-        )
+        self.optimizers = [
+            optim_cls(part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                      weight_decay=o.weight_decay, foreach=True)
+            for part in self.model_parts
+        ]
+        factor = lr_lambda(self.job.lr_scheduler, self.job.training.steps)
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in self.optimizers]
 
     def _build_data(self) -> None:
         t = self.job.training
@@ -189,6 +198,20 @@ class Trainer:
             {k: v for k, v in self.dims.degrees.items() if v > 1} or "single", self.peak_tflops, self.peak_source,
         )
 
+    def _build_checkpointer(self) -> None:
+        self.train_state = checkpoint.TrainState()
+        states = {
+            "model": checkpoint.ModelState(self.model_parts),
+            "optimizer": checkpoint.OptimizerState(self.model_parts, self.optimizers),
+            "lr_scheduler": checkpoint.SchedulerState(self.schedulers),
+            "dataloader": checkpoint.JSONState(self.loader),
+            "train_state": self.train_state,
+            "rng": checkpoint.RNGState(),
+        }
+        self.checkpointer = checkpoint.Checkpointer(
+            self.job.checkpoint, self.run_dir.path, states, replica_ranks=self.dims.first_replica_ranks(self.mesh)
+        )
+
     def _prepare(self, part: torch.nn.Module) -> None:
         parallelize(part, self.dims, self.mesh, self.job)
         part.to_empty(device=self.device)
@@ -215,7 +238,8 @@ class Trainer:
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over this rank's microbatches; returns (global mean loss, grad norm)."""
-        self.optimizer.zero_grad()
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
         loss = torch.zeros((), device=self.device)
         for inputs, labels in microbatches:
             if self.cp_positions is not None:
@@ -233,8 +257,9 @@ class Trainer:
                     self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
-        self.optimizer.step()
-        self.scheduler.step()
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            optimizer.step()
+            scheduler.step()
         precompute_float8_scales(self.job.precision, self.model_parts)
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
@@ -246,17 +271,22 @@ class Trainer:
         return loss, grad_norm
 
     def train(self) -> dict[str, Any]:
-        t = self.job.training
+        t, ckpt = self.job.training, self.job.checkpoint
+        if ckpt.create_seed_checkpoint:
+            path = self.checkpointer.save_seed()
+            return {"steps": 0, "losses": [], "seed_checkpoint": str(path)}
+        first = self.checkpointer.load() + 1
         tokens_per_step = t.global_batch_size * t.seq_len
         losses: list[float] = []
         grad_norms: list[float] = []
         step_times: list[float] = []
         start = time.perf_counter()
-        for step in range(1, t.steps + 1):
+        for step in range(first, t.steps + 1):
             step_start = time.perf_counter()
             loss, grad_norm = self.train_step(self.loader.next_batch())
             loss_value = loss.item()  # syncs the device, so the step time below is honest
             step_times.append(time.perf_counter() - step_start)
+            self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
             self.throughput.record(step, tokens_per_step, step_times[-1])
             losses.append(loss_value)
             grad_norms.append(grad_norm.item())
@@ -266,18 +296,28 @@ class Trainer:
                 self.sinks.log(step, {
                     "loss": loss_value,
                     "grad_norm": grad_norms[-1],
-                    "lr": self.scheduler.get_last_lr()[0],
+                    "lr": self.schedulers[0].get_last_lr()[0],
                     **self.throughput.window(),
                     "peak_memory_gib": peak_memory_gib(self.device),
                 })
+            maybe_fault("step", step)
+            self.checkpointer.maybe_save(step, last_step=t.steps)
+        self.checkpointer.close()
         self.sinks.close()
+        resumed = {"start_step": first, **self._export()}
+        if self.job.checkpoint.enable:
+            resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
+        if not losses:
+            logger.info("nothing to train: the checkpoint is at step %d of %d", first - 1, t.steps)
+            return {"steps": t.steps, "losses": [], **resumed}
         # Largest rank: memory limits are per device.
-        peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizer)], dtype=torch.float64)
+        peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizers)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         steady = self.throughput.steady()
         # What the first step cost beyond a typical one: with compile on, the compilation.
         first_step_overhead = max(0.0, step_times[0] - statistics.median(step_times[1:] or step_times))
         return {
+            **resumed,
             "steps": t.steps,
             "final_loss": losses[-1],
             "losses": losses,
@@ -294,3 +334,16 @@ class Trainer:
             "first_step_s": step_times[0],
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
+
+    def _export(self) -> dict[str, str]:
+        """The last checkpoint's model as one file, written by rank 0 (`checkpoint.export_format`)."""
+        ckpt = self.job.checkpoint
+        if not ckpt.enable or ckpt.export_format is None:
+            return {}
+        out = self.run_dir.path / "export" / checkpoint.EXPORT_FORMATS[ckpt.export_format]
+        if self.rank == 0:
+            folder = checkpoint.checkpoint_folder(ckpt, self.run_dir.path)
+            last = checkpoint.step_dir(folder, self.job.training.steps)
+            checkpoint.export(last, out, ckpt.export_dtype, ckpt.export_format)
+        dist.barrier()
+        return {"export": str(out)}

@@ -123,8 +123,6 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]")
     if job.metrics.warmup_steps < 0:
         _err(e, "metrics.warmup_steps", job.metrics.warmup_steps, "must be >= 0")
-    if job.checkpoint.interval < 1:
-        _err(e, "checkpoint.interval", job.checkpoint.interval, "must be >= 1")
     if job.metrics.wandb_mode not in ("online", "offline"):
         _err(e, "metrics.wandb_mode", job.metrics.wandb_mode, "choose online or offline")
     if job.metrics.peak_tflops is not None and not job.metrics.peak_tflops > 0:
@@ -143,8 +141,7 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
              "a byte-level BPE needs >= 258 (256 bytes + BOS/EOS)")
 
     e += _validate_speed_features(job, cuda)
-    if job.checkpoint.enable:
-        _err(e, "checkpoint.enable", True, NOT_YET)
+    e += _validate_checkpoint(job, cuda)
 
     # Cluster.
     if c.executor not in ("local", "debug"):
@@ -340,6 +337,42 @@ def _validate_layout(job: JobConfig, cuda: bool) -> list[str]:
                      f"gives {n_mb} microbatches for {dims.pp} pipeline ranks; need at least one per rank")
         if m.tie_word_embeddings:
             _err(e, "model.tie_word_embeddings", True, "tied embeddings span the first and last stage; " + NOT_YET + " with PP")
+    return e
+
+
+def _validate_checkpoint(job: JobConfig, cuda: bool) -> list[str]:
+    from titan_exp.checkpoint import EXPORT_DTYPES, EXPORT_FORMATS, PARTS
+
+    e: list[str] = []
+    k = job.checkpoint
+    if k.interval < 1:
+        _err(e, "checkpoint.interval", k.interval, "must be >= 1")
+    if k.keep_latest_k < 0:
+        _err(e, "checkpoint.keep_latest_k", k.keep_latest_k, "must be >= 0 (0 keeps every checkpoint)")
+    if k.load_step < -1:
+        _err(e, "checkpoint.load_step", k.load_step, "must be a saved step, or -1 for the latest")
+    if k.async_mode not in ("disabled", "async", "async_with_pinned_mem"):
+        _err(e, "checkpoint.async_mode", k.async_mode, "choose disabled, async or async_with_pinned_mem")
+    elif k.async_mode == "async_with_pinned_mem" and not cuda:
+        _err(e, "checkpoint.async_mode", k.async_mode, "pinned memory needs CUDA; use async on this machine")
+    for part in k.exclude_from_loading:
+        if part not in PARTS:
+            _err(e, "checkpoint.exclude_from_loading", part, f"not a checkpoint part; choose from {', '.join(PARTS)}")
+    if k.export_dtype not in EXPORT_DTYPES:
+        _err(e, "checkpoint.export_dtype", k.export_dtype, f"choose {', '.join(EXPORT_DTYPES)}")
+    if k.export_format is not None and k.export_format not in EXPORT_FORMATS:
+        _err(e, "checkpoint.export_format", k.export_format, f"choose {', '.join(EXPORT_FORMATS)}, or null")
+    if k.hsdp_save_replicas not in ("all", "first"):
+        _err(e, "checkpoint.hsdp_save_replicas", k.hsdp_save_replicas, "choose all or first")
+    if not k.folder:
+        _err(e, "checkpoint.folder", k.folder, "give a folder (relative paths are inside the run dir)")
+    if not k.enable:
+        needs = {"export_format": k.export_format is not None, "create_seed_checkpoint": k.create_seed_checkpoint,
+                 "last_save_model_only": k.last_save_model_only, "initial_load_path": k.initial_load_path is not None}
+        for name, used in needs.items():
+            if used:
+                _err(e, f"checkpoint.{name}", getattr(k, name),
+                     "needs checkpoint.enable=true (or checkpoint=default)")
     return e
 
 

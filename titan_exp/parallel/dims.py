@@ -71,6 +71,14 @@ class ParallelDims:
                 mesh[present]._flatten(flat)
         return mesh
 
+    def first_replica_ranks(self, mesh) -> list[int] | None:
+        """Global ranks of the first data-parallel replica (dp_replicate index 0), which together
+        hold every shard of every parameter; None when there is one replica."""
+        if self.dp_replicate == 1:
+            return None
+        dim = mesh.mesh_dim_names.index("dp_replicate")
+        return mesh.mesh.select(dim, 0).flatten().tolist()
+
     def submesh(self, mesh, name: str):
         """A named (possibly flattened) dimension of `mesh`, or None when its degree is 1."""
         present = [n for n in FLATTENED.get(name, (name,)) if self.degrees[n] > 1]
