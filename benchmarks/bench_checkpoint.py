@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
 from conftest import run_job  # noqa: E402
 
 from titan_exp.checkpoint import complete_steps  # noqa: E402
@@ -24,6 +24,7 @@ from titan_exp.checkpoint import complete_steps  # noqa: E402
 
 def job(model: str, steps: int, *extra: str) -> list[str]:
     return [f"model={model}", f"training.steps={steps}", "training.seq_len=128", "training.global_batch_size=4",
+            "lr_scheduler.warmup_steps=0",
             "metrics.log_freq=1", "checkpoint=default", "checkpoint.interval=1", "checkpoint.keep_latest_k=0", *extra]
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     print("| hsdp_save_replicas | files | total MiB | largest file MiB | save s |\n|---|---|---|---|---|")
     for policy in ("all", "first"):
         with tempfile.TemporaryDirectory() as run_dir:
-            code, s = run_job(job(args.model, 1, "parallelism=hsdp", "training.local_batch_size=2",
+            code, s = run_job(job(args.model, 1, "parallelism=hsdp", "training.local_batch_size=1",
                                   f"checkpoint.hsdp_save_replicas={policy}"), Path(run_dir))
             assert code == 0, s
             marker = complete_steps(Path(run_dir) / "checkpoints")[1]

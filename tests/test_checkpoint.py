@@ -80,13 +80,12 @@ def test_resume_after_sigkill_is_bit_identical(fsdp2_run, tmp_path, monkeypatch)
 
 
 def test_kill_during_async_save_keeps_the_previous_checkpoint(fsdp2_run, tmp_path, monkeypatch):
-    """Every rank is killed during step 10, while step 9's save is written in the background
-    (or just written, before rank 0 marked it complete): step-6 stays the latest, the relaunch
-    drops step-9's partial dir and resumes from step 6 exactly; keep_latest_k=2 then deletes
-    complete checkpoints only."""
+    """Every rank is killed right after handing step 9's checkpoint to the background writer:
+    step-6 stays the latest, the relaunch drops whatever step 9 left and resumes from step 6
+    exactly; keep_latest_k=2 then deletes complete checkpoints only."""
     _, uninterrupted = fsdp2_run
     overrides = [*SMALL, "training.steps=10", *FSDP2, "checkpoint=async", *SAVES, "checkpoint.keep_latest_k=2"]
-    monkeypatch.setenv("TITAN_EXP_FAULT", "step@10")
+    monkeypatch.setenv("TITAN_EXP_FAULT", "save@9")
     code, _ = run_job(overrides, tmp_path)
     assert code == 1
     folder = tmp_path / "checkpoints"

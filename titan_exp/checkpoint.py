@@ -34,7 +34,7 @@ import re
 import shutil
 import time
 import zlib
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -390,7 +390,8 @@ class Checkpointer:
         self.cfg, self.states = cfg, states
         self.folder = checkpoint_folder(cfg, run_dir)
         self.rank = dist.get_rank()
-        self.pending: tuple[int, Future, bool, float] | None = None  # step, future, model_only, start
+        self.pending: tuple[int, Future] | None = None  # an async save in flight: step, its future
+        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-finish")
         self.blocking_s = 0.0  # time training waited for checkpoints: the cost async saving cuts
         if not cfg.enable:
             return
@@ -486,31 +487,37 @@ class Checkpointer:
 
             stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
                                                   use_async_staging=False, use_non_blocking_copy=False))
-        future = dcp.async_save(state, storage_writer=writer, process_group=self.group, async_stager=stager)
+        written = dcp.async_save(state, storage_writer=writer, process_group=self.group, async_stager=stager)
         logger.info("checkpoint step-%d: staged in %.2f s, writing in the background", step, time.perf_counter() - start)
+        # Marking it complete (checksums, complete.json, purge) happens in the background too.
+        finished = self._finisher.submit(self._finish_when_written, written, step, path, model_only, start)
         maybe_fault("save", step)
-        self.pending = (step, future, model_only, start)
+        self.pending = (step, finished)
+
+    def _finish_when_written(self, written: Future, step: int, path: Path, model_only: bool, start: float) -> None:
+        written.result()
+        self._finish(step, path, model_only, time.perf_counter() - start)
 
     def _poll(self) -> None:
         if self.pending is not None and self.pending[1].done():
             self.wait()
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is written, then mark it complete."""
+        """Block until the save in flight (if any) is written and marked complete."""
         if self.pending is None:
             return
-        step, future, model_only, start = self.pending
+        step, finished = self.pending
         self.pending = None
         try:
-            future.result()
+            finished.result()
         except (Exception, CheckpointException) as exc:
             raise CheckpointError(self._failed(step, exc)) from exc
-        self._finish(step, step_dir(self.folder, step), model_only, time.perf_counter() - start)
 
     def close(self) -> None:
         start = time.perf_counter()
         if self.cfg.enable:
             self.wait()
+        self._finisher.shutdown()
         self.blocking_s += time.perf_counter() - start
 
     def _failed(self, step: int, exc: BaseException) -> str:
