@@ -160,6 +160,30 @@ def test_seed_checkpoint_gives_the_initial_weights(reference, tmp_path):
     assert summary["losses"] == reference["losses"]
 
 
+def test_model_only_last_save_exclusions_and_initial_weights(tmp_path):
+    """`checkpoint=export`: the last save holds the model alone, in bf16, so a relaunch resumes
+    from the newest full checkpoint (step 2). Excluding the optimizer restarts Adam; a new run
+    taking only the weights of step 2 starts at step 1."""
+    overrides = [*SMALL, "training.steps=4", "checkpoint=export", "checkpoint.interval=2", "lr_scheduler.decay_ratio=0"]
+    first = ok(*run_job(overrides, tmp_path / "a"))
+    folder = tmp_path / "a" / "checkpoints"
+    assert complete_steps(folder)[4]["model_only"] and not complete_steps(folder)[2]["model_only"]
+    saved = checkpoint.read_metadata(step_dir(folder, 4)).state_dict_metadata
+    assert {k.split(".")[0] for k in saved} == {"model"}
+    assert saved["model.norm.weight"].properties.dtype == torch.bfloat16
+    resumed = ok(*run_job(overrides, tmp_path / "a"))
+    assert resumed["start_step"] == 3 and resumed["losses"] == first["losses"][2:]
+    fresh_adam = ok(*run_job([*overrides, "checkpoint.load_step=2", "checkpoint.exclude_from_loading=[optimizer]"],
+                             tmp_path / "a"))
+    assert fresh_adam["start_step"] == 3 and fresh_adam["losses"][0] == first["losses"][2]
+    assert abs(fresh_adam["losses"][1] - first["losses"][3]) > 1e-4  # Adam restarted at step 3
+    weights_only = ok(*run_job([*SMALL, "training.steps=2", "checkpoint=default",
+                                f"checkpoint.initial_load_path={folder}/step-2"], tmp_path / "b"))
+    assert weights_only["start_step"] == 1
+    # Batch 1 again, on trained weights: lower than the fresh model's loss on it.
+    assert weights_only["losses"][0] < first["losses"][0] - 0.1
+
+
 def test_export_loads_without_titan_exp(fsdp2_run, tmp_path):
     """The exported safetensors file holds the final weights, whole, under the model's names;
     the CLI writes bf16 and torch-format variants of any checkpoint."""
