@@ -30,3 +30,7 @@ def main(cfg: DictConfig) -> int:
 
 if __name__ == "__main__":
     main()
+    # A multirun ends here: non-zero unless every member finished ok (see titan_exp.report).
+    from titan_exp.report import ReportCallback
+
+    sys.exit(ReportCallback.exit_code)

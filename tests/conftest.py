@@ -28,8 +28,8 @@ def titan_cache(tmp_path_factory):
     return path
 
 
-def compose(overrides: list[str]):
-    """The config `python launch.py <overrides>` would get."""
+def compose(overrides: list[str], *, with_hydra: bool = False):
+    """The config `python launch.py <overrides>` would get (with Hydra's own node if asked)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
@@ -37,7 +37,7 @@ def compose(overrides: list[str]):
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
 
 
 def job_config(overrides: list[str]):

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
+
+
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
 def doc(default: Any, text: str) -> Any:
@@ -247,6 +251,10 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
+    # Named sweeps (`python launch.py -m +sweep=NAME`) and the ladder's rungs, from sweeps/.
+    for group, folder in (("sweep", SWEEPS), ("rung", SWEEPS / "rung")):
+        for preset in sorted(folder.glob("*.yaml")):
+            cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
     template = (
         "== titan_exp ==\n"
         "Train Llama-family models with N-D parallelism.\n"

@@ -78,7 +78,9 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     if errors:
         logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))
         if multirun:
-            record.write_summary({"status": "invalid", "error": "; ".join(errors), "errors": errors})
+            from titan_exp.train import describe
+
+            record.write_summary({"status": "invalid", **describe(job), "error": "; ".join(errors), "errors": errors})
         return EXIT_INVALID
 
     job = resolve_cpu_peak(resolve(job))

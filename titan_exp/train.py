@@ -62,6 +62,8 @@ def describe(job: JobConfig) -> dict:
             "cp": p.context_parallel_degree,
             "tp": p.tensor_parallel_degree,
         },
+        "compile": job.compile.enable,
+        "activation_checkpoint": job.activation_checkpoint.mode,
         "global_batch_size": job.training.global_batch_size,
         "seq_len": job.training.seq_len,
     }

@@ -1,0 +1,213 @@
+"""A sweep directory -> report.md, report.csv and plots: which member was fastest, and why the
+others were not.
+
+    python -m titan_exp.report <sweep dir>
+
+A sweep dir is what `python launch.py -m ...` writes: one run dir per member (Hydra's
+`<sweep dir>/<N>/`), each with `.hydra/overrides.yaml` and, once it ran (or was refused),
+`summary.json`. A member without a summary is `pending`; one whose summary says `running` is still
+going (or was requeued). So the report works on a sweep that is partly done.
+It also runs by itself at the end of a local multirun (`ReportCallback`, wired in conf/config.yaml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from titan_exp.cache import atomic_write
+
+logger = logging.getLogger("titan_exp.report")
+
+COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
+           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "status", "reason")
+DONE = ("ok", "failed", "oom", "invalid", "interrupted")
+
+
+def members(sweep: Path) -> list[Path]:
+    """The member run dirs of a sweep: the subdirectories Hydra gave a job number."""
+    return sorted((d for d in sweep.iterdir() if (d / ".hydra" / "overrides.yaml").exists()),
+                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else d.name))
+
+
+def _layout(layout: dict[str, int] | None) -> str:
+    if not layout:
+        return ""
+    parts = [f"{name}{degree}" for name, degree in layout.items() if degree > 1]
+    return " x ".join(parts) or "single"
+
+
+def row(run_dir: Path) -> dict[str, Any]:
+    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except FileNotFoundError:
+        summary = {"status": "pending"}
+    error = summary.get("error") or ""
+    return {
+        "member": run_dir.name,
+        "all_overrides": overrides,
+        "layout": _layout(summary.get("layout")),
+        "precision": summary.get("precision", ""),
+        "compile": summary.get("compile", ""),
+        "activation_checkpoint": summary.get("activation_checkpoint", ""),
+        "world_size": summary.get("world_size", ""),
+        "tokens_per_second_per_device": summary.get("tokens_per_second_per_device"),
+        "mfu": summary.get("mfu"),
+        "peak_memory_gib": summary.get("peak_memory_gib"),
+        "final_loss": summary.get("final_loss"),
+        "status": summary["status"],
+        "reason": error.splitlines()[0][:300] if error else "",
+        "losses": summary.get("losses", []),
+    }
+
+
+def distinguishing(rows: list[dict[str, Any]]) -> None:
+    """Set each row's `overrides` to those of its overrides that are not common to every member."""
+    common = set.intersection(*(set(r["all_overrides"]) for r in rows)) if rows else set()
+    for r in rows:
+        r["overrides"] = " ".join(o for o in r["all_overrides"] if o not in common) or "(base)"
+
+
+def ranked(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Finished members by throughput, fastest first; then the rest, by status."""
+    ok = sorted((r for r in rows if r["status"] == "ok"), key=lambda r: -(r["tokens_per_second_per_device"] or 0))
+    rest = sorted((r for r in rows if r["status"] != "ok"), key=lambda r: (r["status"], r["member"]))
+    return ok + rest
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None or value == "":
+        return ""
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in rows:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
+    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
+    lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally}. Ranked by tokens/s per device "
+             "(steady state, warm-up steps excluded).", "",
+             "| rank | member | overrides | layout | precision | compile | AC | world | tokens/s/device | MFU % "
+             "| peak GiB/device | final loss | status | reason |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows, 1):
+        rank = str(i) if r["status"] == "ok" else ""
+        lines.append("| " + " | ".join([
+            rank, r["member"], r["overrides"], r["layout"], r["precision"], _fmt(r["compile"]),
+            _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
+            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), r["status"],
+            r["reason"].replace("|", "/"),
+        ]) + " |")
+    lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`."]
+    return "\n".join(lines) + "\n"
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def plot(rows: list[dict[str, Any]], sweep: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ok = [r for r in rows if r["status"] == "ok"]
+    written = []
+    labels = [f"{r['member']}: {r['overrides']}"[:60] for r in ok]
+    for name, key, xlabel in (("throughput", "tokens_per_second_per_device", "tokens/s per device"),
+                              ("memory", "peak_memory_gib", "peak memory per device (GiB)")):
+        fig, ax = plt.subplots(figsize=(8, 0.4 * len(ok) + 1.5))
+        ax.barh(labels[::-1], [r[key] or 0 for r in ok][::-1])
+        ax.set_xlabel(xlabel)
+        ax.set_title(f"{xlabel} by member ({len(ok)} ok of {len(rows)})")
+        fig.tight_layout()
+        written.append(sweep / f"{name}.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r, label in zip(ok, labels):
+        ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if ok:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    written.append(sweep / "loss.png")
+    fig.savefig(written[-1], dpi=100)
+    plt.close(fig)
+    return written
+
+
+def write_report(sweep: Path, *, plots: bool = True) -> list[dict[str, Any]]:
+    """Write report.md, report.csv (and the plots) into `sweep`; returns the ranked rows."""
+    sweep = Path(sweep)
+    rows = [row(d) for d in members(sweep)]
+    distinguishing(rows)
+    rows = ranked(rows)
+    atomic_write(sweep / "report.md", to_markdown(rows, sweep))
+    atomic_write(sweep / "report.csv", to_csv(rows))
+    if plots:
+        plot(rows, sweep)
+    return rows
+
+
+def sweep_exit_code(rows: list[dict[str, Any]]) -> int:
+    """0 when every member finished ok, else 1."""
+    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra is a dependency; this keeps the CLI importable without it
+    Callback = object
+
+
+class ReportCallback(Callback):
+    """At the end of a multirun: the report, and one line saying how many members succeeded.
+    `launch.py` exits with `exit_code` afterwards."""
+
+    exit_code = 0
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        if not sweep.is_dir():
+            return
+        rows = write_report(sweep)
+        tally = ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
+        ok = counts(rows).get("ok", 0)
+        logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally, sweep / "report.md")
+        ReportCallback.exit_code = sweep_exit_code(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.report", description=__doc__.split("\n")[0])
+    parser.add_argument("sweep", type=Path, help="a sweep directory (python launch.py -m ... wrote it)")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    if not args.sweep.is_dir() or not members(args.sweep):
+        parser.error(f"{args.sweep} holds no sweep members (subdirectories with .hydra/overrides.yaml)")
+    rows = write_report(args.sweep, plots=not args.no_plots)
+    print(to_markdown(rows, args.sweep))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
