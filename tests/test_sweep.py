@@ -85,3 +85,18 @@ def test_named_sweep_presets_compose():
         cfg = compose([f"+sweep={name}"], with_hydra=True)
         assert cfg.hydra.sweeper.params, name
     assert compose(["+sweep=ladder", "+rung=3d"]).parallelism.pipeline_parallel_degree == 2
+
+
+def test_notebook_runs_against_the_sweep(sweep, monkeypatch):
+    """The analysis notebook executes top to bottom against a real sweep dir (nbclient)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path, _ = sweep
+    monkeypatch.setenv("SWEEP_DIR", str(path))
+    notebook = nbformat.read(REPO / "notebooks" / "sweep_analysis.ipynb", as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(REPO)}}).execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
+    text = "\n".join(str(o.get("data", {}).get("text/plain", o.get("text", ""))) for o in outputs)
+    assert "invalid" in text and "failed" in text  # the status counts
+    assert any("image/png" in o.get("data", {}) for o in outputs)
