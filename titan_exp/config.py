@@ -251,8 +251,9 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
-    # Named sweeps (`python launch.py -m +sweep=NAME`) and the ladder's rungs, from sweeps/.
-    for group, folder in (("sweep", SWEEPS), ("rung", SWEEPS / "rung")):
+    # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
+    # layouts (titan_exp.plan --write-sweep), from sweeps/.
+    for group, folder in (("sweep", SWEEPS), ("rung", SWEEPS / "rung"), ("plan_layout", SWEEPS / "plan_layout")):
         for preset in sorted(folder.glob("*.yaml")):
             cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
     template = (

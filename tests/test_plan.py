@@ -1,0 +1,69 @@
+"""The layout planner: enumeration against brute force, the memory model's arithmetic, the CLI
+and the sweep preset it writes. Its accuracy against measured memory is in BENCHMARKS.md
+(benchmarks/bench_plan.py)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, job_config
+from titan_exp import plan
+from titan_exp.validation import validate
+
+BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=8"]
+
+
+@pytest.mark.parametrize("world", [1, 2, 4, 6, 8])
+def test_enumeration_is_every_valid_layout(world):
+    """Brute force: every 5-tuple of degrees in 1..world, kept if its product is the world and
+    the validator accepts it. The planner must find exactly those."""
+    job = job_config(BASE)
+    brute = set()
+    for degrees in itertools.product(range(1, world + 1), repeat=5):
+        if plan.math.prod(degrees) != world:
+            continue
+        candidate = plan.with_layout(job, dict(zip(plan.DEGREES, degrees)), 8)
+        if not validate(candidate, cuda=False):
+            brute.add(degrees)
+    found = {tuple(getattr(j.parallelism, f) for f in (
+        "pipeline_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree",
+        "context_parallel_degree", "tensor_parallel_degree")) for j in plan.valid_layouts(job, world)}
+    assert found == brute
+    assert len(found) >= {1: 1, 2: 4, 4: 10, 6: 0, 8: 10}[world]  # 6 ranks: nothing divides heads and batch
+
+
+def test_memory_model_shards_states_and_ranks_by_fit():
+    job = job_config(BASE)
+    single = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), 8))
+    for n in (2, 4, 8):
+        fsdp = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=n, cp=1, tp=1), 8))
+        assert fsdp["states"] == pytest.approx(single["states"] / n)
+    ddp = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=4, dp_shard=1, cp=1, tp=1), 8))
+    assert ddp["states"] == pytest.approx(single["states"])
+    full_ac = plan.predict_memory(job_config([*BASE, "activation_checkpoint.mode=full"]))
+    assert full_ac["activations"] < single["activations"] / 4
+    plans = plan.plan(job, 4, device_memory_gib=1.2)  # DDP 4 (whole states per rank) cannot fit
+    fits = [p.fits for p in plans]
+    assert fits == sorted(fits, reverse=True) and True in fits and False in fits
+    assert not next(p for p in plans if p.degrees["dp_replicate"] == 4).fits
+
+
+def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "titan_exp.plan", *BASE, "--world", "4", "--top", "3",
+                           "--device-memory-gib", "8"], cwd=REPO, capture_output=True, text=True, check=True)
+    assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
+    job = job_config(BASE)
+    plans = plan.plan(job, 4, device_memory_gib=8)
+    out = plan.write_sweep(plans, "p4", 3, BASE, folder=tmp_path)
+    preset = yaml.safe_load(out.read_text())
+    choices = preset["hydra"]["sweeper"]["params"]["+plan_layout"].split(",")
+    assert choices == ["p4_0", "p4_1", "p4_2"]
+    for choice, expected in zip(choices, plans):
+        node = yaml.safe_load((tmp_path / "plan_layout" / f"{choice}.yaml").read_text())
+        assert node["parallelism"]["tensor_parallel_degree"] == expected.degrees["tp"]
+        assert node["cluster"]["nproc_per_node"] == 4
