@@ -146,6 +146,7 @@ BAD = [
     (["optimizer.eps=0"], "optimizer.eps = 0.0: must be > 0"),
     (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay = -0.1: must be >= 0"),
     (["checkpoint.interval=0"], "checkpoint.interval = 0: must be >= 1"),
+    (["cluster.cpu_malloc_mmap_threshold_mib=64"], "glibc accepts 0..32 MiB"),
 ]
 
 

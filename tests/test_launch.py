@@ -75,3 +75,16 @@ def test_multirun_records_invalid_members_and_goes_on(tmp_path):
     ok, invalid = (json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in (0, 1))
     assert ok["status"] == "ok"
     assert invalid["status"] == "invalid" and "does not divide model.n_heads" in invalid["error"]
+
+
+def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
+    """glibc's dynamic threshold lets FSDP's buffers fragment the heap (RSS ~2x); ranks get a
+    fixed one unless the user set their own or asked for glibc's default."""
+    from conftest import job_config
+    from titan_exp.cluster.local import rank_env
+
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert rank_env(job_config([]), 2)["MALLOC_MMAP_THRESHOLD_"] == str(16 << 20)
+    assert "MALLOC_MMAP_THRESHOLD_" not in rank_env(job_config(["cluster.cpu_malloc_mmap_threshold_mib=null"]), 2)
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
+    assert "MALLOC_MMAP_THRESHOLD_" not in rank_env(job_config([]), 2)

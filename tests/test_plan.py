@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, job_config
+from conftest import REPO, compose, job_config
 from titan_exp import plan
 from titan_exp.validation import validate
 
@@ -53,7 +53,7 @@ def test_memory_model_shards_states_and_ranks_by_fit():
     assert not next(p for p in plans if p.degrees["dp_replicate"] == 4).fits
 
 
-def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path):
+def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
     proc = subprocess.run([sys.executable, "-m", "titan_exp.plan", *BASE, "--world", "4", "--top", "3",
                            "--device-memory-gib", "8"], cwd=REPO, capture_output=True, text=True, check=True)
     assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
@@ -63,7 +63,14 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path):
     preset = yaml.safe_load(out.read_text())
     choices = preset["hydra"]["sweeper"]["params"]["+plan_layout"].split(",")
     assert choices == ["p4_0", "p4_1", "p4_2"]
+    # Registered like the presets in sweeps/, the written layouts compose into valid jobs.
+    from titan_exp import config
+
+    monkeypatch.setattr(config, "SWEEPS", tmp_path)
+    config.register_configs()
+    assert compose(["+sweep=p4"], with_hydra=True).hydra.sweeper.params["+plan_layout"] == "p4_0,p4_1,p4_2"
     for choice, expected in zip(choices, plans):
-        node = yaml.safe_load((tmp_path / "plan_layout" / f"{choice}.yaml").read_text())
-        assert node["parallelism"]["tensor_parallel_degree"] == expected.degrees["tp"]
-        assert node["cluster"]["nproc_per_node"] == 4
+        job = job_config([*BASE, f"+plan_layout={choice}"])
+        assert job.parallelism.tensor_parallel_degree == expected.degrees["tp"]
+        assert job.parallelism.pipeline_parallel_degree == expected.degrees["pp"]
+        assert job.cluster.nproc_per_node == 4 and not validate(job, cuda=False)

@@ -134,6 +134,10 @@ class ClusterConfig:
     executor: str = doc("local", "local (processes on this machine) | debug (one rank in-process)")
     nnodes: int = doc(1, "nodes; local runs put every node's ranks on this machine")
     nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need")
+    cpu_malloc_mmap_threshold_mib: Optional[int] = doc(
+        16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
+        "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
+    )
 
 
 @dataclass

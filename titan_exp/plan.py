@@ -129,6 +129,8 @@ def _param_counts(job: JobConfig) -> tuple[int, int, int]:
 
 def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank, by part."""
+    if job.parallelism.data_parallel_shard_degree == -1:
+        job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
     pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
                        p.tensor_parallel_degree)

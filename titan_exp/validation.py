@@ -146,6 +146,9 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
     # Cluster.
     if c.executor not in ("local", "debug"):
         _err(e, "cluster.executor", c.executor, "choose local or debug (slurm is " + NOT_YET + ")")
+    if c.cpu_malloc_mmap_threshold_mib is not None and not 0 <= c.cpu_malloc_mmap_threshold_mib <= 32:
+        _err(e, "cluster.cpu_malloc_mmap_threshold_mib", c.cpu_malloc_mmap_threshold_mib,
+             "glibc accepts 0..32 MiB; or null for its default")
     if c.nproc_per_node is not None and c.nproc_per_node < 1:
         _err(e, "cluster.nproc_per_node", c.nproc_per_node, "must be >= 1, or null to derive it from the degrees")
         return e

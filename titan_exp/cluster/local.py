@@ -18,6 +18,20 @@ def threads_per_rank(nproc: int) -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
+def rank_env(job: JobConfig, nproc: int) -> dict[str, str]:
+    """Environment of the local ranks. On CPU, a fixed glibc mmap threshold: with glibc's
+    default (a threshold that rises to the largest buffer freed, up to 32 MiB), FSDP's per-block
+    all-gather and reduce-scatter buffers come from the heap, fragment it, and a rank's resident
+    memory grows to about twice what it uses (BENCHMARKS.md). The user's own MALLOC_* wins."""
+    import torch
+
+    env = {"OMP_NUM_THREADS": str(threads_per_rank(nproc))}
+    threshold = job.cluster.cpu_malloc_mmap_threshold_mib
+    if threshold is not None and not torch.cuda.is_available() and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(threshold * 2**20)
+    return env
+
+
 def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -36,7 +50,7 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
         start_method="spawn",
     )
     try:
-        with scoped_env(OMP_NUM_THREADS=str(threads_per_rank(nproc))):
+        with scoped_env(**rank_env(job, nproc)):
             elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
