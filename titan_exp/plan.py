@@ -13,7 +13,8 @@ Memory model (bytes per device, on the most loaded rank):
     param/grad share is smaller under bf16 params) of the rank's pipeline stages, divided by the
     shard degree (dp_shard x cp, times tp);
   * FSDP working set: the all-gathered parameters and unreduced gradients of about two blocks
-    (all of the stage's parameters with reshard_after_forward=never);
+    (all of the stage's parameters when they stay gathered: reshard_after_forward=never, or
+    default under PP); DDP's gradient buckets, a second copy of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
     the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
     none), block inputs plus one block (full), or between (selective); pipeline schedules keep
@@ -151,12 +152,15 @@ def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     bytes_param = 2 if job.precision.full_bf16 else 4
     states = worst["params"] / shard * (2 * bytes_param + 8)
     fsdp = dps * cp > 1
-    if not fsdp:
-        working = 0.0
-    elif p.fsdp_reshard_after_forward == "never":
+    keeps_gathered = p.fsdp_reshard_after_forward == "never" or (p.fsdp_reshard_after_forward == "default" and pp > 1)
+    if fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
         working = (worst["params"] + block) / tp * 4
-    else:
+    elif fsdp:
         working = 3 * block / tp * 4
+    elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
+        working = worst["params"] / tp * 4
+    else:
+        working = 0.0
     # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     tokens = microbatch * t.seq_len / cp
