@@ -274,6 +274,7 @@ class Trainer:
         t, ckpt = self.job.training, self.job.checkpoint
         if ckpt.create_seed_checkpoint:
             path = self.checkpointer.save_seed()
+            self.sinks.close()
             return {"steps": 0, "losses": [], "seed_checkpoint": str(path)}
         first = self.checkpointer.load() + 1
         tokens_per_step = t.global_batch_size * t.seq_len
