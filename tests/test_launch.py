@@ -71,7 +71,8 @@ def test_debug_executor_runs_in_process_with_every_sink(tmp_path):
 def test_multirun_records_invalid_members_and_goes_on(tmp_path):
     out = launch_cli(["-m", f"hydra.sweep.dir={tmp_path}", *SMALL, "training.steps=2",
                       "parallelism.tensor_parallel_degree=1,3"])
-    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.returncode == 1, out.stderr[-3000:]  # not every member succeeded
+    assert "1 of 2 members ok (1 invalid, 1 ok)" in out.stdout + out.stderr
     ok, invalid = (json.loads((tmp_path / str(i) / "summary.json").read_text()) for i in (0, 1))
     assert ok["status"] == "ok"
     assert invalid["status"] == "invalid" and "does not divide model.n_heads" in invalid["error"]
