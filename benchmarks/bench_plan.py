@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import job_config, run_job  # noqa: E402
 
-from titan_exp.plan import predict_memory, valid_layouts  # noqa: E402
+from titan_exp.plan import layout_overrides, predict_memory, valid_layouts  # noqa: E402
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=4",
         "training.steps=3", "metrics.log_freq=3", "lr_scheduler.warmup_steps=1",
@@ -33,17 +33,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
     base = [*BASE, *args.overrides]
-    cases = []
-    for job in valid_layouts(job_config(base), args.world):
-        p = job.parallelism
-        layout = [f"parallelism.pipeline_parallel_degree={p.pipeline_parallel_degree}",
-                  f"parallelism.data_parallel_replicate_degree={p.data_parallel_replicate_degree}",
-                  f"parallelism.data_parallel_shard_degree={p.data_parallel_shard_degree}",
-                  f"parallelism.context_parallel_degree={p.context_parallel_degree}",
-                  f"parallelism.tensor_parallel_degree={p.tensor_parallel_degree}",
-                  f"training.local_batch_size={job.training.local_batch_size}",
-                  f"cluster.nproc_per_node={args.world}"]
-        cases.append(layout)
+    cases = [[*layout_overrides(job), f"cluster.nproc_per_node={args.world}"]
+             for job in valid_layouts(job_config(base), args.world)]
     fsdp = [c for c in cases if f"parallelism.data_parallel_shard_degree={args.world}" in c]
     cases += [[*fsdp[0], *extra] for extra in EXTRA] if fsdp else []
     cases.append(["cluster.nproc_per_node=1", "parallelism.data_parallel_shard_degree=1"])

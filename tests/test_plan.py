@@ -27,12 +27,10 @@ def test_enumeration_is_every_valid_layout(world):
     for degrees in itertools.product(range(1, world + 1), repeat=5):
         if plan.math.prod(degrees) != world:
             continue
-        candidate = plan.with_layout(job, dict(zip(plan.DEGREES, degrees)), 8)
+        candidate = plan.with_layout(job, dict(zip(plan.MESH_DIMS, degrees)), 8)
         if not validate(candidate, cuda=False):
             brute.add(degrees)
-    found = {tuple(getattr(j.parallelism, f) for f in (
-        "pipeline_parallel_degree", "data_parallel_replicate_degree", "data_parallel_shard_degree",
-        "context_parallel_degree", "tensor_parallel_degree")) for j in plan.valid_layouts(job, world)}
+    found = {tuple(plan.degrees_of(j).values()) for j in plan.valid_layouts(job, world)}
     assert found == brute
     assert len(found) >= {1: 1, 2: 4, 4: 10, 6: 0, 8: 10}[world]  # 6 ranks: nothing divides heads and batch
 

@@ -173,10 +173,9 @@ def read_metadata(path: Path) -> Metadata:
     return SafeReader(path).read_metadata()
 
 
-def shape_errors(path: Path, expected: dict[str, torch.Size], parts: tuple[str, ...]) -> list[str]:
-    """How the tensors `expected` (flattened key -> global shape) differ from those saved in
-    `path`, for keys under `parts`."""
-    saved = read_metadata(path).state_dict_metadata
+def shape_errors(saved: dict[str, Any], expected: dict[str, torch.Size], parts: tuple[str, ...]) -> list[str]:
+    """How the tensors `expected` (flattened key -> global shape) differ from those a checkpoint
+    holds (`saved`: its metadata's state_dict_metadata), for keys under `parts`."""
     wrong = []
     for key, shape in expected.items():
         if key.split(".", 1)[0] not in parts:
@@ -248,7 +247,7 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
     if (problem := verify(path)) is not None:
         return errors + [f"{field}: {problem}; delete that step dir or choose another checkpoint"]
     model = {f"model.{k}": v for k, v in model_shapes.items()}
-    if "model" in parts and (wrong := shape_errors(path, model, ("model",))):
+    if "model" in parts and (wrong := shape_errors(read_metadata(path).state_dict_metadata, model, ("model",))):
         errors.append(f"{field}: {describe_mismatch(path, wrong)}")
     return errors
 
@@ -391,10 +390,11 @@ class Checkpointer:
         self.folder = checkpoint_folder(cfg, run_dir)
         self.rank = dist.get_rank()
         self.pending: tuple[int, Future] | None = None  # an async save in flight: step, its future
-        self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-finish")
         self.blocking_s = 0.0  # time training waited for checkpoints: the cost async saving cuts
         if not cfg.enable:
             return
+        if cfg.async_mode != "disabled":  # marks async saves complete in the background
+            self._finisher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-finish")
         # Which ranks write, and over which group they agree on the plan: every rank (DCP
         # de-duplicates replicated shards between replicas), or only the first replica, whose
         # shards already cover every tensor. An async save runs its collectives in a background
@@ -429,7 +429,7 @@ class Checkpointer:
         saved = read_metadata(path).state_dict_metadata
         if "rng" in state:  # a checkpoint from a machine without CUDA has no CUDA state, and vice versa
             state["rng"] = {k: v for k, v in state["rng"].items() if f"rng.{k}" in saved}
-        if wrong := shape_errors(path, flat_shapes(state), parts):
+        if wrong := shape_errors(saved, flat_shapes(state), parts):
             raise CheckpointError(describe_mismatch(path, wrong))
         start = time.perf_counter()
         dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner())
@@ -514,10 +514,12 @@ class Checkpointer:
             raise CheckpointError(self._failed(step, exc)) from exc
 
     def close(self) -> None:
+        if not self.cfg.enable:
+            return
         start = time.perf_counter()
-        if self.cfg.enable:
-            self.wait()
-        self._finisher.shutdown()
+        self.wait()
+        if self.cfg.async_mode != "disabled":
+            self._finisher.shutdown()
         self.blocking_s += time.perf_counter() - start
 
     def _failed(self, step: int, exc: BaseException) -> str:

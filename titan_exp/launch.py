@@ -73,7 +73,7 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     if not errors:
         job, tokenizer = prepare_data(job)
         errors = validate(job, tokenizer_vocab=Tokenizer(tokenizer).vocab_size)
-    if not errors:
+    if not errors and job.checkpoint.enable:
         errors = checkpoint.preflight(job.checkpoint, record.path, model_shapes(job))
     if errors:
         logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))

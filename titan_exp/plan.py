@@ -45,6 +45,7 @@ import yaml
 
 from titan_exp.config import SWEEPS, JobConfig
 from titan_exp.models.llama import ffn_hidden_dim
+from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.pipeline import SINGLE_STAGE, layer_split, stage_ids, stages_per_rank
 from titan_exp.validation import resolve, validate
 
@@ -55,13 +56,27 @@ ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 RECOMPUTE = {"none": 0.0, "full": 1 / 3, "selective": 0.1}  # extra compute, share of fwd+bwd
 
-DEGREES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+# Each mesh dim's degree field in ParallelismConfig.
+DEGREE_FIELDS = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
+                 "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree",
+                 "tp": "tensor_parallel_degree"}
+
+
+def degrees_of(job: JobConfig) -> dict[str, int]:
+    return {dim: getattr(job.parallelism, DEGREE_FIELDS[dim]) for dim in MESH_DIMS}
+
+
+def layout_overrides(job: JobConfig) -> list[str]:
+    """The overrides that give another job this job's layout and local batch."""
+    return [f"parallelism.{DEGREE_FIELDS[dim]}={d}" for dim, d in degrees_of(job).items()] + [
+        f"training.local_batch_size={job.training.local_batch_size}"]
 
 
 @dataclass
 class Plan:
     degrees: dict[str, int]
     local_batch_size: int
+    overrides: list[str]
     memory_gib: float
     parts_gib: dict[str, float]
     throughput: float  # relative, 1.0 = no bubble, no exposed communication, no recompute
@@ -71,22 +86,11 @@ class Plan:
     def name(self) -> str:
         return " x ".join(f"{k}{v}" for k, v in self.degrees.items() if v > 1) or "single"
 
-    def overrides(self) -> list[str]:
-        names = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
-                 "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree", "tp": "tensor_parallel_degree"}
-        return [f"parallelism.{names[k]}={v}" for k, v in self.degrees.items()] + [
-            f"training.local_batch_size={self.local_batch_size}"]
-
 
 def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> JobConfig:
     """`job` with these degrees, `global_batch` sequences per step, and the largest local batch
     (at most the configured one) that divides it."""
-    p = dataclasses.replace(
-        job.parallelism,
-        pipeline_parallel_degree=degrees["pp"], data_parallel_replicate_degree=degrees["dp_replicate"],
-        data_parallel_shard_degree=degrees["dp_shard"], context_parallel_degree=degrees["cp"],
-        tensor_parallel_degree=degrees["tp"],
-    )
+    p = dataclasses.replace(job.parallelism, **{DEGREE_FIELDS[dim]: d for dim, d in degrees.items()})
     dp = degrees["dp_replicate"] * degrees["dp_shard"]
     local = min(job.training.local_batch_size, max(1, global_batch // dp))
     while local > 1 and global_batch % (local * dp):
@@ -106,7 +110,7 @@ def factorizations(world: int) -> list[dict[str, int]]:
     for pp, rep, shard, cp in itertools.product(divisors, repeat=4):
         rest = pp * rep * shard * cp
         if world % rest == 0:
-            out.append(dict(zip(DEGREES, (pp, rep, shard, cp, world // rest))))
+            out.append(dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest))))
     return out
 
 
@@ -236,11 +240,8 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
     plans = []
     for candidate in valid_layouts(job, world, cuda=cuda):
         parts = predict_memory(candidate, cuda=cuda)
-        p = candidate.parallelism
-        degrees = {"pp": p.pipeline_parallel_degree, "dp_replicate": p.data_parallel_replicate_degree,
-                   "dp_shard": p.data_parallel_shard_degree, "cp": p.context_parallel_degree,
-                   "tp": p.tensor_parallel_degree}
-        plans.append(Plan(degrees, candidate.training.local_batch_size, parts["total"],
+        plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, layout_overrides(candidate),
+                          parts["total"],
                           {k: v for k, v in parts.items() if k != "total"},
                           predict_throughput(candidate, bandwidth_gbs=bandwidth_gbs, peak_tflops=peak_tflops,
                                              latency_us=latency_us),
@@ -262,7 +263,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
     """The top-k layouts that fit, as a sweep preset: `python launch.py -m +sweep=NAME`. Each
     layout is one value of a `+layout` choice, so the sweep runs exactly those layouts."""
     chosen = [pl for pl in plans if pl.fits][:top]
-    layouts = {f"{name}_{i}": pl.overrides() for i, pl in enumerate(chosen)}
+    layouts = {f"{name}_{i}": pl.overrides for i, pl in enumerate(chosen)}
     preset = {
         "hydra": {"sweeper": {"params": {"+plan_layout": ",".join(layouts)}}},
     }

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.experimental.callback import Callback
 
 from titan_exp.cache import atomic_write
 
@@ -96,9 +97,12 @@ def counts(rows: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
+def tally(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
+
+
 def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
-    tally = ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
-    lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally}. Ranked by tokens/s per device "
+    lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
              "(steady state, warm-up steps excluded).", "",
              "| rank | member | overrides | layout | precision | compile | AC | world | tokens/s/device | MFU % "
              "| peak GiB/device | final loss | status | reason |",
@@ -174,12 +178,6 @@ def sweep_exit_code(rows: list[dict[str, Any]]) -> int:
     return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
 
 
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - hydra is a dependency; this keeps the CLI importable without it
-    Callback = object
-
-
 class ReportCallback(Callback):
     """At the end of a multirun: the report, and one line saying how many members succeeded.
     `launch.py` exits with `exit_code` afterwards."""
@@ -191,9 +189,8 @@ class ReportCallback(Callback):
         if not sweep.is_dir():
             return
         rows = write_report(sweep)
-        tally = ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
         ok = counts(rows).get("ok", 0)
-        logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally, sweep / "report.md")
+        logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally(rows), sweep / "report.md")
         ReportCallback.exit_code = sweep_exit_code(rows)
 
 
