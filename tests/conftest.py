@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,6 +61,22 @@ def launch_cli(args: list[str], timeout: int = 300) -> subprocess.CompletedProce
     return subprocess.run(
         [sys.executable, "launch.py", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
     )
+
+
+def logged_steps(run_dir: Path) -> int:
+    """Lines in the run's metrics.jsonl so far (one per step with metrics.log_freq=1)."""
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def losses_by_step(run_dir: Path) -> list[float]:
+    """Every logged step's loss from metrics.jsonl, the last record of a step winning: across the
+    segments of a run that was stopped and resumed, what one uninterrupted run would have logged."""
+    steps = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        steps[record["step"]] = record["loss"]
+    return [steps[s] for s in sorted(steps)]
 
 
 @pytest.fixture(scope="session")

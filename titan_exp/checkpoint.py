@@ -442,12 +442,13 @@ class Checkpointer:
 
     # Saving.
 
-    def maybe_save(self, step: int, last_step: int) -> None:
+    def maybe_save(self, step: int, last_step: int, *, force: bool = False) -> None:
+        """Save at every interval and the last step, or now (`force`: a run being stopped)."""
         if not self.cfg.enable:
             return
         start = time.perf_counter()
         self._poll()
-        if step % self.cfg.interval == 0 or step == last_step:
+        if force or step % self.cfg.interval == 0 or step == last_step:
             self.save(step, model_only=step == last_step and self.cfg.last_save_model_only)
         self.blocking_s += time.perf_counter() - start
 

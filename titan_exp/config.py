@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -129,15 +129,37 @@ class CheckpointConfig:
 
 @dataclass
 class ClusterConfig:
-    """Where the ranks run."""
+    """Where the ranks run. The SLURM fields (cluster=slurm) take the names and meanings of
+    hydra-submitit-launcher's, which map onto sbatch options."""
 
-    executor: str = doc("local", "local (processes on this machine) | debug (one rank in-process)")
+    executor: str = doc("local", "local (processes on this machine) | slurm (a job through submitit) | debug (one rank in-process)")
     nnodes: int = doc(1, "nodes; local runs put every node's ranks on this machine")
-    nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need")
+    nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need (slurm: gpus_per_node when set)")
     cpu_malloc_mmap_threshold_mib: Optional[int] = doc(
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
         "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
     )
+    # SLURM (cluster=slurm): one task per rank, nnodes x nproc_per_node tasks.
+    gpus_per_node: int = doc(0, "slurm: GPUs per node (--gpus-per-node), one rank per GPU; 0 = CPU nodes (gloo)")
+    partition: Optional[str] = doc(None, "slurm: partition (-p); null = the cluster's default partition")
+    account: Optional[str] = doc(None, "slurm: account to charge (-A)")
+    qos: Optional[str] = doc(None, "slurm: quality of service (--qos)")
+    timeout_min: int = doc(60, "slurm: time limit in minutes (-t); the job checkpoints and requeues before it")
+    constraint: Optional[str] = doc(None, "slurm: node features required (-C)")
+    exclude: Optional[str] = doc(None, "slurm: nodes not to use (-x)")
+    cpus_per_task: int = doc(1, "slurm: CPU cores per rank (-c)")
+    mem_gb: Optional[int] = doc(None, "slurm: memory per node in GiB (--mem); null = the partition's default")
+    mail_user: Optional[str] = doc(None, "slurm: address for job mail (--mail-user)")
+    mail_type: Optional[str] = doc(None, "slurm: events to mail about, e.g. END,FAIL (--mail-type)")
+    name: str = doc("titan_exp", "slurm: job name (-J)")
+    additional_parameters: Dict[str, Any] = doc({}, "slurm: any other sbatch option, e.g. +cluster.additional_parameters.reservation=x")
+    setup: List[str] = doc([], "slurm: shell lines run before the ranks start (module load, conda activate, ...)")
+    env: Dict[str, str] = doc({}, "slurm: environment of the ranks, e.g. +cluster.env.HF_HOME=/scratch/hf; keep secrets in the submitting shell's environment (sbatch passes it on), not here")
+    srun_args: List[str] = doc([], "slurm: extra srun arguments, e.g. [--cpu-bind=none]")
+    signal_delay_s: int = doc(120, "slurm: SIGUSR2 this many seconds before the time limit: checkpoint and requeue")
+    max_num_timeout: int = doc(3, "slurm: requeues after a time limit before the job gives up (preemptions do not count)")
+    array_parallelism: int = doc(256, "slurm: members of a multirun job array that may run at once")
+    wait: bool = doc(False, "slurm: wait for the job and return its result, instead of returning once it is queued")
 
 
 @dataclass

@@ -24,7 +24,7 @@ from titan_exp.validation import resolve, validate
 
 logger = logging.getLogger("titan_exp.launch")
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 
 def prepare_data(job: JobConfig) -> tuple[JobConfig, Path]:
@@ -75,6 +75,10 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
         errors = validate(job, tokenizer_vocab=Tokenizer(tokenizer).vocab_size)
     if not errors and job.checkpoint.enable:
         errors = checkpoint.preflight(job.checkpoint, record.path, model_shapes(job))
+    if not errors and job.cluster.executor == "slurm":
+        from titan_exp.cluster import slurm
+
+        errors = slurm.preflight(resolve(job))
     if errors:
         logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))
         if multirun:
@@ -83,7 +87,9 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
             record.write_summary({"status": "invalid", **describe(job), "error": "; ".join(errors), "errors": errors})
         return EXIT_INVALID
 
-    job = resolve_cpu_peak(resolve(job))
+    job = resolve(job)
+    if job.cluster.executor != "slurm":  # the nodes are not this machine
+        job = resolve_cpu_peak(job)
     record.path.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tokenizer, record.tokenizer)
     job = dataclasses.replace(job, data=dataclasses.replace(job.data, tokenizer_path=str(record.tokenizer)))
@@ -93,6 +99,8 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
 
     error = get_executor(job.cluster.executor)(job, record)
     summary = record.read_summary()
+    if summary is not None and summary["status"] == "pending":
+        return EXIT_OK  # queued on SLURM; the executor said where
     if summary is None or summary["status"] == "running":
         # A rank died before it could write (killed, segfault): the launcher says so.
         summary = {**(summary or {}), "status": "failed", "error": error or "no summary written by rank 0"}
@@ -100,6 +108,10 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     elif error and summary["status"] == "ok":
         # gloo sometimes aborts in process teardown after every rank finished; the run is fine.
         logger.warning("training finished but a rank exited badly afterwards (%s); the run is ok", error)
+    if summary["status"] == "interrupted":
+        logger.warning("run interrupted by %s after step %d; relaunch with the same run dir to resume (summary %s)",
+                       " and ".join(summary["interrupted_by"]), summary["interrupted_at_step"], record.summary)
+        return EXIT_INTERRUPTED
     if summary["status"] == "ok":
         if "final_loss" in summary:
             logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s", summary["final_loss"],

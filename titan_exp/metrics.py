@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -109,6 +110,13 @@ class Throughput:
         return self._rates(self._steady_tokens, self._steady_time)
 
 
+def wandb_run_id(run_dir: Path) -> str:
+    """One tracked run per training run. The id comes from the run dir, which a requeued SLURM
+    job keeps (as it keeps its job id), and which a relaunch that resumes a cancelled or killed
+    run also keeps, while a new job id would start a second tracked run for the same training."""
+    return "titan-" + hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
+
+
 class MetricSinks:
     """Every enabled sink behind one `log(step, metrics)`; only rank 0 writes."""
 
@@ -129,6 +137,8 @@ class MetricSinks:
                 project=job.metrics.wandb_project,
                 mode=job.metrics.wandb_mode,
                 dir=str(run_dir),
+                id=wandb_run_id(run_dir),
+                resume="allow",
                 name=run_dir.name,
                 config=_plain(job),
             )
@@ -141,8 +151,7 @@ class MetricSinks:
         if self.tb is not None:
             for key, value in metrics.items():
                 self.tb.add_scalar(key, value, step)
-        if self.wandb_run is not None:
-            self.wandb_run.log(metrics, step=step)
+        self._wandb("log", metrics, step=step)
         logger.info(
             "step %4d | loss %.4f | grad_norm %.3f | lr %.2e | tps/device %8.1f | mfu %5.1f%% | mem %.2f GiB",
             step, metrics["loss"], metrics["grad_norm"], metrics["lr"],
@@ -154,8 +163,21 @@ class MetricSinks:
             self.jsonl.close()
         if self.tb is not None:
             self.tb.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish()
+        self._wandb("finish")
+
+    def _wandb(self, method: str, *args, **kwargs) -> None:
+        """A call into wandb that cannot end the run: if wandb's service process is gone (SLURM
+        signals every process of a job step, so a preemption's SIGTERM reaches it too), tracking
+        stops for this segment with a warning; metrics.jsonl has every step, and a resumed run
+        continues the same wandb run (wandb_run_id)."""
+        if self.wandb_run is None:
+            return
+        try:
+            getattr(self.wandb_run, method)(*args, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - any wandb failure
+            logger.warning("wandb %s failed (%s: %s); wandb logging stops for this run segment",
+                           method, type(exc).__name__, exc)
+            self.wandb_run = None
 
 
 def _plain(job: JobConfig) -> dict[str, Any]:

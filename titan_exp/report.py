@@ -6,7 +6,8 @@ others were not.
 A sweep dir is what `python launch.py -m ...` writes: one run dir per member (Hydra's
 `<sweep dir>/<N>/`), each with `.hydra/overrides.yaml` and, once it ran (or was refused),
 `summary.json`. A member without a summary is `pending`; one whose summary says `running` is still
-going (or was requeued). So the report works on a sweep that is partly done.
+going (or was requeued). So the report works on a sweep that is partly done. A member submitted to
+SLURM is brought up to date with its job's state first (a cancelled job shows as `cancelled`).
 It also runs by itself at the end of a local multirun (`ReportCallback`, wired in conf/config.yaml).
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from titan_exp.cache import atomic_write
+from titan_exp.run_dir import RunDir
 
 logger = logging.getLogger("titan_exp.report")
 
@@ -47,10 +48,11 @@ def _layout(layout: dict[str, int] | None) -> str:
 
 def row(run_dir: Path) -> dict[str, Any]:
     overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except FileNotFoundError:
-        summary = {"status": "pending"}
+    summary = RunDir(run_dir).read_summary() or {"status": "pending"}
+    if RunDir(run_dir).slurm_job.exists():  # a SLURM job: its state may say more than its summary
+        from titan_exp.cluster.slurm import refresh
+
+        summary = refresh(RunDir(run_dir)) or summary
     error = summary.get("error") or ""
     return {
         "member": run_dir.name,
@@ -174,8 +176,8 @@ def write_report(sweep: Path, *, plots: bool = True) -> list[dict[str, Any]]:
 
 
 def sweep_exit_code(rows: list[dict[str, Any]]) -> int:
-    """0 when every member finished ok, else 1."""
-    return 0 if rows and all(r["status"] == "ok" for r in rows) else 1
+    """0 when every member finished ok or is queued/running on SLURM, else 1."""
+    return 0 if rows and all(r["status"] in ("ok", "pending", "running") for r in rows) else 1
 
 
 class ReportCallback(Callback):

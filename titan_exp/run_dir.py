@@ -5,6 +5,7 @@
     <run dir>/metrics.jsonl    one line per logged step
     <run dir>/summary.json     status, throughput, MFU, memory, losses: always written
     <run dir>/logs/rank-K.log  each rank's log
+    <run dir>/slurm_job.json   the SLURM job (id, log paths, code snapshot), cluster=slurm only
     <run dir>/checkpoints/step-N/   DCP checkpoints (titan_exp.checkpoint), when enabled
     <run dir>/export/model.safetensors   the final model alone (checkpoint.export_format)
 """
@@ -17,7 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-STATUSES = ("ok", "failed", "oom", "invalid", "running")
+# pending: submitted to SLURM, not started; interrupted: stopped by a signal at a step boundary
+# (resumable); cancelled: the SLURM job was cancelled.
+STATUSES = ("ok", "failed", "oom", "invalid", "running", "pending", "interrupted", "cancelled")
 
 
 class RunDir:
@@ -29,6 +32,7 @@ class RunDir:
     metrics = property(lambda self: self.path / "metrics.jsonl")
     summary = property(lambda self: self.path / "summary.json")
     logs = property(lambda self: self.path / "logs")
+    slurm_job = property(lambda self: self.path / "slurm_job.json")
 
     def rank_log(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

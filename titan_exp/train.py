@@ -11,6 +11,7 @@ import os
 import sys
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from titan_exp.config import JobConfig, load_job_config
 from titan_exp.run_dir import RunDir
+from titan_exp.signals import catch_stop_signals
 from titan_exp.validation import ConfigError, validate
 
 logger = logging.getLogger("titan_exp")
@@ -69,6 +71,13 @@ def describe(job: JobConfig) -> dict:
     }
 
 
+def slurm_job() -> dict[str, str]:
+    """The SLURM job this rank runs in, if any (`<array job>_<task>` for an array member)."""
+    if "SLURM_ARRAY_JOB_ID" in os.environ:
+        return {"slurm_job_id": f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"}
+    return {"slurm_job_id": os.environ["SLURM_JOB_ID"]} if "SLURM_JOB_ID" in os.environ else {}
+
+
 def failure_status(exc: BaseException) -> str:
     return "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
 
@@ -86,6 +95,7 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
         extra = {"compile_cache": "warm" if cache.exists() and any(cache.iterdir()) else "cold",
                  "compile_cache_dir": str(cache)}
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    logger.info("titan_exp from %s", Path(__file__).parent)  # under SLURM: the run dir's snapshot
     device = init_distributed()
     return {**Trainer(job, run_dir, device).train(), **extra}
 
@@ -97,12 +107,14 @@ def main(path: str) -> int:
     setup_logging(run_dir, rank)
     start = time.time()
     job = load_job_config(run_dir.config)
-    summary: dict = {"status": "running", "run_dir": str(run_dir.path), **describe(job)}
+    summary: dict = {"status": "running", "run_dir": str(run_dir.path), **describe(job), **slurm_job()}
     try:
         errors = validate(job)
         if errors:
             raise ConfigError(errors)
-        summary.update(run(job, run_dir), status="ok")
+        with catch_stop_signals():
+            result = run(job, run_dir)
+        summary.update(result, status="interrupted" if "interrupted_by" in result else "ok")
         return 0
     except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
         summary.update(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
@@ -113,7 +125,7 @@ def main(path: str) -> int:
         if rank == 0:
             run_dir.write_summary(summary)
         if dist.is_initialized():
-            if summary["status"] == "ok":
+            if summary["status"] in ("ok", "interrupted"):
                 dist.barrier()
             dist.destroy_process_group()
 

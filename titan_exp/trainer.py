@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from titan_exp import checkpoint
+from titan_exp import checkpoint, signals
 from titan_exp.config import JobConfig, LRSchedulerConfig
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.loader import PackedLoader, open_dataset
@@ -281,6 +281,7 @@ class Trainer:
         losses: list[float] = []
         grad_norms: list[float] = []
         step_times: list[float] = []
+        interrupted: dict[str, Any] = {}
         start = time.perf_counter()
         for step in range(first, t.steps + 1):
             step_start = time.perf_counter()
@@ -302,10 +303,15 @@ class Trainer:
                     "peak_memory_gib": peak_memory_gib(self.device),
                 })
             maybe_fault("step", step)
-            self.checkpointer.maybe_save(step, last_step=t.steps)
+            stop = signals.stop_requested()
+            self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
+            if stop:
+                interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
+                logger.warning("stopped by %s after step %d", " and ".join(stop), step)
+                break
         self.checkpointer.close()
         self.sinks.close()
-        resumed = {"start_step": first, **self._export()}
+        resumed = {"start_step": first, **interrupted, **({} if interrupted else self._export())}
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
         if not losses:

@@ -38,6 +38,8 @@ def world_size(job: JobConfig) -> int:
     c, p = job.cluster, job.parallelism
     if c.nproc_per_node is not None:
         return c.nnodes * c.nproc_per_node
+    if c.executor == "slurm" and c.gpus_per_node > 0:
+        return c.nnodes * c.gpus_per_node  # one rank per GPU
     need = p.pipeline_parallel_degree * p.data_parallel_replicate_degree
     need *= p.context_parallel_degree * p.tensor_parallel_degree * max(1, p.data_parallel_shard_degree)
     return need
@@ -50,7 +52,9 @@ def _err(errors: list[str], field: str, value, problem: str) -> None:
 def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int | None = None) -> list[str]:
     """Every error in `job`. `cuda` defaults to what this machine has; `tokenizer_vocab` is
     checked against the model when the tokenizer is known."""
-    if cuda is None:
+    if cuda is None and job.cluster.executor == "slurm":
+        cuda = job.cluster.gpus_per_node > 0  # the nodes', not the submitting machine's
+    elif cuda is None:
         import torch
 
         cuda = torch.cuda.is_available()
@@ -144,8 +148,10 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
     e += _validate_checkpoint(job, cuda)
 
     # Cluster.
-    if c.executor not in ("local", "debug"):
-        _err(e, "cluster.executor", c.executor, "choose local or debug (slurm is " + NOT_YET + ")")
+    if c.executor not in ("local", "slurm", "debug"):
+        _err(e, "cluster.executor", c.executor, "choose local, slurm or debug")
+    if c.executor == "slurm":
+        e += _validate_slurm(c)
     if c.cpu_malloc_mmap_threshold_mib is not None and not 0 <= c.cpu_malloc_mmap_threshold_mib <= 32:
         _err(e, "cluster.cpu_malloc_mmap_threshold_mib", c.cpu_malloc_mmap_threshold_mib,
              "glibc accepts 0..32 MiB; or null for its default")
@@ -211,6 +217,36 @@ def _validate_speed_features(job: JobConfig, cuda: bool) -> list[str]:
     ):
         _err(e, "activation_checkpoint.selective_ac_option", ac.selective_ac_option,
              "'op' for the per-op policy or a positive integer N to checkpoint every Nth block")
+    return e
+
+
+MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
+              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
+
+
+def _validate_slurm(c) -> list[str]:
+    """What sbatch would reject, or what would make the job misbehave, known without asking the
+    controller (titan_exp.cluster.slurm.preflight asks it about partitions and node sizes)."""
+    e: list[str] = []
+    for name, low in (("timeout_min", 1), ("cpus_per_task", 1), ("gpus_per_node", 0), ("signal_delay_s", 0),
+                      ("max_num_timeout", 0), ("array_parallelism", 1)):
+        if getattr(c, name) < low:
+            _err(e, f"cluster.{name}", getattr(c, name), f"must be >= {low}")
+    if c.mem_gb is not None and c.mem_gb < 1:
+        _err(e, "cluster.mem_gb", c.mem_gb, "must be >= 1 (GiB per node), or null for the partition's default")
+    if c.timeout_min >= 1 and c.signal_delay_s >= c.timeout_min * 60:
+        _err(e, "cluster.signal_delay_s", c.signal_delay_s,
+             f"the warning signal would come before the job starts (time limit {c.timeout_min} min); lower it")
+    if c.gpus_per_node > 0 and c.nproc_per_node is not None and c.nproc_per_node != c.gpus_per_node:
+        _err(e, "cluster.nproc_per_node", c.nproc_per_node,
+             f"one rank per GPU: must equal cluster.gpus_per_node = {c.gpus_per_node}, or null")
+    if c.mail_type is not None:
+        unknown = [t for t in c.mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
+        if unknown:
+            _err(e, "cluster.mail_type", c.mail_type, f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}")
+    bad_env = [k for k in c.env if not k.isidentifier()]
+    if bad_env:
+        _err(e, "cluster.env", bad_env, "environment variable names are letters, digits and _, not starting with a digit")
     return e
 
 
@@ -388,9 +424,15 @@ def resolve(job: JobConfig) -> JobConfig:
     """Fill the derived values of a valid config, so the ranks and the record see numbers."""
     world = world_size(job)
     dims = ParallelDims.from_config(job.parallelism, world)
-    t = job.training
+    t, d, k = job.training, job.data, job.checkpoint
+
+    def absolute(path: str | None) -> str | None:  # the ranks may start in another directory (SLURM)
+        return os.path.abspath(os.path.expanduser(path)) if path else path
+
     return dataclasses.replace(
         job,
+        data=dataclasses.replace(d, path=absolute(d.path), tokenizer_path=absolute(d.tokenizer_path)),
+        checkpoint=dataclasses.replace(k, initial_load_path=absolute(k.initial_load_path)),
         cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes),
         parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=dims.dp_shard),
         training=dataclasses.replace(

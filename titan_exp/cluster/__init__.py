@@ -1,9 +1,10 @@
 """Executors: how the ranks of a validated, written run dir get started.
 
     local  torch's elastic launcher starts nnodes x nproc_per_node processes on this machine
+    slurm  a SLURM job through submitit, one task per rank (returns once queued, or waits)
     debug  one rank inside the launching process (breakpoints work)
 
-Each returns None on success or the error text of the first failed rank.
+Each returns None on success (or once queued) or the error text of the first failed rank.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ def get_executor(name: str) -> Executor:
         from titan_exp.cluster.local import run_local
 
         return run_local
+    if name == "slurm":
+        from titan_exp.cluster.slurm import run_slurm
+
+        return run_slurm
     if name == "debug":
         from titan_exp.cluster.debug import run_debug
 
@@ -44,3 +49,13 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def cpu_rank_env(mmap_threshold_mib: int | None) -> dict[str, str]:
+    """Environment of a CPU rank: a fixed glibc mmap threshold. With glibc's default (a threshold
+    that rises to the largest buffer freed, up to 32 MiB), FSDP's per-block all-gather and
+    reduce-scatter buffers come from the heap, fragment it, and a rank's resident memory grows to
+    about twice what it uses (BENCHMARKS.md). The user's own MALLOC_* setting wins."""
+    if mmap_threshold_mib is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return {}
+    return {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold_mib * 2**20)}

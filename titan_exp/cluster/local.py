@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 import uuid
 from typing import Optional
 
-from titan_exp.cluster import scoped_env
+from titan_exp.cluster import cpu_rank_env, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.run_dir import RunDir
 
@@ -19,20 +20,17 @@ def threads_per_rank(nproc: int) -> int:
 
 
 def rank_env(job: JobConfig, nproc: int) -> dict[str, str]:
-    """Environment of the local ranks. On CPU, a fixed glibc mmap threshold: with glibc's
-    default (a threshold that rises to the largest buffer freed, up to 32 MiB), FSDP's per-block
-    all-gather and reduce-scatter buffers come from the heap, fragment it, and a rank's resident
-    memory grows to about twice what it uses (BENCHMARKS.md). The user's own MALLOC_* wins."""
+    """Environment of the local ranks: their share of the cores, and on CPU cpu_rank_env's."""
     import torch
 
     env = {"OMP_NUM_THREADS": str(threads_per_rank(nproc))}
-    threshold = job.cluster.cpu_malloc_mmap_threshold_mib
-    if threshold is not None and not torch.cuda.is_available() and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(threshold * 2**20)
+    if not torch.cuda.is_available():
+        env.update(cpu_rank_env(job.cluster.cpu_malloc_mmap_threshold_mib))
     return env
 
 
 def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -52,6 +50,10 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
     try:
         with scoped_env(**rank_env(job, nproc)):
             elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
+    except SignalException as exc:
+        # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
+        # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).
+        return f"the launcher received {signal.Signals(exc.sigval).name}"
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")

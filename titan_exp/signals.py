@@ -1,0 +1,74 @@
+"""Signals that end a run cleanly: SIGTERM, SIGINT and SIGUSR2 stop every rank at the same step
+boundary, after which the trainer writes a checkpoint (when enabled) and the summary says
+`interrupted`.
+
+A handler only records the signal; the training loop asks `stop_requested(step)` once per step,
+and the ranks agree through one all-reduce, because a signal reaches each rank at a slightly
+different moment (SLURM signals every task; Ctrl-C the whole process group; `kill` one rank).
+
+    SIGUSR2  SLURM's warning before a time limit or preemption (`--signal=USR2@...`, what
+             submitit asks for); under SLURM the job requeues itself afterwards
+             (titan_exp.cluster.slurm). NCCL owns SIGUSR1, so it is not used.
+    SIGTERM  scancel, a time limit reached, a process manager stopping the job
+    SIGINT   Ctrl-C
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from typing import Any, Iterator
+
+logger = logging.getLogger("titan_exp")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+
+_received: list[int] = []
+_previous: dict[int, Any] = {}
+
+
+def _record(signum: int, frame) -> None:
+    if not _received:
+        logger.warning("received %s: stopping at the next step boundary", signal.Signals(signum).name)
+    _received.append(signum)
+
+
+@contextlib.contextmanager
+def catch_stop_signals() -> Iterator[None]:
+    """Record STOP_SIGNALS instead of acting on them. Re-entrant: an inner block inside an outer
+    one changes nothing, so a wrapper (the SLURM task) can keep recording after training ends."""
+    if _previous:
+        yield
+        return
+    _received.clear()
+    for sig in STOP_SIGNALS:
+        _previous[sig] = signal.signal(sig, _record)
+    try:
+        yield
+    finally:
+        for sig, handler in _previous.items():
+            signal.signal(sig, handler)
+        _previous.clear()
+
+
+def received() -> list[str]:
+    """Names of the stop signals this process has received, in order."""
+    return [signal.Signals(s).name for s in _received]
+
+
+def previous_handler(sig: int) -> Any:
+    """The handler that was installed before catch_stop_signals (submitit's, in a SLURM job)."""
+    return _previous.get(sig)
+
+
+def stop_requested(group=None) -> list[str]:
+    """The stop signals any rank has received (empty: keep going); a collective over `group`,
+    so every rank must call it at the same point and all get the same answer."""
+    import torch
+    import torch.distributed as dist
+
+    seen = torch.tensor([int(s in _received) for s in STOP_SIGNALS], dtype=torch.int64)
+    if dist.is_initialized():
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
+    return [sig.name for sig, hit in zip(STOP_SIGNALS, seen.tolist()) if hit]
