@@ -101,7 +101,7 @@ BAD = [
     (["training.max_norm=-1"], "training.max_norm = -1.0"),
     (["cluster.executor=debug", "parallelism=tp"], "runs one rank in-process but the world size is 2"),
     (["cluster=debug", "parallelism=tp"], "the product of the degrees is 2 but the world size is 1"),
-    (["cluster.executor=slurm"], "choose local or debug"),
+    (["cluster.executor=pbs"], "choose local, slurm or debug"),
     (["parallelism=tp", "cluster.nnodes=3"], "does not divide the 2 ranks the degrees need"),
     (["data.dataset=text"], "reads local files; give a file or glob"),
     (["data.dataset=json", "data.path=/nonexistent/*.jsonl"], "matches no file"),
