@@ -29,6 +29,12 @@ def main(cfg: DictConfig) -> int:
 
 
 if __name__ == "__main__":
+    from titan_exp.guard import check_argv
+
+    refused = check_argv(sys.argv[1:])  # typos and disallowed _target_s, before Hydra reads anything
+    if refused:
+        print("launch.py: refused, nothing was started:\n  - " + "\n  - ".join(refused), file=sys.stderr)
+        sys.exit(2)
     main()
     # A multirun ends here: non-zero unless every member finished ok (see titan_exp.report).
     from titan_exp.report import ReportCallback

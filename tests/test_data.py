@@ -71,3 +71,32 @@ def test_position_resumes_exactly_even_across_passes(tokenizer):
     for want in expected:
         got = second.next_batch()
         assert all(torch.equal(a[0], b[0]) for a, b in zip(want, got))
+
+
+def test_position_saved_twice_across_a_resume(tmp_path, tokenizer):
+    """Save, resume, take batches that come from the token buffer alone (no document read), save
+    again, resume again: the second resume continues exactly. (A datasets IterableDataset reports
+    its initial state until it is iterated after a load; the soak test found this.)"""
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"document {i} " + "word " * 400}) + "\n" for i in range(40)))
+    first = loader(tokenizer, path=path, global_batch=2, local_batch=2, seq_len=16)
+    for _ in range(3):
+        first.next_batch()
+    expected = [first.next_batch() for _ in range(6)]
+    second = loader(tokenizer, path=path, global_batch=2, local_batch=2, seq_len=16)
+    second.load_state_dict(json.loads(json.dumps(first_state := _state_after(tokenizer, path, 3))))
+    assert len(second.buffer) > 2 * 17  # the next batch comes from the buffer
+    second.next_batch()
+    third = loader(tokenizer, path=path, global_batch=2, local_batch=2, seq_len=16)
+    third.load_state_dict(json.loads(json.dumps(second.state_dict())))
+    assert third.state_dict()["dataset"] == first_state["dataset"]
+    for want in expected[1:]:
+        got = third.next_batch()
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(want, got))
+
+
+def _state_after(tokenizer, path, batches):
+    load = loader(tokenizer, path=path, global_batch=2, local_batch=2, seq_len=16)
+    for _ in range(batches):
+        load.next_batch()
+    return load.state_dict()

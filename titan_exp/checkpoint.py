@@ -52,7 +52,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titan_exp.cache import atomic_write
+from titan_exp.cache import atomic_write, unwritable
 from titan_exp.config import CheckpointConfig
 from titan_exp.faults import maybe_fault
 
@@ -234,7 +234,7 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
         return []
     errors = []
     folder = checkpoint_folder(cfg, run_dir)
-    if (problem := _unwritable(folder)) is not None:
+    if (problem := unwritable(folder)) is not None:
         errors.append(f"checkpoint.folder = {cfg.folder}: cannot write to {folder} ({problem}); "
                       "choose a writable folder")
     try:
@@ -250,22 +250,6 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
     if "model" in parts and (wrong := shape_errors(read_metadata(path).state_dict_metadata, model, ("model",))):
         errors.append(f"{field}: {describe_mismatch(path, wrong)}")
     return errors
-
-
-def _unwritable(folder: Path) -> str | None:
-    """Why nothing can be written in `folder` (probing its nearest existing ancestor), or None."""
-    probe = folder
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        return f"{probe} is not a directory"
-    try:
-        with open(probe / f".titan_exp_probe_{time.time_ns()}", "wb") as f:
-            f.write(b"x")
-        Path(f.name).unlink()
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 # --- The state, as DCP sees it --------------------------------------------------------------------

@@ -180,6 +180,20 @@ class TrainingConfig:
     max_norm: float = doc(1.0, "gradient clipping norm; 0 disables clipping")
     seed: int = doc(42, "seed for weights and every random op")
     deterministic: bool = doc(False, "torch.use_deterministic_algorithms(True)")
+    on_nonfinite: str = doc(
+        "stop", "a step whose loss or gradients are NaN/Inf: stop (fail naming the step; the last checkpoint "
+        "stays the latest) | skip (no update for that step, logged; stops after 10 in a row)"
+    )
+
+
+@dataclass
+class CommConfig:
+    """Collective timeouts (TorchTitan's names): a rank that dies or hangs ends the run instead
+    of leaving the others waiting forever."""
+
+    init_timeout_seconds: int = doc(300, "timeout of every collective until the first step is done (compile, first gathers)")
+    train_timeout_seconds: int = doc(600, "timeout of every collective after the first step; a step running 5 s "
+                                     "longer than this ends the rank with its stack in its log (watchdog)")
 
 
 @dataclass
@@ -230,6 +244,7 @@ class JobConfig:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
 

@@ -1,11 +1,13 @@
 """Deliberate faults, for the tests that prove a run survives them.
 
-    TITAN_EXP_FAULT=<point>@<step>[:<rank>]     e.g. save@6:0, step@7:1
+    TITAN_EXP_FAULT=<point>@<step>[:<rank>]     e.g. save@6:0, step@7:1, hang@3:1, nan@4
 
-kills the rank (default: every rank) with SIGKILL when it reaches `point` at `step`:
-  step  after the step's optimizer update, before its checkpoint
-  save  once this rank's share of the step's checkpoint is written (a synchronous save) or
-        handed to the background writer (async), and before the checkpoint is marked complete
+acts on the rank (default: every rank) when it reaches `point` at `step`:
+  step  SIGKILL after the step's optimizer update, before its checkpoint
+  save  SIGKILL once this rank's share of the step's checkpoint is written (a synchronous save)
+        or handed to the background writer (async), and before the checkpoint is marked complete
+  hang  sleep forever at the start of the step (a rank stuck outside any collective)
+  nan   make the step's loss NaN (so its gradients are too)
 
 The variable is read where the faults would happen, so a relaunch without it runs normally.
 """
@@ -15,18 +17,29 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 
 logger = logging.getLogger("titan_exp.faults")
 
 
-def maybe_fault(point: str, step: int) -> None:
+def fault_here(point: str, step: int) -> bool:
+    """Whether TITAN_EXP_FAULT names this point, step and rank."""
     spec = os.environ.get("TITAN_EXP_FAULT")
     if not spec:
-        return
+        return False
     where, _, rank = spec.partition(":")
     name, _, at = where.partition("@")
-    if name == point and int(at) == step and (not rank or int(rank) == int(os.environ.get("RANK", 0))):
-        logger.warning("TITAN_EXP_FAULT=%s: killing this rank", spec)
-        for handler in logging.getLogger().handlers:
-            handler.flush()
-        os.kill(os.getpid(), signal.SIGKILL)
+    return name == point and int(at) == step and (not rank or int(rank) == int(os.environ.get("RANK", 0)))
+
+
+def maybe_fault(point: str, step: int) -> None:
+    """SIGKILL (points step, save) or hang (point hang) here, if TITAN_EXP_FAULT says so."""
+    if not fault_here(point, step):
+        return
+    logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "killing this rank")
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    if point == "hang":
+        while True:
+            time.sleep(3600)
+    os.kill(os.getpid(), signal.SIGKILL)

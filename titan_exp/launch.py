@@ -64,6 +64,28 @@ def resolve_cpu_peak(job: JobConfig) -> JobConfig:
     return dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))
 
 
+def explain_failure(summary: dict, error: str | None, record: RunDir) -> dict:
+    """Which rank failed and why. Rank 0 writes the summary, so its error is often only the
+    consequence (a connection reset, a collective timeout); the cause is a rank killed by a signal
+    (executor's report, listed first) or a rank that hung (its step watchdog fired)."""
+    from titan_exp.watchdog import hung_ranks
+
+    rank0 = summary.get("error")
+    if error and error != rank0:
+        summary = {**summary, "rank_failures": error}
+        cause = error.split("; ")[0]
+        if " was killed by " in cause and not cause.endswith("SIGTERM"):
+            summary["error"] = f"{cause}; rank 0 then: {rank0}"
+    hung = hung_ranks(record.logs)
+    if hung:
+        logs = ", ".join(str(record.rank_log(k)) for k in hung)
+        summary = {**summary, "hung_ranks": hung,
+                   "error": f"rank(s) {', '.join(map(str, hung))} hung (their step watchdog fired; stacks in {logs}); "
+                            f"rank 0 then: {rank0}"}
+    record.write_summary(summary)
+    return summary
+
+
 def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     """Run one job; returns an exit code. In a sweep an invalid member leaves a summary saying
     so; a single invalid run writes nothing."""
@@ -108,6 +130,8 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     elif error and summary["status"] == "ok":
         # gloo sometimes aborts in process teardown after every rank finished; the run is fine.
         logger.warning("training finished but a rank exited badly afterwards (%s); the run is ok", error)
+    if summary["status"] in ("failed", "oom"):
+        summary = explain_failure(summary, error, record)
     if summary["status"] == "interrupted":
         logger.warning("run interrupted by %s after step %d; relaunch with the same run dir to resume (summary %s)",
                        " and ".join(summary["interrupted_by"]), summary["interrupted_at_step"], record.summary)

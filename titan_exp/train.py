@@ -38,15 +38,16 @@ def setup_logging(run_dir: RunDir, rank: int) -> None:
     root.setLevel(logging.INFO)
 
 
-def init_distributed() -> torch.device:
-    """CUDA + NCCL when there is a GPU, else CPU + gloo; rendezvous from the launcher's env."""
+def init_distributed(init_timeout_seconds: int) -> torch.device:
+    """CUDA + NCCL when there is a GPU, else CPU + gloo; rendezvous from the launcher's env.
+    Collectives time out after comm.init_timeout_seconds until the first step (titan_exp.watchdog)."""
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds))
     return device
 
 
@@ -96,7 +97,7 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
                  "compile_cache_dir": str(cache)}
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     logger.info("titan_exp from %s", Path(__file__).parent)  # under SLURM: the run dir's snapshot
-    device = init_distributed()
+    device = init_distributed(job.comm.init_timeout_seconds)
     return {**Trainer(job, run_dir, device).train(), **extra}
 
 

@@ -21,7 +21,7 @@ from titan_exp import checkpoint, signals
 from titan_exp.config import JobConfig, LRSchedulerConfig
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.loader import PackedLoader, open_dataset
-from titan_exp.faults import maybe_fault
+from titan_exp.faults import fault_here, maybe_fault
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import Transformer, count_params, flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
@@ -30,6 +30,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.run_dir import RunDir
+from titan_exp.watchdog import Timeouts, set_collective_timeouts, watchdog
 
 logger = logging.getLogger("titan_exp")
 
@@ -106,6 +107,7 @@ class Trainer:
         self.dims = ParallelDims.from_config(job.parallelism, dist.get_world_size())
         self.mesh = self.dims.build_mesh(device.type)
         self.rank = dist.get_rank()
+        self.poison_loss = False  # TITAN_EXP_FAULT=nan@N sets it for step N
         torch.manual_seed(job.training.seed)
         self._build_model()
         self._build_optimizer()
@@ -222,7 +224,8 @@ class Trainer:
         """Summed token losses over this rank's share of the step's tokens: summing it over
         microbatches gives the rank's mean, and averaging gradients over data-parallel ranks
         (as FSDP/DDP do) gives the global mean, whatever the layout or accumulation."""
-        return self.cross_entropy(logits, labels) / self.tokens_per_rank_step
+        loss = self.cross_entropy(logits, labels) / self.tokens_per_rank_step
+        return loss * float("nan") if self.poison_loss else loss  # TITAN_EXP_FAULT=nan@N
 
     def _loss_context(self):
         if self.loss_parallel:
@@ -237,7 +240,9 @@ class Trainer:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """One optimizer step over this rank's microbatches; returns (global mean loss, grad norm)."""
+        """One optimizer step over this rank's microbatches; returns (global mean loss, grad norm).
+        Gradients that are not finite (the norm is global, so every rank sees the same) get no
+        update: the step fails, or with training.on_nonfinite=skip it is skipped."""
         for optimizer in self.optimizers:
             optimizer.zero_grad()
         loss = torch.zeros((), device=self.device)
@@ -257,10 +262,13 @@ class Trainer:
                     self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
+        finite = bool(torch.isfinite(grad_norm))
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
-            optimizer.step()
-            scheduler.step()
-        precompute_float8_scales(self.job.precision, self.model_parts)
+            if finite:
+                optimizer.step()
+            scheduler.step()  # the schedule follows the step count either way
+        if finite:
+            precompute_float8_scales(self.job.precision, self.model_parts)
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
@@ -282,36 +290,49 @@ class Trainer:
         grad_norms: list[float] = []
         step_times: list[float] = []
         interrupted: dict[str, Any] = {}
+        skipped: list[int] = []
+        timeouts = Timeouts(self.job.comm.init_timeout_seconds, self.job.comm.train_timeout_seconds)
         start = time.perf_counter()
-        for step in range(first, t.steps + 1):
-            step_start = time.perf_counter()
-            loss, grad_norm = self.train_step(self.loader.next_batch())
-            loss_value = loss.item()  # syncs the device, so the step time below is honest
-            step_times.append(time.perf_counter() - step_start)
-            self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
-            self.throughput.record(step, tokens_per_step, step_times[-1])
-            losses.append(loss_value)
-            grad_norms.append(grad_norm.item())
-            if not math.isfinite(loss_value):
-                raise FloatingPointError(f"loss is {loss_value} at step {step}")
-            if step % self.job.metrics.log_freq == 0 or step == t.steps:
-                self.sinks.log(step, {
-                    "loss": loss_value,
-                    "grad_norm": grad_norms[-1],
-                    "lr": self.schedulers[0].get_last_lr()[0],
-                    **self.throughput.window(),
-                    "peak_memory_gib": peak_memory_gib(self.device),
-                })
-            maybe_fault("step", step)
-            stop = signals.stop_requested()
-            self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
-            if stop:
-                interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
-                logger.warning("stopped by %s after step %d", " and ".join(stop), step)
-                break
+        try:
+            for step in range(first, t.steps + 1):
+                watchdog.arm(step, timeouts.step_deadline(first=step == first))
+                maybe_fault("hang", step)
+                self.poison_loss = fault_here("nan", step)
+                step_start = time.perf_counter()
+                loss, grad_norm = self.train_step(self.loader.next_batch())
+                loss_value = loss.item()  # syncs the device, so the step time below is honest
+                if step == first:
+                    set_collective_timeouts(self.mesh, timeouts.train)
+                step_times.append(time.perf_counter() - step_start)
+                self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
+                self.throughput.record(step, tokens_per_step, step_times[-1])
+                losses.append(loss_value)
+                grad_norms.append(grad_norm.item())
+                if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
+                    skipped.append(step)
+                    self._nonfinite(step, loss_value, grad_norms[-1], skipped)
+                if step % self.job.metrics.log_freq == 0 or step == t.steps:
+                    self.sinks.log(step, {
+                        "loss": loss_value,
+                        "grad_norm": grad_norms[-1],
+                        "lr": self.schedulers[0].get_last_lr()[0],
+                        **self.throughput.window(),
+                        "peak_memory_gib": peak_memory_gib(self.device),
+                    })
+                maybe_fault("step", step)
+                stop = signals.stop_requested()
+                self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
+                if stop:
+                    interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
+                    logger.warning("stopped by %s after step %d", " and ".join(stop), step)
+                    break
+        finally:
+            watchdog.disarm()
         self.checkpointer.close()
         self.sinks.close()
         resumed = {"start_step": first, **interrupted, **({} if interrupted else self._export())}
+        if skipped:
+            resumed["skipped_steps"] = skipped
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
         if not losses:
@@ -341,6 +362,21 @@ class Trainer:
             "first_step_s": step_times[0],
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
+
+    def _nonfinite(self, step: int, loss: float, grad_norm: float, skipped: list[int]) -> None:
+        """A step whose loss or gradients are NaN/Inf got no update (train_step). Stop, naming the
+        step, or skip it (training.on_nonfinite); ten skips in a row stop too. Raising here comes
+        before this step's checkpoint, so the last good one stays the latest."""
+        what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
+        in_a_row = len(skipped) >= 10 and skipped[-10] == step - 9
+        if self.job.training.on_nonfinite == "skip" and not in_a_row:
+            logger.warning("%s: not finite; the update was skipped (training.on_nonfinite=skip)", what)
+            return
+        latest = checkpoint.complete_steps(self.checkpointer.folder) if self.job.checkpoint.enable else {}
+        kept = f"the latest checkpoint stays step-{max(latest)}" if latest else "no checkpoint was written"
+        reason = "10 steps in a row were skipped" if in_a_row else "training.on_nonfinite=stop"
+        raise FloatingPointError(f"{what}: not finite, stopped before any update ({reason}); {kept}. "
+                                 "Lower optimizer.lr or training.max_norm, or set training.on_nonfinite=skip")
 
     def _export(self) -> dict[str, str]:
         """The last checkpoint's model as one file, written by rank 0 (`checkpoint.export_format`)."""

@@ -7,9 +7,12 @@ anything is spawned or written, and every rank runs it again on the resolved con
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import glob
+import json
 import os
+import re
 
 from titan_exp.config import JobConfig
 from titan_exp.models.llama import ffn_hidden_dim
@@ -99,6 +102,11 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "training.seq_len", t.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}")
 
     # Training, optimizer, schedule, metrics.
+    if t.on_nonfinite not in ("stop", "skip"):
+        _err(e, "training.on_nonfinite", t.on_nonfinite, "choose stop or skip")
+    for name in ("init_timeout_seconds", "train_timeout_seconds"):
+        if getattr(job.comm, name) < 1:
+            _err(e, f"comm.{name}", getattr(job.comm, name), "must be >= 1 (seconds)")
     if t.max_norm < 0:
         _err(e, "training.max_norm", t.max_norm, "must be >= 0 (0 disables clipping)")
     o = job.optimizer
@@ -138,6 +146,8 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "data.path", d.path, f"data.dataset = {d.dataset!r} reads local files; give a file or glob")
     elif d.dataset in ("text", "json") and not glob.glob(d.path):
         _err(e, "data.path", d.path, "matches no file; check the path")
+    elif d.dataset in ("text", "json"):
+        e += _validate_data_files(d)
     if d.tokenizer_path is not None and not os.path.isfile(d.tokenizer_path):
         _err(e, "data.tokenizer_path", d.tokenizer_path, "is not a file; give a tokenizers JSON file or null")
     if d.tokenizer_path is None and d.tokenizer_vocab_size < 258:
@@ -220,6 +230,44 @@ def _validate_speed_features(job: JobConfig, cuda: bool) -> list[str]:
     return e
 
 
+def _validate_data_files(d) -> list[str]:
+    """Local data files that cannot feed training: empty, not UTF-8 text, or (json) lines that are
+    not objects with the text field. Reads the first 64 KiB of each file, so launch stays quick."""
+    e: list[str] = []
+    for path in sorted(glob.glob(d.path)):
+        try:
+            with open(path, "rb") as f:
+                head = f.read(1 << 16)
+        except OSError as exc:
+            _err(e, "data.path", d.path, f"{path} cannot be read ({exc.strerror})")
+            continue
+        if not head.strip():
+            _err(e, "data.path", d.path, f"{path} is empty; remove it or point data.path elsewhere")
+            continue
+        try:
+            text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
+        except UnicodeDecodeError as exc:
+            text = None
+            _err(e, "data.path", d.path, f"{path} is not UTF-8 text (byte {exc.start}); is it a binary or compressed file?")
+        if text is not None and "\x00" in text:
+            _err(e, "data.path", d.path, f"{path} holds NUL bytes: a binary file, not text")
+        elif text is not None and d.dataset == "json":
+            for number, line in enumerate(text.splitlines()[:-1] if len(head) == 1 << 16 else text.splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    _err(e, "data.path", d.path, f"{path} line {number} is not JSON ({exc.msg}); json data is one object per line")
+                    break
+                if not isinstance(record, dict) or not isinstance(record.get(d.text_field), str):
+                    _err(e, "data.text_field", d.text_field, f"{path} line {number} has no string field {d.text_field!r}; "
+                         "set data.text_field to the field that holds the text")
+                    break
+    return e
+
+
+SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
 MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
               "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
 
@@ -244,6 +292,10 @@ def _validate_slurm(c) -> list[str]:
         unknown = [t for t in c.mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
         if unknown:
             _err(e, "cluster.mail_type", c.mail_type, f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}")
+    secrets = [k for k in c.env if SECRET.search(k)]
+    if secrets:
+        _err(e, "cluster.env", secrets, "looks like a secret, and the config is written to the run dir and the job "
+             "script; export it in the shell that runs launch.py instead (sbatch passes that environment on)")
     bad_env = [k for k in c.env if not k.isidentifier()]
     if bad_env:
         _err(e, "cluster.env", bad_env, "environment variable names are letters, digits and _, not starting with a digit")

@@ -55,7 +55,24 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
         # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).
         return f"the launcher received {signal.Signals(exc.sigval).name}"
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        message = failure.message if isinstance(failure.message, str) else failure.message.get("message", "")
-        return f"rank {rank} exited with code {failure.exitcode}: {message}".strip()
+        return describe_failures(exc.failures)
     return None
+
+
+def describe_failures(failures: dict) -> str:
+    """Every failed rank, the likely cause first: a rank killed by a signal other than the
+    agent's own SIGTERM (the others then fail on a broken connection), then ranks that raised,
+    earliest first, then those the agent stopped."""
+    def order(item):
+        rank, f = item
+        killed = f.exitcode < 0 and -f.exitcode != signal.SIGTERM
+        return (0 if killed else 1 if f.exitcode > 0 else 2, f.timestamp, rank)
+
+    parts = []
+    for rank, f in sorted(failures.items(), key=order):
+        if f.exitcode < 0:
+            parts.append(f"rank {rank} was killed by {signal.Signals(-f.exitcode).name}")
+        else:
+            message = f.message if isinstance(f.message, str) else f.message.get("message", "")
+            parts.append(f"rank {rank} exited with code {f.exitcode}: {message}".strip().rstrip(":"))
+    return "; ".join(parts)

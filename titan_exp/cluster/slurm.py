@@ -69,6 +69,9 @@ class TrainTask(submitit.helpers.Checkpointable):
             summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
             if summary and "SIGUSR2" in summary.get("interrupted_by", []):
                 # Checkpointed at a step boundary; submitit's handler now requeues and exits.
+                if "checkpoint_blocking_s" not in summary:  # the trainer saves on a stop when enabled
+                    logger.warning("checkpoint.enable=false: nothing was saved, so the requeued job trains "
+                                   "again from step 1")
                 submitit_handler = signals.previous_handler(signal.SIGUSR2)
                 submitit_handler(signal.SIGUSR2, None)
         return summary
@@ -151,7 +154,7 @@ def submit(runs: list[tuple[JobConfig, RunDir]], root: Path) -> list[submitit.Jo
         except Exception as exc:  # noqa: BLE001 - sbatch's refusal, named below
             raise SubmitError(f"sbatch refused the job ({_first_line(exc)}); nothing was queued") from exc
         for (job, record), sjob in zip(members, submitted):
-            _record(record, job, sjob, code)
+            _record_submission(record, job, sjob, code)
         jobs += submitted
     return jobs
 
@@ -166,7 +169,7 @@ def _first_line(exc: BaseException) -> str:
     return (errors or lines or [type(exc).__name__])[-1].strip()
 
 
-def _record(record: RunDir, job: JobConfig, sjob: submitit.Job, code: Path) -> None:
+def _record_submission(record: RunDir, job: JobConfig, sjob: submitit.Job, code: Path) -> None:
     from titan_exp.train import describe
 
     info = {"job_id": sjob.job_id, "folder": str(sjob.paths.folder), "stdout": str(sjob.paths.stdout),

@@ -67,10 +67,12 @@ class PackedLoader:
         self.epoch = 0
         self.buffer: list[int] = []
         self._docs: Iterator[dict] | None = None
+        self._loaded: dict | None = None  # the dataset state last loaded, until a document is read
 
     def _next_doc(self) -> dict:
         if self._docs is None:
             self._docs = iter(self.dataset)
+            self._loaded = None  # from here on the dataset reports its own position
         try:
             return next(self._docs)
         except StopIteration:
@@ -96,7 +98,11 @@ class PackedLoader:
         return [(mb[:, :-1], mb[:, 1:]) for mb in mine.split(self.local_batch_size)]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"dataset": self.dataset.state_dict(), "epoch": self.epoch, "buffer": list(self.buffer)}
+        # Between load_state_dict and the first document read after it, a datasets
+        # IterableDataset reports its initial state, not the loaded one; steps served from the
+        # buffer alone read no document, so the loaded state is what is still true.
+        dataset = self._loaded if self._loaded is not None else self.dataset.state_dict()
+        return {"dataset": dataset, "epoch": self.epoch, "buffer": list(self.buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch = state["epoch"]
@@ -104,3 +110,4 @@ class PackedLoader:
         self.dataset.set_epoch(self.epoch)
         self.dataset.load_state_dict(state["dataset"])
         self._docs = None
+        self._loaded = state["dataset"]

@@ -1,0 +1,121 @@
+"""What `launch.py` refuses before Hydra composes anything.
+
+  - A key that no schema has (a typo) gets "did you mean ...?" instead of Hydra's "Key 'x' is
+    not in struct"; so does a preset that is not there (`parallelism=fsdpp`).
+  - `_target_` may only name an allow-listed callable. Hydra instantiates whatever a `_target_`
+    names (its callbacks, for one), so a config or an override must not be able to say
+    `_target_: os.system`. Checked in the overrides and in every config file Hydra would read
+    (conf/, --config-dir, hydra.searchpath), before Hydra instantiates anything.
+  - hydra.run.dir / hydra.sweep.dir must be writable (Hydra would fail with a traceback).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from titan_exp.cache import unwritable
+from titan_exp.config import SWEEPS, JobConfig
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# Hydra's own callbacks, not hydra.utils (whose call/instantiate would run anything).
+ALLOWED_TARGETS = ("titan_exp.", "torch.optim.", "torch.nn.", "hydra.experimental.callbacks.")
+ADD_GROUPS = ("sweep", "rung", "plan_layout")  # selected with +group=name (config.register_configs)
+
+
+def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6) or [c for c in choices if c in word or word in c]
+    if close:
+        return f"did you mean {' or '.join(prefix + c for c in close)}?"
+    return f"choose from {', '.join(prefix + c for c in sorted(choices))}"
+
+
+def _presets(group: str) -> list[str]:
+    folder = {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}.get(group, CONF / group)
+    return [p.stem for p in folder.glob("*.yaml")]
+
+
+def key_errors(key: str, value: Any, *, is_add: bool) -> list[str]:
+    """A problem with an override's key, or with the preset it selects."""
+    parts = key.split(".")
+    top = {f.name: f for f in dataclasses.fields(JobConfig)}
+    if parts[0].split("/")[0] == "hydra":
+        return []
+    if is_add and parts[0] in ADD_GROUPS:
+        if len(parts) == 1 and isinstance(value, str) and value not in _presets(parts[0]):
+            return [f"+{key}={value}: no such preset; {_did_you_mean(value, _presets(parts[0]))}"]
+        return []
+    if parts[0] not in top:
+        return [f"{key}: unknown key; {_did_you_mean(parts[0], list(top))}"]
+    if len(parts) == 1:  # a group: the value names a preset
+        presets = _presets(parts[0])
+        if presets and isinstance(value, str) and value not in presets:
+            return [f"{key}={value}: no such preset in conf/{key}/; {_did_you_mean(value, presets)}"]
+        return []
+    fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
+    if parts[1] not in fields:
+        return [f"{key}: unknown key; {_did_you_mean(parts[1], fields, prefix=parts[0] + '.')}"]
+    return []
+
+
+def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for k, v in node.items():
+            if k == "_target_":
+                yield where, v
+            yield from _targets(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _targets(v, f"{where}[{i}]")
+
+
+def target_errors(node: Any, where: str) -> list[str]:
+    """Each `_target_` in `node` (found at `where`) that is outside the allow-list."""
+    return [f"{place}: _target_ {value!r} is not allowed; a config may only instantiate "
+            f"{', '.join(p + '*' for p in ALLOWED_TARGETS)}"
+            for place, value in _targets(node, where) if not str(value).startswith(ALLOWED_TARGETS)]
+
+
+def config_file_errors(folders: list[Path]) -> list[str]:
+    errors = []
+    for folder in folders:
+        for path in sorted(folder.rglob("*.yaml")):
+            try:
+                node = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError):
+                continue  # Hydra reports an unreadable file itself
+            errors += [f"{path}: {e}" for e in target_errors(node, "")]
+    return errors
+
+
+def check_argv(argv: list[str]) -> list[str]:
+    """Every problem guard finds in a `launch.py` command line (empty: hand it to Hydra)."""
+    from hydra._internal.utils import get_args_parser
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    try:
+        overrides = OverridesParser.create().parse_overrides(args.overrides)
+    except HydraException:
+        return []  # Hydra's own message about its syntax is better than ours
+    errors: list[str] = []
+    folders = [CONF] + ([Path(args.config_dir)] if args.config_dir else [])
+    for o in overrides:
+        key = o.key_or_group + (f"@{o.package}" if o.package else "")
+        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        for value in values:
+            parent, _, leaf = o.key_or_group.rpartition(".")
+            errors += target_errors({"_target_": value} if leaf == "_target_" else value, parent if leaf == "_target_" else key)
+            if not o.is_delete():
+                errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add())
+        if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and isinstance(o.value(), str):
+            if (problem := unwritable(Path(o.value()))) is not None:
+                errors.append(f"{o.key_or_group} = {o.value()!r}: cannot write there ({problem}); choose a writable directory")
+        if o.key_or_group == "hydra.searchpath":
+            folders += [Path(str(p).removeprefix("file://")) for p in (o.value() or []) if str(p).startswith("file://")]
+    return list(dict.fromkeys(errors + config_file_errors(folders)))
