@@ -8,6 +8,7 @@ acts on the rank (default: every rank) when it reaches `point` at `step`:
         or handed to the background writer (async), and before the checkpoint is marked complete
   hang  sleep forever at the start of the step (a rank stuck outside any collective)
   nan   make the step's loss NaN (so its gradients are too)
+  exit  abort (SIGABRT, as gloo sometimes does in teardown) after the rank finished; step 0
 
 The variable is read where the faults would happen, so a relaunch without it runs normally.
 """
@@ -36,10 +37,10 @@ def maybe_fault(point: str, step: int) -> None:
     """SIGKILL (points step, save) or hang (point hang) here, if TITAN_EXP_FAULT says so."""
     if not fault_here(point, step):
         return
-    logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "killing this rank")
+    logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "ending this rank")
     for handler in logging.getLogger().handlers:
         handler.flush()
     if point == "hang":
         while True:
             time.sleep(3600)
-    os.kill(os.getpid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGABRT if point == "exit" else signal.SIGKILL)

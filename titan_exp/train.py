@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from titan_exp.config import JobConfig, load_job_config
+from titan_exp.faults import maybe_fault
 from titan_exp.run_dir import RunDir
 from titan_exp.signals import catch_stop_signals
 from titan_exp.validation import ConfigError, validate
@@ -132,4 +133,6 @@ def main(path: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    maybe_fault("exit", 0)
+    sys.exit(code)

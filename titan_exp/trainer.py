@@ -312,13 +312,7 @@ class Trainer:
                     skipped.append(step)
                     self._nonfinite(step, loss_value, grad_norms[-1], skipped)
                 if step % self.job.metrics.log_freq == 0 or step == t.steps:
-                    self.sinks.log(step, {
-                        "loss": loss_value,
-                        "grad_norm": grad_norms[-1],
-                        "lr": self.schedulers[0].get_last_lr()[0],
-                        **self.throughput.window(),
-                        "peak_memory_gib": peak_memory_gib(self.device),
-                    })
+                    self._log(step, loss_value, grad_norms[-1])
                 maybe_fault("step", step)
                 stop = signals.stop_requested()
                 self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
@@ -362,6 +356,15 @@ class Trainer:
             "first_step_s": step_times[0],
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
+
+    def _log(self, step: int, loss: float, grad_norm: float) -> None:
+        self.sinks.log(step, {
+            "loss": loss,
+            "grad_norm": grad_norm,
+            "lr": self.schedulers[0].get_last_lr()[0],
+            **self.throughput.window(),
+            "peak_memory_gib": peak_memory_gib(self.device),
+        })
 
     def _nonfinite(self, step: int, loss: float, grad_norm: float, skipped: list[int]) -> None:
         """A step whose loss or gradients are NaN/Inf got no update (train_step). Stop, naming the
