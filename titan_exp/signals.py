@@ -2,8 +2,9 @@
 boundary, after which the trainer writes a checkpoint (when enabled) and the summary says
 `interrupted`.
 
-A handler only records the signal; the training loop asks `stop_requested(step)` once per step,
-and the ranks agree through one all-reduce, because a signal reaches each rank at a slightly
+A handler only records the signal (it does not even log: a handler that writes to a stream the
+interrupted code is writing to can fail with a reentrant-call error); the training loop asks
+`stop_requested()` once per step, and the ranks agree through one all-reduce, because a signal reaches each rank at a slightly
 different moment (SLURM signals every task; Ctrl-C the whole process group; `kill` one rank).
 
     SIGUSR2  SLURM's warning before a time limit or preemption (`--signal=USR2@...`, what
@@ -16,11 +17,8 @@ different moment (SLURM signals every task; Ctrl-C the whole process group; `kil
 from __future__ import annotations
 
 import contextlib
-import logging
 import signal
 from typing import Any, Iterator
-
-logger = logging.getLogger("titan_exp")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
@@ -29,8 +27,6 @@ _previous: dict[int, Any] = {}
 
 
 def _record(signum: int, frame) -> None:
-    if not _received:
-        logger.warning("received %s: stopping at the next step boundary", signal.Signals(signum).name)
     _received.append(signum)
 
 
@@ -50,11 +46,6 @@ def catch_stop_signals() -> Iterator[None]:
         for sig, handler in _previous.items():
             signal.signal(sig, handler)
         _previous.clear()
-
-
-def received() -> list[str]:
-    """Names of the stop signals this process has received, in order."""
-    return [signal.Signals(s).name for s in _received]
 
 
 def previous_handler(sig: int) -> Any:
