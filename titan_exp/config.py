@@ -16,7 +16,13 @@ from typing import Any, Dict, List, Optional
 from omegaconf import DictConfig, OmegaConf
 
 
+CONF = Path(__file__).resolve().parents[1] / "conf"
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+
+def sweep_groups() -> dict[str, Path]:
+    """Groups selected with `+group=name`: named sweeps, the ladder's rungs, the planner's layouts."""
+    return {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}
 
 
 def doc(default: Any, text: str) -> Any:
@@ -294,7 +300,7 @@ def register_configs() -> None:
     cs.store(name="job_schema", node=JobConfig)
     # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
     # layouts (titan_exp.plan --write-sweep), from sweeps/.
-    for group, folder in (("sweep", SWEEPS), ("rung", SWEEPS / "rung"), ("plan_layout", SWEEPS / "plan_layout")):
+    for group, folder in sweep_groups().items():
         for preset in sorted(folder.glob("*.yaml")):
             cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
     template = (

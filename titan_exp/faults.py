@@ -34,7 +34,7 @@ def fault_here(point: str, step: int) -> bool:
 
 
 def maybe_fault(point: str, step: int) -> None:
-    """SIGKILL (points step, save) or hang (point hang) here, if TITAN_EXP_FAULT says so."""
+    """Act here if TITAN_EXP_FAULT says so: hang (point hang), SIGABRT (exit) or SIGKILL (the rest)."""
     if not fault_here(point, step):
         return
     logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "ending this rank")

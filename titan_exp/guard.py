@@ -19,12 +19,10 @@ from typing import Any, Iterator
 import yaml
 
 from titan_exp.cache import unwritable
-from titan_exp.config import SWEEPS, JobConfig
+from titan_exp.config import CONF, JobConfig, sweep_groups
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 # Hydra's own callbacks, not hydra.utils (whose call/instantiate would run anything).
 ALLOWED_TARGETS = ("titan_exp.", "torch.optim.", "torch.nn.", "hydra.experimental.callbacks.")
-ADD_GROUPS = ("sweep", "rung", "plan_layout")  # selected with +group=name (config.register_configs)
 
 
 def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
@@ -35,8 +33,7 @@ def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
 
 
 def _presets(group: str) -> list[str]:
-    folder = {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}.get(group, CONF / group)
-    return [p.stem for p in folder.glob("*.yaml")]
+    return [p.stem for p in sweep_groups().get(group, CONF / group).glob("*.yaml")]
 
 
 def key_errors(key: str, value: Any, *, is_add: bool) -> list[str]:
@@ -45,7 +42,7 @@ def key_errors(key: str, value: Any, *, is_add: bool) -> list[str]:
     top = {f.name: f for f in dataclasses.fields(JobConfig)}
     if parts[0].split("/")[0] == "hydra":
         return []
-    if is_add and parts[0] in ADD_GROUPS:
+    if is_add and parts[0] in sweep_groups():
         if len(parts) == 1 and isinstance(value, str) and value not in _presets(parts[0]):
             return [f"+{key}={value}: no such preset; {_did_you_mean(value, _presets(parts[0]))}"]
         return []
@@ -110,7 +107,10 @@ def check_argv(argv: list[str]) -> list[str]:
         values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         for value in values:
             parent, _, leaf = o.key_or_group.rpartition(".")
-            errors += target_errors({"_target_": value} if leaf == "_target_" else value, parent if leaf == "_target_" else key)
+            if leaf == "_target_":
+                errors += target_errors({"_target_": value}, parent)
+            else:
+                errors += target_errors(value, key)
             if not o.is_delete():
                 errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add())
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and isinstance(o.value(), str):

@@ -20,7 +20,7 @@ from titan_exp.config import JobConfig, to_job_config, to_yaml
 from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
 from titan_exp.precision import DTYPES
 from titan_exp.run_dir import RunDir
-from titan_exp.validation import resolve, validate
+from titan_exp.validation import data_file_errors, resolve, validate
 
 logger = logging.getLogger("titan_exp.launch")
 
@@ -95,6 +95,8 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
     if not errors:
         job, tokenizer = prepare_data(job)
         errors = validate(job, tokenizer_vocab=Tokenizer(tokenizer).vocab_size)
+    if not errors:
+        errors = data_file_errors(job.data)
     if not errors and job.checkpoint.enable:
         errors = checkpoint.preflight(job.checkpoint, record.path, model_shapes(job))
     if not errors and job.cluster.executor == "slurm":

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from titan_exp.config import SWEEPS, JobConfig
+from titan_exp.config import CONF, SWEEPS, JobConfig
 from titan_exp.models.llama import ffn_hidden_dim
 from titan_exp.parallel.dims import MESH_DIMS
 from titan_exp.parallel.pipeline import SINGLE_STAGE, layer_split, stage_ids, stages_per_rank
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         job = to_job_config(compose(config_name="config", overrides=args.overrides))
     memory = args.device_memory_gib
     if memory is None:

@@ -21,6 +21,7 @@ from typing import Any
 # pending: submitted to SLURM, not started; interrupted: stopped by a signal at a step boundary
 # (resumable); cancelled: the SLURM job was cancelled.
 STATUSES = ("ok", "failed", "oom", "invalid", "running", "pending", "interrupted", "cancelled")
+FINAL = ("ok", "failed", "oom", "invalid", "cancelled")  # nothing that happens later changes these
 
 
 class RunDir:

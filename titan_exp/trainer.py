@@ -30,7 +30,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.run_dir import RunDir
-from titan_exp.watchdog import Timeouts, set_collective_timeouts, watchdog
+from titan_exp.watchdog import set_collective_timeouts, step_deadline, watchdog
 
 logger = logging.getLogger("titan_exp")
 
@@ -241,8 +241,8 @@ class Trainer:
 
     def train_step(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
         """One optimizer step over this rank's microbatches; returns (global mean loss, grad norm).
-        Gradients that are not finite (the norm is global, so every rank sees the same) get no
-        update: the step fails, or with training.on_nonfinite=skip it is skipped."""
+        A step whose loss or gradient norm is not finite (both are global, so every rank sees the
+        same) gets no update; `train` then fails or, with training.on_nonfinite=skip, goes on."""
         for optimizer in self.optimizers:
             optimizer.zero_grad()
         loss = torch.zeros((), device=self.device)
@@ -261,14 +261,6 @@ class Trainer:
                     target = labels if self.has_last else None
                     self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
-        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
-        finite = bool(torch.isfinite(grad_norm))
-        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
-            if finite:
-                optimizer.step()
-            scheduler.step()  # the schedule follows the step count either way
-        if finite:
-            precompute_float8_scales(self.job.precision, self.model_parts)
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
@@ -276,6 +268,14 @@ class Trainer:
         if dp_mesh is not None:
             dist.all_reduce(loss, group=dp_mesh.get_group())
             loss /= dp_mesh.size()
+        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
+        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))  # both global: every rank agrees
+        for optimizer, scheduler in zip(self.optimizers, self.schedulers):
+            if finite:
+                optimizer.step()
+            scheduler.step()  # the schedule follows the step count either way
+        if finite:
+            precompute_float8_scales(self.job.precision, self.model_parts)
         return loss, grad_norm
 
     def train(self) -> dict[str, Any]:
@@ -290,27 +290,26 @@ class Trainer:
         grad_norms: list[float] = []
         step_times: list[float] = []
         interrupted: dict[str, Any] = {}
-        skipped: list[int] = []
-        timeouts = Timeouts(self.job.comm.init_timeout_seconds, self.job.comm.train_timeout_seconds)
+        nonfinite: list[int] = []  # steps whose update was not made
         start = time.perf_counter()
         try:
             for step in range(first, t.steps + 1):
-                watchdog.arm(step, timeouts.step_deadline(first=step == first))
+                watchdog.arm(step, step_deadline(self.job.comm, first=step == first))
                 maybe_fault("hang", step)
                 self.poison_loss = fault_here("nan", step)
                 step_start = time.perf_counter()
                 loss, grad_norm = self.train_step(self.loader.next_batch())
                 loss_value = loss.item()  # syncs the device, so the step time below is honest
                 if step == first:
-                    set_collective_timeouts(self.mesh, timeouts.train)
+                    set_collective_timeouts(self.mesh, self.job.comm.train_timeout_seconds)
                 step_times.append(time.perf_counter() - step_start)
                 self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
                 self.throughput.record(step, tokens_per_step, step_times[-1])
                 losses.append(loss_value)
                 grad_norms.append(grad_norm.item())
                 if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
-                    skipped.append(step)
-                    self._nonfinite(step, loss_value, grad_norms[-1], skipped)
+                    nonfinite.append(step)
+                    self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
                 if step % self.job.metrics.log_freq == 0 or step == t.steps:
                     self._log(step, loss_value, grad_norms[-1])
                 maybe_fault("step", step)
@@ -325,8 +324,8 @@ class Trainer:
         self.checkpointer.close()
         self.sinks.close()
         resumed = {"start_step": first, **interrupted, **({} if interrupted else self._export())}
-        if skipped:
-            resumed["skipped_steps"] = skipped
+        if nonfinite:
+            resumed["skipped_steps"] = nonfinite
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
         if not losses:
@@ -366,12 +365,12 @@ class Trainer:
             "peak_memory_gib": peak_memory_gib(self.device),
         })
 
-    def _nonfinite(self, step: int, loss: float, grad_norm: float, skipped: list[int]) -> None:
+    def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int]) -> None:
         """A step whose loss or gradients are NaN/Inf got no update (train_step). Stop, naming the
         step, or skip it (training.on_nonfinite); ten skips in a row stop too. Raising here comes
         before this step's checkpoint, so the last good one stays the latest."""
         what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
-        in_a_row = len(skipped) >= 10 and skipped[-10] == step - 9
+        in_a_row = len(nonfinite) >= 10 and nonfinite[-10] == step - 9
         if self.job.training.on_nonfinite == "skip" and not in_a_row:
             logger.warning("%s: not finite; the update was skipped (training.on_nonfinite=skip)", what)
             return

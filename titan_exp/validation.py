@@ -146,8 +146,6 @@ def validate(job: JobConfig, *, cuda: bool | None = None, tokenizer_vocab: int |
         _err(e, "data.path", d.path, f"data.dataset = {d.dataset!r} reads local files; give a file or glob")
     elif d.dataset in ("text", "json") and not glob.glob(d.path):
         _err(e, "data.path", d.path, "matches no file; check the path")
-    elif d.dataset in ("text", "json"):
-        e += _validate_data_files(d)
     if d.tokenizer_path is not None and not os.path.isfile(d.tokenizer_path):
         _err(e, "data.tokenizer_path", d.tokenizer_path, "is not a file; give a tokenizers JSON file or null")
     if d.tokenizer_path is None and d.tokenizer_vocab_size < 258:
@@ -230,14 +228,21 @@ def _validate_speed_features(job: JobConfig, cuda: bool) -> list[str]:
     return e
 
 
-def _validate_data_files(d) -> list[str]:
-    """Local data files that cannot feed training: empty, not UTF-8 text, or (json) lines that are
-    not objects with the text field. Reads the first 64 KiB of each file, so launch stays quick."""
+HEAD_BYTES = 1 << 16
+
+
+def data_file_errors(d) -> list[str]:
+    """Local data files (data.dataset text/json) that cannot feed training: empty, not UTF-8
+    text, or (json) lines that are not objects with the text field. It reads the first 64 KiB of
+    every file, so the launcher calls it once (`validate`, which every rank and the planner run
+    too, only checks that data.path matches files)."""
     e: list[str] = []
+    if d.dataset not in ("text", "json") or not d.path:
+        return e
     for path in sorted(glob.glob(d.path)):
         try:
             with open(path, "rb") as f:
-                head = f.read(1 << 16)
+                head = f.read(HEAD_BYTES)
         except OSError as exc:
             _err(e, "data.path", d.path, f"{path} cannot be read ({exc.strerror})")
             continue
@@ -252,7 +257,7 @@ def _validate_data_files(d) -> list[str]:
         if text is not None and "\x00" in text:
             _err(e, "data.path", d.path, f"{path} holds NUL bytes: a binary file, not text")
         elif text is not None and d.dataset == "json":
-            for number, line in enumerate(text.splitlines()[:-1] if len(head) == 1 << 16 else text.splitlines(), 1):
+            for number, line in enumerate(text.splitlines()[:-1] if len(head) == HEAD_BYTES else text.splitlines(), 1):
                 if not line.strip():
                     continue
                 try:

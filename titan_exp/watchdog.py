@@ -17,9 +17,10 @@ from __future__ import annotations
 import faulthandler
 import logging
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+
+from titan_exp.config import CommConfig
 
 logger = logging.getLogger("titan_exp")
 
@@ -28,13 +29,9 @@ GRACE_S = 5
 HEADER = "Timeout ("  # how faulthandler starts its dump
 
 
-@dataclass(frozen=True)
-class Timeouts:
-    init: int
-    train: int
-
-    def step_deadline(self, first: bool) -> float:
-        return (self.init if first else self.train) + GRACE_S
+def step_deadline(comm: CommConfig, first: bool) -> float:
+    """Seconds a step may run before the watchdog ends the rank."""
+    return (comm.init_timeout_seconds if first else comm.train_timeout_seconds) + GRACE_S
 
 
 def set_collective_timeouts(mesh, seconds: int) -> None:
@@ -78,8 +75,5 @@ watchdog = _Watchdog()
 
 def hung_ranks(log_dir: Path) -> list[int]:
     """Ranks whose watchdog fired, from their logs (<run dir>/logs/rank-K.log)."""
-    hung = []
-    for log in sorted(log_dir.glob("rank-*.log")):
-        if HEADER in log.read_text(errors="replace"):
-            hung.append(int(log.stem.split("-")[1]))
-    return sorted(hung)
+    return sorted(int(log.stem.split("-")[1]) for log in log_dir.glob("rank-*.log")
+                  if HEADER in log.read_text(errors="replace"))

@@ -42,12 +42,11 @@ from hydra.experimental.callback import Callback
 
 from titan_exp.cluster import cpu_rank_env
 from titan_exp.config import ClusterConfig, JobConfig
-from titan_exp.run_dir import RunDir
+from titan_exp.run_dir import FINAL, RunDir
 
 logger = logging.getLogger("titan_exp.slurm")
 
 PACKAGE = Path(__file__).resolve().parents[1]  # the titan_exp package being run
-FINAL = ("ok", "failed", "oom", "invalid", "cancelled")  # summaries that no SLURM state changes
 
 
 # --- what runs on the nodes ---------------------------------------------------------------------
@@ -169,13 +168,17 @@ def _first_line(exc: BaseException) -> str:
     return (errors or lines or [type(exc).__name__])[-1].strip()
 
 
-def _record_submission(record: RunDir, job: JobConfig, sjob: submitit.Job, code: Path) -> None:
+def _write_pending(record: RunDir, job: JobConfig, **extra: str) -> None:
     from titan_exp.train import describe
 
+    record.write_summary({"status": "pending", "run_dir": str(record.path), **describe(job), **extra})
+
+
+def _record_submission(record: RunDir, job: JobConfig, sjob: submitit.Job, code: Path) -> None:
     info = {"job_id": sjob.job_id, "folder": str(sjob.paths.folder), "stdout": str(sjob.paths.stdout),
             "stderr": str(sjob.paths.stderr), "code": str(code), "submitted": time.time()}
     record.slurm_job.write_text(json.dumps(info, indent=2))
-    record.write_summary({"status": "pending", "run_dir": str(record.path), **describe(job), "slurm_job_id": sjob.job_id})
+    _write_pending(record, job, slurm_job_id=sjob.job_id)
     logger.info("submitted SLURM job %s | run dir %s | logs %s (rank 0; %%t = rank)", sjob.job_id, record.path,
                 sjob.paths.stdout)
 
@@ -190,9 +193,7 @@ def run_slurm(job: JobConfig, run_dir: RunDir) -> Optional[str]:
     with cluster.wait, wait for it and return its error, if any."""
     if _batch is not None:
         _batch.append((job, run_dir))
-        from titan_exp.train import describe
-
-        run_dir.write_summary({"status": "pending", "run_dir": str(run_dir.path), **describe(job)})
+        _write_pending(run_dir, job)
         return None
     try:
         (sjob,) = submit([(job, run_dir)], run_dir.path)
