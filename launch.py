@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from titan_exp.config import register_configs
 
 register_configs()
+sweep_dirs: list[str] = []  # a multirun's dir, for its exit status once Hydra returns
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -25,6 +26,8 @@ def main(cfg: DictConfig) -> int:
     code = launch(cfg, hc.runtime.output_dir, multirun=multirun)
     if code and not multirun:
         sys.exit(code)
+    if multirun and hc.sweep.dir not in sweep_dirs:
+        sweep_dirs.append(hc.sweep.dir)
     return code
 
 
@@ -36,7 +39,8 @@ if __name__ == "__main__":
         print("launch.py: refused, nothing was started:\n  - " + "\n  - ".join(refused), file=sys.stderr)
         sys.exit(2)
     main()
-    # A multirun ends here: non-zero unless every member finished ok (see titan_exp.report).
-    from titan_exp.report import ReportCallback
+    # A multirun ends here: non-zero unless every member finished ok (or is queued on SLURM),
+    # as its members' run records say.
+    from titan_exp.report import sweep_exit_code
 
-    sys.exit(ReportCallback.exit_code)
+    sys.exit(max((sweep_exit_code(d) for d in sweep_dirs), default=0))

@@ -48,12 +48,17 @@ def job_config(overrides: list[str]):
 
 
 def run_job(overrides: list[str], run_dir: Path, *, multirun: bool = False) -> tuple[int, dict | None]:
-    """Launch through titan_exp.launch (ranks are real processes); (exit code, summary)."""
+    """Launch through titan_exp.launch (ranks are real processes); (exit code, summary.json as read)."""
     from titan_exp.launch import launch
-    from titan_exp.run_dir import RunDir
 
     code = launch(compose(overrides), str(run_dir), multirun=multirun)
-    return code, RunDir(run_dir).read_summary()
+    return code, read_summary(run_dir)
+
+
+def read_summary(run_dir: Path) -> dict | None:
+    """summary.json as a user (or a script) reads it."""
+    path = Path(run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 def launch_cli(args: list[str], timeout: int = 300) -> subprocess.CompletedProcess:

@@ -231,10 +231,12 @@ def launch_errors(overrides, run_dir) -> str:
     """Launch a config that must be refused before any process starts; its error text."""
     from conftest import compose
     from titan_exp.config import to_job_config
-    from titan_exp.launch import model_shapes, prepare_data
+    from titan_exp.launch import preflight
+    from titan_exp.record import RunDir
 
-    job, _ = prepare_data(to_job_config(compose(overrides)))
-    errors = checkpoint.preflight(job.checkpoint, Path(run_dir), model_shapes(job))
+    pending = preflight.Pending(to_job_config(compose(overrides)), RunDir(run_dir))
+    job = preflight.data(pending)[0].job
+    errors = checkpoint.preflight(job.checkpoint, Path(run_dir), preflight.model_shapes(job))
     assert errors, "expected the config to be refused"
     code, _ = run_job(overrides, run_dir)
     assert code == 2

@@ -9,7 +9,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
 from conftest import REPO, compose, job_config, launch_cli
-from titan_exp.validation import resolve, validate, world_size
+from titan_exp.validation import resolve, validate
 
 PRESETS = {group: sorted(p.stem for p in (REPO / "conf" / group).glob("*.yaml"))
            for group in ("model", "parallelism", "precision", "checkpoint", "cluster", "data")}
@@ -24,14 +24,12 @@ def test_every_preset_composes_and_validates(group, option):
 
 
 def test_parallelism_presets_derive_their_world_size():
-    sizes = {name: world_size(job_config([f"parallelism={name}"])) for name in PRESETS["parallelism"]}
+    sizes = {name: job_config([f"parallelism={name}"]).world_size for name in PRESETS["parallelism"]}
     assert sizes == {"single": 1, "fsdp": 1, "ddp": 2, "tp": 2, "pp": 2, "cp": 2, "hsdp": 4, "2d": 4, "3d": 8, "4d": 16}
 
 
 def test_published_llama3_shapes():
     """The presets carry the published shapes: parameter counts of the released checkpoints."""
-    from titan_exp.models.llama import count_params, ffn_hidden_dim
-
     published = {
         "llama3_1b": 1_235_814_400,
         "llama3_3b": 3_212_749_824,
@@ -40,8 +38,8 @@ def test_published_llama3_shapes():
         "llama3_405b": 405_853_388_800,
     }
     for flavor, expected in published.items():
-        assert count_params(job_config([f"model={flavor}"]).model)[0] == expected, flavor
-    assert ffn_hidden_dim(job_config(["model=llama3_8b"]).model) == 14336
+        assert job_config([f"model={flavor}"]).model.num_params == expected, flavor
+    assert job_config(["model=llama3_8b"]).model.ffn_hidden_dim == 14336
 
 
 def test_resolve_fills_derived_values():
@@ -67,7 +65,6 @@ BAD = [
      "does not divide ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier) = 700"),
     (["model.n_kv_heads=3"], "model.n_kv_heads = 3: must divide model.n_heads = 16"),
     (["model.dim=250"], "model.dim = 250: must be divisible by model.n_heads = 16"),
-    (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Zigzag"], "choose one of GPipe, 1F1B"),
     (["parallelism=pp", "model.n_layers=1"], "2 stages but model.n_layers = 1"),
     (["parallelism=pp", "parallelism.pipeline_parallel_microbatch_size=3"], "must divide training.local_batch_size = 8"),
     (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Interleaved1F1B", "training.local_batch_size=3"],
@@ -94,20 +91,16 @@ BAD = [
     (["training.seq_len=4096"], "exceeds model.max_seq_len = 2048"),
     (["lr_scheduler.warmup_steps=100"], "lr_scheduler.warmup_steps = 100: must be in [0, training.steps = 40]"),
     (["lr_scheduler.decay_ratio=0.99", "lr_scheduler.warmup_steps=10"], "warmup plus decay steps exceed"),
-    (["lr_scheduler.decay_type=step"], "choose linear, sqrt or cosine"),
     (["optimizer.lr=0"], "optimizer.lr = 0.0: must be > 0"),
-    (["optimizer.name=SGD"], "choose AdamW or Adam"),
     (["optimizer.beta2=1.0"], "optimizer.beta2 = 1.0: must be in [0, 1)"),
     (["training.max_norm=-1"], "training.max_norm = -1.0"),
     (["cluster.executor=debug", "parallelism=tp"], "runs one rank in-process but the world size is 2"),
     (["cluster=debug", "parallelism=tp"], "the product of the degrees is 2 but the world size is 1"),
-    (["cluster.executor=pbs"], "choose local, slurm or debug"),
     (["parallelism=tp", "cluster.nnodes=3"], "does not divide the 2 ranks the degrees need"),
     (["data.dataset=text"], "reads local files; give a file or glob"),
     (["data.dataset=json", "data.path=/nonexistent/*.jsonl"], "matches no file"),
     (["data.tokenizer_path=/nonexistent.json"], "is not a file"),
     (["data.tokenizer_vocab_size=100"], "needs >= 258"),
-    (["precision.param_dtype=float16"], "choose one of float32, bfloat16"),
     (["precision=float8", "model.dim=264", "model.n_heads=12", "model.n_kv_heads=12"],
      "model.dim = 264 is not divisible by 16; float8 matmuls need multiples of 16"),
     (["precision=float8", "parallelism=tp", "parallelism.tensor_parallel_degree=8", "model.multiple_of=64"],
@@ -117,27 +110,15 @@ BAD = [
      "works with the tensorwise recipe only, not rowwise"),
     (["precision=float8", "precision.float8_precompute_dynamic_scale_for_fsdp=true"],
      "needs converter=float8 and float8_enable_fsdp_all_gather=true"),
-    (["precision.converter=int4"], "choose one of none, float8, mxfp8"),
-    (["precision=float8", "precision.float8_recipe=blockwise"], "choose one of tensorwise, rowwise, rowwise_with_gw_hp"),
-    (["precision=mxfp8", "precision.mx_recipe=mxfp4"], "choose one of mxfp8_rceil"),
     (["precision.full_bf16=true"], "precision.param_dtype must be bfloat16"),
-    (["compile.enable=true", "compile.backend=tvm"], "choose one of inductor, aot_eager, eager"),
     (["compile.enable=true", "parallelism=tp"], "fails on CPU in torch 2.13"),
-    (["activation_checkpoint.mode=some"], "choose one of none, full, selective"),
     (["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=0"],
      "'op' for the per-op policy or a positive integer N"),
-    (["checkpoint=default", "checkpoint.async_mode=later"], "choose disabled, async or async_with_pinned_mem"),
     (["checkpoint=default", "checkpoint.async_mode=async_with_pinned_mem"], "pinned memory needs CUDA"),
     (["checkpoint=default", "checkpoint.keep_latest_k=-1"], "checkpoint.keep_latest_k = -1: must be >= 0"),
     (["checkpoint=default", "checkpoint.load_step=-2"], "checkpoint.load_step = -2: must be a saved step"),
-    (["checkpoint=default", "checkpoint.exclude_from_loading=[optimiser]"],
-     "checkpoint.exclude_from_loading = 'optimiser': not a checkpoint part; choose from model, optimizer"),
-    (["checkpoint=default", "checkpoint.export_dtype=int8"], "choose float32, bfloat16, float16"),
-    (["checkpoint=default", "checkpoint.export_format=onnx"], "choose safetensors, pt, or null"),
-    (["checkpoint=default", "checkpoint.hsdp_save_replicas=some"], "choose all or first"),
     (["checkpoint.export_format=safetensors"], "checkpoint.export_format = 'safetensors': needs checkpoint.enable=true"),
     (["checkpoint=seed", "checkpoint.enable=false"], "checkpoint.create_seed_checkpoint = True: needs checkpoint.enable"),
-    (["metrics.wandb_mode=cloud"], "choose online or offline"),
     (["metrics.log_freq=0"], "metrics.log_freq = 0: must be >= 1"),
     (["metrics.warmup_steps=-1"], "metrics.warmup_steps = -1: must be >= 0"),
     (["model.norm_eps=0"], "model.norm_eps = 0.0: must be > 0"),
@@ -148,6 +129,41 @@ BAD = [
     (["checkpoint.interval=0"], "checkpoint.interval = 0: must be >= 1"),
     (["cluster.cpu_malloc_mmap_threshold_mib=64"], "glibc accepts 0..32 MiB"),
 ]
+
+
+# Choice fields are Enums: a value not on the list fails at composition, naming the field and the choices.
+# (override, the field's full key, the choices as OmegaConf lists them)
+BAD_CHOICES = [
+    ("parallelism.pipeline_parallel_schedule=Zigzag", "parallelism.pipeline_parallel_schedule",
+     "GPipe, 1F1B, Interleaved1F1B, LoopedBFS, InterleavedZeroBubble, ZBVZeroBubble, DualPipeV"),
+    ("lr_scheduler.decay_type=step", "lr_scheduler.decay_type", "linear, sqrt, cosine"),
+    ("optimizer.name=SGD", "optimizer.name", "AdamW, Adam"),
+    ("cluster.executor=pbs", "cluster.executor", "local, slurm, debug"),
+    ("precision.param_dtype=float16", "precision.param_dtype", "float32, bfloat16"),
+    ("precision.converter=int4", "precision.converter", "none, float8, mxfp8"),
+    ("precision.float8_recipe=blockwise", "precision.float8_recipe", "tensorwise, rowwise, rowwise_with_gw_hp"),
+    ("precision.mx_recipe=mxfp4", "precision.mx_recipe", "mxfp8_rceil, mxfp8_rceil_wgrad_with_hp, mxfp8_emulated_rceil"),
+    ("compile.backend=tvm", "compile.backend", "inductor, aot_eager, eager"),
+    ("activation_checkpoint.mode=some", "activation_checkpoint.mode", "none, full, selective"),
+    ("checkpoint.async_mode=later", "checkpoint.async_mode", "disabled, async, async_with_pinned_mem"),
+    ("checkpoint.exclude_from_loading=[optimiser]", "checkpoint.exclude_from_loading",
+     "model, optimizer, lr_scheduler, dataloader, train_state, rng"),
+    ("checkpoint.export_dtype=int8", "checkpoint.export_dtype", "float32, bfloat16, float16"),
+    ("checkpoint.export_format=onnx", "checkpoint.export_format", "safetensors, pt"),
+    ("checkpoint.hsdp_save_replicas=some", "checkpoint.hsdp_save_replicas", "all, first"),
+    ("metrics.wandb_mode=cloud", "metrics.wandb_mode", "online, offline"),
+    ("training.on_nonfinite=ignore", "training.on_nonfinite", "stop, skip"),
+    ("model.name=gpt2", "model.name", "llama3"),
+]
+
+
+@pytest.mark.parametrize("override,field,choices", BAD_CHOICES, ids=[o for o, _, _ in BAD_CHOICES])
+def test_bad_choice_is_rejected_at_composition(override, field, choices):
+    with pytest.raises(ConfigCompositionException) as exc:
+        job_config([override])
+    message = str(exc.value.__cause__)
+    assert f"expected one of [{choices}]" in message, message
+    assert f"full_key: {field}" in message, message
 
 
 @pytest.mark.parametrize("overrides,message", BAD, ids=[" ".join(o) for o, _ in BAD])
@@ -162,12 +178,14 @@ def test_bad_config_is_rejected_with_a_clear_message(overrides, message):
 def test_every_error_is_reported_at_once():
     errors = validate(job_config(["training.steps=0", "optimizer.lr=-1", "model.dim=250"]), cuda=False)
     assert len(errors) == 1  # counts are checked first: the others divide by them
-    errors = validate(job_config(["optimizer.lr=-1", "model.dim=250", "lr_scheduler.decay_type=x"]), cuda=False)
+    errors = validate(job_config(["optimizer.lr=-1", "model.dim=250", "lr_scheduler.min_lr_factor=2"]), cuda=False)
     assert len(errors) == 3
 
 
 def test_tokenizer_larger_than_the_embedding_is_rejected():
-    errors = validate(job_config([]), cuda=False, tokenizer_vocab=4096)
+    from titan_exp.models.llama import check_vocab
+
+    errors = check_vocab(job_config([]).model, tokenizer_vocab=4096)
     assert errors == ["model.vocab_size = 2048: smaller than the tokenizer's vocabulary (4096); set it to at least that"]
 
 
@@ -182,9 +200,9 @@ def test_async_tp_is_accepted_only_with_cuda_and_compile():
 def test_mx_recipes_match_torchao():
     from torchao.prototype.moe_training.config import MXFP8TrainingRecipe
 
-    from titan_exp.validation import MX_RECIPES
+    from titan_exp.config import MXRecipe
 
-    assert set(MX_RECIPES) == {r.value for r in MXFP8TrainingRecipe}
+    assert {r.value for r in MXRecipe} == {r.value for r in MXFP8TrainingRecipe}
 
 
 def test_types_are_checked_at_compose_time():

@@ -33,7 +33,7 @@ def test_hung_rank_ends_the_run_and_is_named(tmp_path, monkeypatch):
     assert summary["error"].startswith("rank(s) 1 hung (their step watchdog fired")
     assert "Timed out" in summary["error"]  # what rank 0's collective said
     log = (tmp_path / "logs" / "rank-1.log").read_text()
-    assert "Timeout (0:00:10)!" in log and "in maybe_fault" in log  # the stack shows where it hung
+    assert "Timeout (0:00:10)!" in log and "in inject" in log  # the stack shows where it hung
 
 
 def test_dead_rank_is_reported(tmp_path, monkeypatch):
@@ -88,14 +88,14 @@ KILLS = 10
 
 
 def rank_pids(run_dir: Path) -> list[int]:
-    """The rank processes of the run in run_dir (`python -m titan_exp.train <run dir>`)."""
+    """The rank processes of the run in run_dir (`python -m titan_exp.train.rank <run dir>`)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
             cmdline = (entry / "cmdline").read_bytes().split(b"\0")
         except (OSError, ValueError):
             continue
-        if b"titan_exp.train" in cmdline and str(run_dir).encode() in cmdline:
+        if b"titan_exp.train.rank" in cmdline and str(run_dir).encode() in cmdline:
             pids.append(int(entry.name))
     return pids
 

@@ -95,7 +95,7 @@ def test_unusable_data_files_are_refused_at_launch(tmp_path, name, kind, content
     run_dir = tmp_path / "run"
     assert launch(compose([*SMALL, f"data.dataset={kind}", f"data.path={path}"]), str(run_dir)) == EXIT_INVALID
     assert not run_dir.exists()
-    from titan_exp.validation import data_file_errors
+    from titan_exp.data.sources import data_file_errors
 
     (error,) = data_file_errors(job_config([f"data.dataset={kind}", f"data.path={path}"]).data)
     assert message in error and str(path) in error

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from conftest import SMALL, launch_cli, run_job
-from titan_exp.run_dir import RunDir
+from conftest import SMALL, launch_cli, read_summary, run_job
+from titan_exp.record import RunDir
 
 RUN_FILES = ("config.yaml", "tokenizer.json", "metrics.jsonl", "summary.json", "logs")
 
@@ -20,7 +20,7 @@ def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
                        "training.local_batch_size=4", *SMALL])
     assert fsdp.returncode == 0, fsdp.stderr[-3000:]
     a, b = RunDir(tmp_path / "single"), RunDir(tmp_path / "fsdp")
-    sa, sb = a.read_summary(), b.read_summary()
+    sa, sb = read_summary(a.path), read_summary(b.path)
     assert sa["status"] == sb["status"] == "ok"
     assert sb["world_size"] == 2 and sb["layout"]["dp_shard"] == 2
     assert len(sa["losses"]) == 5
@@ -82,10 +82,13 @@ def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
     """glibc's dynamic threshold lets FSDP's buffers fragment the heap (RSS ~2x); ranks get a
     fixed one unless the user set their own or asked for glibc's default."""
     from conftest import job_config
-    from titan_exp.cluster.local import rank_env
+    from titan_exp.cluster import rank_env
+
+    def env(overrides):
+        return rank_env(job_config(overrides).cluster, threads=1, gpu=False)
 
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    assert rank_env(job_config([]), 2)["MALLOC_MMAP_THRESHOLD_"] == str(16 << 20)
-    assert "MALLOC_MMAP_THRESHOLD_" not in rank_env(job_config(["cluster.cpu_malloc_mmap_threshold_mib=null"]), 2)
+    assert env([])["MALLOC_MMAP_THRESHOLD_"] == str(16 << 20)
+    assert "MALLOC_MMAP_THRESHOLD_" not in env(["cluster.cpu_malloc_mmap_threshold_mib=null"])
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
-    assert "MALLOC_MMAP_THRESHOLD_" not in rank_env(job_config([]), 2)
+    assert "MALLOC_MMAP_THRESHOLD_" not in env([])

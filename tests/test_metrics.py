@@ -6,7 +6,7 @@ import pytest
 
 from titan_exp.config import LRSchedulerConfig
 from titan_exp.metrics import Throughput, measure_cpu_peak_tflops
-from titan_exp.trainer import lr_lambda
+from titan_exp.train.optim import lr_lambda
 
 
 def test_throughput_and_mfu():

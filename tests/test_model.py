@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from conftest import job_config
-from titan_exp.models.llama import Transformer, apply_rope, count_params, ffn_hidden_dim, flops_per_token, rope_tables
+from titan_exp.models.llama import Transformer, apply_rope, flops_per_token, rope_tables
 
 
 def test_debugmodel_flops_per_token_by_hand():
     cfg = job_config(["model=debugmodel"]).model  # dim 256, 6 layers, 16 heads, 8 kv heads, vocab 2048
     head_dim, hidden = 16, 768  # 2/3 * 4 * 256 = 682 -> rounded up to 768
-    assert ffn_hidden_dim(cfg) == hidden
+    assert cfg.ffn_hidden_dim == hidden
     per_layer = 256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * hidden + 2 * 256  # wq wo, wk wv, w1 w2 w3, 2 norms
     non_embedding = 6 * per_layer + 256 + 2048 * 256  # + final norm + output
     attention = 6 * 6 * 16 * (2 * head_dim) * 128  # 6 * layers * heads * 2 * head_dim * seq_len
@@ -23,7 +23,7 @@ def test_param_count_matches_the_module():
         cfg = job_config(overrides).model
         with torch.device("meta"):
             model = Transformer(cfg)
-        assert count_params(cfg)[0] == sum(p.numel() for p in model.parameters())
+        assert cfg.num_params == sum(p.numel() for p in model.parameters())
 
 
 def test_rope_matches_the_complex_formulation():

@@ -53,7 +53,7 @@ def sjob(run_dir: Path):
 
 
 def state(run_dir: Path) -> str:
-    from titan_exp.cluster.slurm import job_state
+    from titan_exp.cluster.slurm.follow import job_state
 
     info = job_info(run_dir)
     return job_state(info["job_id"], info["folder"])
@@ -91,7 +91,7 @@ def test_fsdp_job_matches_local_run(slurm, tmp_path, reference):
 def test_multirun_is_one_job_array(slurm, tmp_path):
     """Two members are queued as one array at once; each runs in its own run dir and the report
     follows them to ok."""
-    from titan_exp.cluster.slurm import wait
+    from titan_exp.cluster.slurm.follow import wait
     from titan_exp.report import write_report
 
     sweep = tmp_path / "sweep"
@@ -199,7 +199,7 @@ def test_sbatch_refusal_is_reported(slurm, tmp_path):
 # --- without a controller -------------------------------------------------------------------------
 
 def test_sbatch_parameters_from_the_cluster_config():
-    from titan_exp.cluster.slurm import sbatch_parameters
+    from titan_exp.cluster.slurm.submit import sbatch_parameters
     from titan_exp.validation import resolve
 
     job = resolve(job_config([
@@ -225,7 +225,6 @@ def test_sbatch_parameters_from_the_cluster_config():
     (["cluster.mail_type=SOMETIMES"], "cluster.mail_type = 'SOMETIMES': unknown event(s) ['SOMETIMES']"),
     (["cluster.mem_gb=0"], "cluster.mem_gb = 0: must be >= 1"),
     (["+cluster.env={BAD-NAME: x}"], "cluster.env = ['BAD-NAME']: environment variable names"),
-    (["cluster.executor=pbs"], "cluster.executor = 'pbs': choose local, slurm or debug"),
 ])
 def test_static_cluster_errors(overrides, message):
     from titan_exp.validation import validate
@@ -235,7 +234,7 @@ def test_static_cluster_errors(overrides, message):
 
 
 def test_slurm_time_limits_parse():
-    from titan_exp.cluster.slurm import _slurm_time_min
+    from titan_exp.cluster.slurm.preflight import _slurm_time_min
 
     assert _slurm_time_min("UNLIMITED") is None
     assert _slurm_time_min("30") == 30
@@ -245,7 +244,7 @@ def test_slurm_time_limits_parse():
 
 
 def test_code_snapshot_is_a_copy_of_the_package(tmp_path):
-    from titan_exp.cluster.slurm import PACKAGE, snapshot_code
+    from titan_exp.cluster.slurm.submit import PACKAGE, snapshot_code
 
     code = snapshot_code(tmp_path)
     copied = {p.relative_to(code / "titan_exp") for p in (code / "titan_exp").rglob("*.py")}

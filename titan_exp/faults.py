@@ -23,8 +23,7 @@ import time
 logger = logging.getLogger("titan_exp.faults")
 
 
-def fault_here(point: str, step: int) -> bool:
-    """Whether TITAN_EXP_FAULT names this point, step and rank."""
+def _matches(point: str, step: int) -> bool:
     spec = os.environ.get("TITAN_EXP_FAULT")
     if not spec:
         return False
@@ -33,10 +32,14 @@ def fault_here(point: str, step: int) -> bool:
     return name == point and int(at) == step and (not rank or int(rank) == int(os.environ.get("RANK", 0)))
 
 
-def maybe_fault(point: str, step: int) -> None:
-    """Act here if TITAN_EXP_FAULT says so: hang (point hang), SIGABRT (exit) or SIGKILL (the rest)."""
-    if not fault_here(point, step):
-        return
+def inject(point: str, step: int) -> bool:
+    """The one seam: a no-op returning False unless TITAN_EXP_FAULT names this point, step and
+    rank. Then it hangs (hang), aborts (exit) or kills the rank (step, save), or returns True for
+    the caller to act on (nan: the trainer poisons that step's loss)."""
+    if not _matches(point, step):
+        return False
+    if point == "nan":
+        return True
     logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "ending this rank")
     for handler in logging.getLogger().handlers:
         handler.flush()
@@ -44,3 +47,4 @@ def maybe_fault(point: str, step: int) -> None:
         while True:
             time.sleep(3600)
     os.kill(os.getpid(), signal.SIGABRT if point == "exit" else signal.SIGKILL)
+    return True

@@ -10,14 +10,25 @@ import platform
 import resource
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from titan_exp.cache import atomic_write, cache_dir
-from titan_exp.config import JobConfig
+from titan_exp.cache import cache_dir
+from titan_exp.config import JobConfig, problem, to_plain
+from titan_exp.files import atomic_write
 
 logger = logging.getLogger("titan_exp")
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    e: list[str] = []
+    m = job.metrics
+    if m.warmup_steps < 0:
+        e.append(problem("metrics.warmup_steps", m.warmup_steps, "must be >= 0"))
+    if m.peak_tflops is not None and not m.peak_tflops > 0:
+        e.append(problem("metrics.peak_tflops", m.peak_tflops, "must be > 0, or null to measure/look up"))
+    return e
+
 
 # Dense peak TFLOP/s per GPU by name fragment (bf16 tensor cores, no sparsity).
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0, "A10G": 125.0}
@@ -135,12 +146,12 @@ class MetricSinks:
 
             self.wandb_run = wandb.init(
                 project=job.metrics.wandb_project,
-                mode=job.metrics.wandb_mode,
+                mode=job.metrics.wandb_mode.value,
                 dir=str(run_dir),
                 id=wandb_run_id(run_dir),
                 resume="allow",
                 name=run_dir.name,
-                config=_plain(job),
+                config=to_plain(job),
             )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -178,9 +189,3 @@ class MetricSinks:
             logger.warning("wandb %s failed (%s: %s); wandb logging stops for this run segment",
                            method, type(exc).__name__, exc)
             self.wandb_run = None
-
-
-def _plain(job: JobConfig) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.structured(job))

@@ -43,9 +43,7 @@ from pathlib import Path
 
 import yaml
 
-from titan_exp.config import CONF, SWEEPS, JobConfig
-from titan_exp.models.llama import ffn_hidden_dim
-from titan_exp.parallel.dims import MESH_DIMS
+from titan_exp.config import CONF, DEGREE_FIELDS, MESH_DIMS, SWEEPS, ACMode, JobConfig, layout_label
 from titan_exp.parallel.pipeline import SINGLE_STAGE, layer_split, stage_ids, stages_per_rank
 from titan_exp.validation import resolve, validate
 
@@ -54,16 +52,11 @@ RUNTIME_GIB_CPU = 0.50
 ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
-RECOMPUTE = {"none": 0.0, "full": 1 / 3, "selective": 0.1}  # extra compute, share of fwd+bwd
-
-# Each mesh dim's degree field in ParallelismConfig.
-DEGREE_FIELDS = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
-                 "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree",
-                 "tp": "tensor_parallel_degree"}
+RECOMPUTE = {ACMode.none: 0.0, ACMode.full: 1 / 3, ACMode.selective: 0.1}  # extra compute, share of fwd+bwd
 
 
 def degrees_of(job: JobConfig) -> dict[str, int]:
-    return {dim: getattr(job.parallelism, DEGREE_FIELDS[dim]) for dim in MESH_DIMS}
+    return job.parallelism.degrees
 
 
 def layout_overrides(job: JobConfig) -> list[str]:
@@ -84,7 +77,7 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return " x ".join(f"{k}{v}" for k, v in self.degrees.items() if v > 1) or "single"
+        return layout_label(self.degrees)
 
 
 def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> JobConfig:
@@ -121,17 +114,6 @@ def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[Job
     return [resolve(j) for j in jobs if not validate(j, cuda=cuda)]
 
 
-def _param_counts(job: JobConfig) -> tuple[int, int, int]:
-    """(per block, embedding, output + final norm) parameter counts."""
-    m = job.model
-    head_dim = m.dim // m.n_heads
-    kv = (m.n_kv_heads or m.n_heads) * head_dim
-    block = m.dim * (m.dim + 2 * kv) + m.dim * m.dim + 3 * m.dim * ffn_hidden_dim(m) + 2 * m.dim
-    embedding = m.vocab_size * m.dim
-    output = (0 if m.tie_word_embeddings else m.vocab_size * m.dim) + m.dim
-    return block, embedding, output
-
-
 def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank, by part."""
     if job.parallelism.data_parallel_shard_degree == -1:
@@ -139,7 +121,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     p, t, m = job.parallelism, job.training, job.model
     pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
                        p.tensor_parallel_degree)
-    block, embedding, output = _param_counts(job)
+    block, embedding, output = m.block_params, m.embedding_params, m.output_params
     # Blocks per rank: the most loaded pipeline rank, and which ends of the model it holds.
     per_rank = stages_per_rank(p, m.n_layers) if pp > 1 else 1
     n_stages = pp * per_rank
@@ -168,13 +150,13 @@ def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     tokens = microbatch * t.seq_len / cp
-    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * ffn_hidden_dim(m)) * 4 / tp
+    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * m.ffn_hidden_dim) * 4 / tp
     inputs = tokens * m.dim * 4 / tp
     mode = job.activation_checkpoint.mode
     blocks = worst["blocks"]
-    if mode == "none":
+    if mode == ACMode.none:
         activations = blocks * per_block
-    elif mode == "full":
+    elif mode == ACMode.full:
         activations = blocks * inputs + per_block
     elif job.activation_checkpoint.selective_ac_option == "op":
         activations = blocks * per_block * SELECTIVE_SHARE
@@ -206,8 +188,7 @@ def predict_throughput(job: JobConfig, *, bandwidth_gbs: float, peak_tflops: flo
     pp, rep, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
                             p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree)
     world = pp * rep * dps * cp * tp
-    block, embedding, output = _param_counts(job)
-    params = m.n_layers * block + embedding + output
+    params = m.num_params
     tokens = t.global_batch_size * t.seq_len
     compute = 6 * params * tokens / world / (peak_tflops * 1e12)
     compute *= 1 + RECOMPUTE[job.activation_checkpoint.mode]

@@ -10,7 +10,6 @@ Where the arithmetic happens:
   for torchao's training linears. Without hardware support (float8 needs CUDA compute
   capability >= 8.9, MX >= 10.0) torchao emulates them, which is said once in the log; it never
   quietly trains in bf16 instead.
-(This is one module, not the design card's precision/ folder: it is one concern in ~100 lines.)
 """
 
 from __future__ import annotations
@@ -21,21 +20,47 @@ import logging
 import torch
 from torch import nn
 
-from titan_exp.config import PrecisionConfig
+from titan_exp.config import Converter, DType, Float8Recipe, JobConfig, PrecisionConfig, problem
 
 logger = logging.getLogger("titan_exp")
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-CONVERTERS = ("none", "float8", "mxfp8")
-FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
 # Shapes the low-precision kernels need: float8 matmuls want multiples of 16, MX blocks are 32.
-ALIGNMENT = {"float8": 16, "mxfp8": 32}
+ALIGNMENT = {Converter.float8: 16, Converter.mxfp8: 32}
 
 
-def hardware_support(converter: str) -> bool:
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    """bf16 storage needs bf16 compute; low-precision matmuls need aligned shapes per TP rank;
+    float8 all-gather needs the tensorwise recipe."""
+    e: list[str] = []
+    pr, m = job.precision, job.model
+    if pr.full_bf16 and pr.param_dtype != DType.bfloat16:
+        e.append(problem("precision.full_bf16", True, "stores parameters in bf16, so precision.param_dtype must be bfloat16"))
+    if pr.converter != Converter.none:
+        align = ALIGNMENT[pr.converter]
+        tp = max(1, job.parallelism.tensor_parallel_degree)
+        for field, width in (("model.dim", m.dim), ("the ffn hidden size", m.ffn_hidden_dim),
+                             ("n_kv_heads x head_dim", m.kv_heads * m.head_dim)):
+            if width % (align * tp):
+                e.append(problem("precision.converter", pr.converter,
+                                 f"{field} = {width} is not divisible by {align}{f' x tp = {align * tp}' if tp > 1 else ''}; "
+                                 f"{pr.converter} matmuls need multiples of {align} per rank (or use precision=bf16)"))
+                break
+    if (pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather
+            and pr.float8_recipe != Float8Recipe.tensorwise):
+        e.append(problem("precision.float8_enable_fsdp_all_gather", True,
+                         f"works with the tensorwise recipe only, not {pr.float8_recipe}; turn it off or use tensorwise"))
+    if pr.float8_precompute_dynamic_scale_for_fsdp and not (
+            pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather):
+        e.append(problem("precision.float8_precompute_dynamic_scale_for_fsdp", True,
+                         "precomputes scales for float8 all-gather; needs converter=float8 and float8_enable_fsdp_all_gather=true"))
+    return e
+
+
+def hardware_support(converter: Converter) -> bool:
     if not torch.cuda.is_available():
         return False
-    need = (8, 9) if converter == "float8" else (10, 0)
+    need = (8, 9) if converter == Converter.float8 else (10, 0)
     return torch.cuda.get_device_capability() >= need
 
 
@@ -53,18 +78,18 @@ def keeps_high_precision(p: PrecisionConfig, fqn: str, module: nn.Linear) -> boo
 
 def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
     """Swap the model's linears for torchao's float8 or MXFP8 training linears (in place)."""
-    if p.converter == "none":
+    if p.converter == Converter.none:
         return
 
     def convert(module: nn.Module, fqn: str) -> bool:
         return isinstance(module, nn.Linear) and not keeps_high_precision(p, fqn, module)
 
     emulate = emulated(p)
-    if p.converter == "float8":
+    if p.converter == Converter.float8:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = dataclasses.replace(
-            Float8LinearConfig.from_recipe_name(p.float8_recipe),
+            Float8LinearConfig.from_recipe_name(p.float8_recipe.value),
             emulate=emulate,
             enable_fsdp_float8_all_gather=p.float8_enable_fsdp_all_gather,
         )
@@ -73,20 +98,20 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
         from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
         from torchao.quantization import quantize_
 
-        recipe = MXFP8TrainingRecipe(p.mx_recipe)
+        recipe = MXFP8TrainingRecipe(p.mx_recipe.value)
         if emulate and "emulated" not in p.mx_recipe:
             recipe = MXFP8TrainingRecipe.MXFP8_EMULATED_RCEIL
         quantize_(model, MXFP8TrainingOpConfig.from_recipe(recipe), filter_fn=convert)
     converted = sum(1 for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and convert(m, fqn))
     logger.info(
-        "%s: %d linears converted%s", p.converter if p.converter == "mxfp8" else f"float8 {p.float8_recipe}",
+        "%s: %d linears converted%s", p.converter if p.converter == Converter.mxfp8 else f"float8 {p.float8_recipe}",
         converted, " (emulated: this device has no such matmuls; numerics as on hardware, speed not)" if emulate else "",
     )
 
 
 def autocast_dtype(p: PrecisionConfig, fsdp: bool) -> torch.dtype | None:
     """The dtype to autocast the forward to, or None where something else already casts."""
-    if fsdp or p.full_bf16 or p.converter == "mxfp8" or p.param_dtype == "float32":
+    if fsdp or p.full_bf16 or p.converter == Converter.mxfp8 or p.param_dtype == DType.float32:
         return None
     return DTYPES[p.param_dtype]
 
@@ -99,7 +124,7 @@ def fsdp_param_dtype(p: PrecisionConfig) -> torch.dtype | None:
 def precompute_float8_scales(p: PrecisionConfig, model_parts: list[nn.Module]) -> None:
     """After the optimizer step: one all-reduce for all float8 weight scales, instead of one per
     weight during the next forward's all-gather."""
-    if p.converter == "float8" and p.float8_precompute_dynamic_scale_for_fsdp:
+    if p.converter == Converter.float8 and p.float8_precompute_dynamic_scale_for_fsdp:
         from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         for part in model_parts:

@@ -23,52 +23,49 @@ from typing import Any
 import yaml
 from hydra.experimental.callback import Callback
 
-from titan_exp.cache import atomic_write
-from titan_exp.run_dir import RunDir
+from titan_exp.config import layout_label
+from titan_exp.files import atomic_write
+from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 
 logger = logging.getLogger("titan_exp.report")
 
 COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
            "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "status", "reason")
-DONE = ("ok", "failed", "oom", "invalid", "interrupted")
 
 
 def members(sweep: Path) -> list[Path]:
     """The member run dirs of a sweep: the subdirectories Hydra gave a job number."""
-    return sorted((d for d in sweep.iterdir() if (d / ".hydra" / "overrides.yaml").exists()),
-                  key=lambda d: (not d.name.isdigit(), int(d.name) if d.name.isdigit() else d.name))
+    return [run_dir.path for run_dir in sweep_members(sweep)]
 
 
-def _layout(layout: dict[str, int] | None) -> str:
-    if not layout:
-        return ""
-    parts = [f"{name}{degree}" for name, degree in layout.items() if degree > 1]
-    return " x ".join(parts) or "single"
-
-
-def row(run_dir: Path) -> dict[str, Any]:
-    overrides = yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) or []
-    summary = RunDir(run_dir).read_summary() or {"status": "pending"}
-    if RunDir(run_dir).slurm_job.exists():  # a SLURM job: its state may say more than its summary
+def row(path: Path) -> dict[str, Any]:
+    run_dir = RunDir(path)
+    overrides = yaml.safe_load(run_dir.overrides.read_text()) or []
+    summary = run_dir.read_summary() or RunSummary(status=Status.pending)
+    if run_dir.slurm_job.exists():  # a SLURM job: its state may say more than its summary
         from titan_exp.cluster.slurm import refresh
 
-        summary = refresh(RunDir(run_dir)) or summary
-    error = summary.get("error") or ""
+        summary = refresh(run_dir) or summary
+
+    def shown(value: Any) -> Any:
+        return "" if value is None else value
+
+    error = summary.error or ""
     return {
-        "member": run_dir.name,
+        "member": path.name,
         "all_overrides": overrides,
-        "layout": _layout(summary.get("layout")),
-        "precision": summary.get("precision", ""),
-        "compile": summary.get("compile", ""),
-        "activation_checkpoint": summary.get("activation_checkpoint", ""),
-        "world_size": summary.get("world_size", ""),
-        "tokens_per_second_per_device": summary.get("tokens_per_second_per_device"),
-        "mfu": summary.get("mfu"),
-        "peak_memory_gib": summary.get("peak_memory_gib"),
-        "final_loss": summary.get("final_loss"),
-        "status": summary["status"],
+        "layout": layout_label(summary.layout),
+        "precision": shown(summary.precision),
+        "compile": shown(summary.compile),
+        "activation_checkpoint": shown(summary.activation_checkpoint),
+        "world_size": shown(summary.world_size),
+        "tokens_per_second_per_device": summary.tokens_per_second_per_device,
+        "mfu": summary.mfu,
+        "peak_memory_gib": summary.peak_memory_gib,
+        "final_loss": summary.final_loss,
+        "status": summary.status.value,
         "reason": error.splitlines()[0][:300] if error else "",
-        "losses": summary.get("losses", []),
+        "losses": summary.losses or [],
     }
 
 
@@ -175,16 +172,15 @@ def write_report(sweep: Path, *, plots: bool = True) -> list[dict[str, Any]]:
     return rows
 
 
-def sweep_exit_code(rows: list[dict[str, Any]]) -> int:
-    """0 when every member finished ok or is queued/running on SLURM, else 1."""
-    return 0 if rows and all(r["status"] in ("ok", "pending", "running") for r in rows) else 1
+def sweep_exit_code(sweep: Path) -> int:
+    """0 when every member of the sweep finished ok or is queued/running on SLURM, else 1; read
+    from the members' run records, like the report."""
+    statuses = [(r.read_summary() or RunSummary(status=Status.pending)).status for r in sweep_members(sweep)]
+    return 0 if statuses and all(s in (Status.ok, Status.pending, Status.running) for s in statuses) else 1
 
 
 class ReportCallback(Callback):
-    """At the end of a multirun: the report, and one line saying how many members succeeded.
-    `launch.py` exits with `exit_code` afterwards."""
-
-    exit_code = 0
+    """At the end of a multirun: the report, and one line saying how many members succeeded."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
         sweep = Path(config.hydra.sweep.dir)
@@ -193,7 +189,6 @@ class ReportCallback(Callback):
         rows = write_report(sweep)
         ok = counts(rows).get("ok", 0)
         logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally(rows), sweep / "report.md")
-        ReportCallback.exit_code = sweep_exit_code(rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,13 +20,18 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
-from titan_exp.config import CommConfig
+from titan_exp.config import CommConfig, JobConfig, problem
 
 logger = logging.getLogger("titan_exp")
 
 
 GRACE_S = 5
 HEADER = "Timeout ("  # how faulthandler starts its dump
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    return [problem(f"comm.{name}", getattr(job.comm, name), "must be >= 1 (seconds)")
+            for name in ("init_timeout_seconds", "train_timeout_seconds") if getattr(job.comm, name) < 1]
 
 
 def step_deadline(comm: CommConfig, first: bool) -> float:

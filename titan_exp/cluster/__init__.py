@@ -4,35 +4,56 @@
     slurm  a SLURM job through submitit, one task per rank (returns once queued, or waits)
     debug  one rank inside the launching process (breakpoints work)
 
-Each returns None on success (or once queued) or the error text of the first failed rank.
+Each is called as `executor(job, run_dir, in_sweep=...)` and returns None on success (or once
+queued) or the error text of the first failed rank. `in_sweep`: the run is a member of a multirun;
+SLURM then queues it with the sweep's other members as one job array (see cluster.slurm).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Callable, Iterator, Optional
+from typing import Iterator, Optional, Protocol
 
-from titan_exp.config import JobConfig
-from titan_exp.run_dir import RunDir
-
-Executor = Callable[[JobConfig, RunDir], Optional[str]]
+from titan_exp.config import ClusterConfig, Executor as ExecutorName, JobConfig, problem
+from titan_exp.record import RunDir
 
 
-def get_executor(name: str) -> Executor:
-    if name == "local":
+class Executor(Protocol):
+    def __call__(self, job: JobConfig, run_dir: RunDir, *, in_sweep: bool) -> Optional[str]: ...
+
+
+def get_executor(name: ExecutorName) -> Executor:
+    if name == ExecutorName.local:
         from titan_exp.cluster.local import run_local
 
         return run_local
-    if name == "slurm":
+    if name == ExecutorName.slurm:
         from titan_exp.cluster.slurm import run_slurm
 
         return run_slurm
-    if name == "debug":
-        from titan_exp.cluster.debug import run_debug
+    from titan_exp.cluster.debug import run_debug
 
-        return run_debug
-    raise ValueError(f"unknown executor {name!r}")  # validation rejects this earlier
+    return run_debug
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    """Rules of every executor; SLURM's own are in cluster.slurm.preflight.check."""
+    e: list[str] = []
+    c = job.cluster
+    if c.cpu_malloc_mmap_threshold_mib is not None and not 0 <= c.cpu_malloc_mmap_threshold_mib <= 32:
+        e.append(problem("cluster.cpu_malloc_mmap_threshold_mib", c.cpu_malloc_mmap_threshold_mib,
+                         "glibc accepts 0..32 MiB; or null for its default"))
+    if c.nproc_per_node is not None and c.nproc_per_node < 1:
+        e.append(problem("cluster.nproc_per_node", c.nproc_per_node, "must be >= 1, or null to derive it from the degrees"))
+        return e
+    if c.nproc_per_node is None and job.world_size % c.nnodes:
+        e.append(problem("cluster.nnodes", c.nnodes,
+                         f"does not divide the {job.world_size} ranks the degrees need; set cluster.nproc_per_node"))
+    if c.executor == ExecutorName.debug and job.world_size != 1:
+        e.append(problem("cluster.executor", c.executor,
+                         f"runs one rank in-process but the world size is {job.world_size}; use cluster=local"))
+    return e
 
 
 @contextlib.contextmanager
@@ -51,11 +72,13 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def cpu_rank_env(mmap_threshold_mib: int | None) -> dict[str, str]:
-    """Environment of a CPU rank: a fixed glibc mmap threshold. With glibc's default (a threshold
-    that rises to the largest buffer freed, up to 32 MiB), FSDP's per-block all-gather and
-    reduce-scatter buffers come from the heap, fragment it, and a rank's resident memory grows to
-    about twice what it uses (BENCHMARKS.md). The user's own MALLOC_* setting wins."""
-    if mmap_threshold_mib is None or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return {}
-    return {"MALLOC_MMAP_THRESHOLD_": str(mmap_threshold_mib * 2**20)}
+def rank_env(c: ClusterConfig, *, threads: int, gpu: bool) -> dict[str, str]:
+    """Environment of every rank, local or on SLURM: its share of the cores, and on a CPU rank a
+    fixed glibc mmap threshold. With glibc's default (a threshold that rises to the largest buffer
+    freed, up to 32 MiB), FSDP's per-block all-gather and reduce-scatter buffers come from the
+    heap, fragment it, and a rank's resident memory grows to about twice what it uses
+    (BENCHMARKS.md). The user's own MALLOC_* setting wins."""
+    env = {"OMP_NUM_THREADS": str(threads)}
+    if not gpu and c.cpu_malloc_mmap_threshold_mib is not None and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(c.cpu_malloc_mmap_threshold_mib * 2**20)
+    return env

@@ -7,7 +7,7 @@ from typing import Optional
 
 from titan_exp.cluster import scoped_env
 from titan_exp.config import JobConfig
-from titan_exp.run_dir import RunDir
+from titan_exp.record import RunDir
 
 
 def _free_port() -> int:
@@ -16,14 +16,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_debug(job: JobConfig, run_dir: RunDir) -> Optional[str]:
-    from titan_exp import train
+def run_debug(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
+    from titan_exp.train import rank
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
     with scoped_env(**env):
         try:
-            train.main(str(run_dir.path))
+            rank.main(str(run_dir.path))
         except Exception as exc:  # noqa: BLE001 - reported like a failed rank
             return f"rank 0: {type(exc).__name__}: {exc}"
     return None

@@ -9,9 +9,9 @@ import sys
 import uuid
 from typing import Optional
 
-from titan_exp.cluster import cpu_rank_env, scoped_env
+from titan_exp.cluster import rank_env, scoped_env
 from titan_exp.config import JobConfig
-from titan_exp.run_dir import RunDir
+from titan_exp.record import RunDir
 
 
 def threads_per_rank(nproc: int) -> int:
@@ -19,23 +19,15 @@ def threads_per_rank(nproc: int) -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
-def rank_env(job: JobConfig, nproc: int) -> dict[str, str]:
-    """Environment of the local ranks: their share of the cores, and on CPU cpu_rank_env's."""
-    import torch
-
-    env = {"OMP_NUM_THREADS": str(threads_per_rank(nproc))}
-    if not torch.cuda.is_available():
-        env.update(cpu_rank_env(job.cluster.cpu_malloc_mmap_threshold_mib))
-    return env
-
-
-def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
+def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    import torch
+
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
-    nproc = job.cluster.nnodes * job.cluster.nproc_per_node
+    nproc = job.world_size
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -48,8 +40,8 @@ def run_local(job: JobConfig, run_dir: RunDir) -> Optional[str]:
         start_method="spawn",
     )
     try:
-        with scoped_env(**rank_env(job, nproc)):
-            elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train", str(run_dir.path))
+        with scoped_env(**rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=torch.cuda.is_available())):
+            elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train.rank", str(run_dir.path))
     except SignalException as exc:
         # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
         # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).

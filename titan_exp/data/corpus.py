@@ -14,7 +14,8 @@ import json
 import random
 from pathlib import Path
 
-from titan_exp.cache import atomic_write, cache_dir
+from titan_exp.cache import cache_dir
+from titan_exp.files import atomic_write
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 

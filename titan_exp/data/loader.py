@@ -19,27 +19,9 @@ from typing import Any, Iterator
 
 import torch
 
-from titan_exp.config import DataConfig
 from titan_exp.data.corpus import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-HUB_ALIASES = {"c4": ("allenai/c4", "en"), "c4_test": ("allenai/c4", "en")}
-
-
-def open_dataset(cfg: DataConfig):
-    """A streaming `datasets.IterableDataset` of documents; local files need no network."""
-    import datasets
-
-    if cfg.dataset in ("pydoc_topics", "json"):
-        return datasets.load_dataset("json", data_files=cfg.path, split="train", streaming=True)
-    if cfg.dataset == "text":
-        return datasets.load_dataset(
-            "text", data_files=cfg.path, split="train", streaming=True, sample_by="document"
-        )
-    name, subset = HUB_ALIASES.get(cfg.dataset, (cfg.dataset, None))
-    return datasets.load_dataset(name, subset, split="train", streaming=True)
-
 
 class PackedLoader:
     def __init__(

@@ -17,15 +17,35 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_exp.config import ModelConfig
+from titan_exp.config import JobConfig, ModelConfig, problem
 
 
-def ffn_hidden_dim(cfg: ModelConfig) -> int:
-    """Llama's SwiGLU width: 2/3 of 4*dim, scaled, rounded up to `multiple_of`."""
-    hidden = int(2 * 4 * cfg.dim / 3)
-    if cfg.ffn_dim_multiplier is not None:
-        hidden = int(cfg.ffn_dim_multiplier * hidden)
-    return cfg.multiple_of * ((hidden + cfg.multiple_of - 1) // cfg.multiple_of)
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    """Shapes Llama can be built with. (The vocabulary against the tokenizer is checked once the
+    tokenizer exists: `check_vocab`.)"""
+    e: list[str] = []
+    m = job.model
+    if m.dim % m.n_heads:
+        e.append(problem("model.dim", m.dim, f"must be divisible by model.n_heads = {m.n_heads}"))
+    elif m.head_dim % 2:
+        e.append(problem("model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE"))
+    if m.kv_heads < 1 or m.n_heads % m.kv_heads:
+        e.append(problem("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads = {m.n_heads}"))
+    for name in ("norm_eps", "rope_theta"):
+        if not getattr(m, name) > 0:
+            e.append(problem(f"model.{name}", getattr(m, name), "must be > 0"))
+    if m.ffn_dim_multiplier is not None and not m.ffn_dim_multiplier > 0:
+        e.append(problem("model.ffn_dim_multiplier", m.ffn_dim_multiplier, "must be > 0, or null"))
+    if job.training.seq_len > m.max_seq_len:
+        e.append(problem("training.seq_len", job.training.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}"))
+    return e
+
+
+def check_vocab(cfg: ModelConfig, tokenizer_vocab: int) -> list[str]:
+    if tokenizer_vocab > cfg.vocab_size:
+        return [problem("model.vocab_size", cfg.vocab_size,
+                        f"smaller than the tokenizer's vocabulary ({tokenizer_vocab}); set it to at least that")]
+    return []
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,8 +71,8 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
-        self.n_kv_heads = cfg.n_kv_heads or cfg.n_heads
-        self.head_dim = cfg.dim // cfg.n_heads
+        self.n_kv_heads = cfg.kv_heads
+        self.head_dim = cfg.head_dim
         self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
@@ -102,7 +122,7 @@ class TransformerBlock(nn.Module):
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.dim, ffn_hidden_dim(cfg))
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
@@ -117,7 +137,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if cfg.tie_word_embeddings:
@@ -141,7 +161,7 @@ class Transformer(nn.Module):
         PP therefore starts from exactly the weights of the single-process model."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        cos, sin = rope_tables(self.cfg.dim // self.cfg.n_heads, self.cfg.max_seq_len, self.cfg.rope_theta)
+        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
         # Assigned, not copied: the tables stay fp32 even when the parameters are bf16.
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         for name, param in self.named_parameters():
@@ -179,18 +199,6 @@ def _init_param(name: str, t: torch.Tensor, cfg: ModelConfig, gen: torch.Generat
         raise ValueError(f"no init rule for parameter {name!r}")
 
 
-def count_params(cfg: ModelConfig) -> tuple[int, int]:
-    """(total, embedding) parameter counts, computed from the shapes without building the model."""
-    head_dim = cfg.dim // cfg.n_heads
-    kv = cfg.n_kv_heads or cfg.n_heads
-    attn = cfg.dim * head_dim * (2 * cfg.n_heads + 2 * kv)
-    ffn = 3 * cfg.dim * ffn_hidden_dim(cfg)
-    per_layer = attn + ffn + 2 * cfg.dim
-    embedding = cfg.vocab_size * cfg.dim
-    output = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.dim
-    return embedding + cfg.n_layers * per_layer + cfg.dim + output, embedding
-
-
 def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     """Training FLOPs per token, TorchTitan's count:
         6 * (N - N_embedding) + 6 * n_layers * n_heads * (2 * head_dim) * seq_len
@@ -198,7 +206,5 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     lookup, not a matmul. The second is the attention scores and the weighted sum of values
     (QK^T and PV, 2 * head_dim multiply-adds per head, position and layer), without a causal
     discount. With tied embeddings the shared matrix is counted once, as the output matmul."""
-    total, embedding = count_params(cfg)
-    dense = total - embedding if not cfg.tie_word_embeddings else total
-    head_dim = cfg.dim // cfg.n_heads
-    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * head_dim) * seq_len
+    dense = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.embedding_params)
+    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * seq_len

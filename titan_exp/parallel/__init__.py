@@ -8,7 +8,7 @@ import logging
 
 from torch import nn
 
-from titan_exp.config import JobConfig
+from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.activation_checkpoint import apply_ac
 from titan_exp.parallel.compile import apply_compile
 from titan_exp.parallel.context import apply_cp
@@ -24,10 +24,10 @@ def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
     return dims.tp > 1 and not job.parallelism.disable_loss_parallel
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, mesh, job: JobConfig) -> None:
+def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
     p = job.precision
     if dims.tp > 1:
-        tp_mesh = dims.submesh(mesh, "tp")
+        tp_mesh = dims.mesh("tp")
         # torchao's float8 TP styles all-gather in float8, which gloo cannot carry; there the
         # collectives stay in high precision and only the matmuls are float8.
         float8_collectives = p.converter == "float8" and p.float8_recipe == "tensorwise"
@@ -38,21 +38,19 @@ def parallelize(model: nn.Module, dims: ParallelDims, mesh, job: JobConfig) -> N
         if job.parallelism.enable_async_tensor_parallel:
             enable_async_tp(tp_mesh)
     if dims.cp > 1:
-        apply_cp(model, dims.submesh(mesh, "cp"), job.training.seq_len)
-    if job.activation_checkpoint.mode != "none":
+        apply_cp(model, dims.mesh("cp"), job.training.seq_len)
+    if job.activation_checkpoint.mode != ACMode.none:
         apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
     if job.compile.enable:
-        apply_compile(model, job.compile.backend, job.compile.fullgraph)
+        apply_compile(model, job.compile.backend.value, job.compile.fullgraph)
     if dims.fsdp_enabled:
-        shard = "dp_shard_cp" if dims.cp > 1 and dims.dp_shard > 1 else ("cp" if dims.dp_shard == 1 else "dp_shard")
-        dp_mesh = mesh[("dp_replicate", shard)] if dims.dp_replicate > 1 else mesh[shard]
         apply_fsdp(
             model,
-            dp_mesh,
+            dims.mesh("fsdp"),
             param_dtype=fsdp_param_dtype(p),
             reduce_dtype=DTYPES[p.reduce_dtype],
             reshard_mode=job.parallelism.fsdp_reshard_after_forward,
             pp_enabled=dims.pp > 1,
         )
     elif dims.dp_replicate > 1:
-        apply_ddp(model, dims.submesh(mesh, "dp_replicate"))
+        apply_ddp(model, dims.mesh("replicate"))

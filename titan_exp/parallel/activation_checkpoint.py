@@ -16,6 +16,17 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from titan_exp.config import ACMode, JobConfig, problem
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    ac = job.activation_checkpoint
+    option = ac.selective_ac_option
+    if ac.mode == ACMode.selective and option != "op" and not (option.isdigit() and int(option) >= 1):
+        return [problem("activation_checkpoint.selective_ac_option", option,
+                        "'op' for the per-op policy or a positive integer N to checkpoint every Nth block")]
+    return []
+
 _ops = torch.ops.aten
 # Attention kernels differ by device: the CPU one is its own op, not the CUDA names.
 SAVE_ALWAYS = {
@@ -45,9 +56,9 @@ def _op_policy():
     return selective_context
 
 
-def apply_ac(model: nn.Module, mode: str, option: str) -> None:
+def apply_ac(model: nn.Module, mode: ACMode, option: str) -> None:
     for name, block in list(model.layers.items()):
-        if mode == "full":
+        if mode == ACMode.full:
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
         elif option == "op":
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_op_policy())

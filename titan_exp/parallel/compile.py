@@ -12,13 +12,18 @@ import hashlib
 import json
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from torch import nn
 
-from titan_exp.config import JobConfig
 from titan_exp.cache import cache_dir
+from titan_exp.config import JobConfig, problem, to_plain
 
-BACKENDS = ("inductor", "aot_eager", "eager")
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    if job.compile.enable and job.parallelism.tensor_parallel_degree > 1 and not cuda:
+        return [problem("compile.enable", True,
+                        "with tensor_parallel_degree > 1 it fails on CPU in torch 2.13 (a DTensor redistribute's "
+                        "backward receives a plain tensor); compile without TP, or run TP eager")]
+    return []
 
 
 def apply_compile(model: nn.Module, backend: str, fullgraph: bool) -> None:
@@ -28,7 +33,7 @@ def apply_compile(model: nn.Module, backend: str, fullgraph: bool) -> None:
 
 def compile_key(job: JobConfig) -> dict:
     """The config fields that change compiled graphs."""
-    node = OmegaConf.to_container(OmegaConf.structured(job))
+    node = to_plain(job)
     return {k: node[k] for k in ("model", "parallelism", "precision", "activation_checkpoint", "compile")} | {
         "seq_len": job.training.seq_len,
         "local_batch_size": job.training.local_batch_size,

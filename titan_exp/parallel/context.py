@@ -23,6 +23,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from titan_exp.config import JobConfig, problem
+
+
+def check(job: JobConfig, dims, cuda: bool) -> list[str]:
+    """Each sequence is cut into 2 x cp load-balanced chunks."""
+    seq_len = job.training.seq_len
+    if dims.cp > 1 and seq_len % (2 * dims.cp):
+        return [problem("parallelism.context_parallel_degree", dims.cp,
+                        f"training.seq_len = {seq_len} must be divisible by 2 x cp = {2 * dims.cp} (load-balanced chunks)")]
+    return []
+
 
 def positions(seq_len: int, cp_rank: int, cp: int) -> torch.Tensor:
     """Global positions held by `cp_rank`: chunks r and 2cp-1-r of 2cp equal chunks."""

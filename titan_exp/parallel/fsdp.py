@@ -6,7 +6,29 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+from titan_exp.config import JobConfig, problem
+
 RESHARD_MODES = ("default", "always", "never")
+
+
+def check(job: JobConfig, dims, cuda: bool) -> list[str]:
+    """The reshard mode, and which data-parallel flavours compose with TP/PP."""
+    e: list[str] = []
+    mode = job.parallelism.fsdp_reshard_after_forward
+    if mode.isdigit():
+        group = dims.dp_shard * dims.cp
+        if not (1 < int(mode) < group and group % int(mode) == 0):
+            e.append(problem("parallelism.fsdp_reshard_after_forward", mode,
+                             f"an integer must be a proper divisor (> 1) of the FSDP group size {group}; "
+                             f"or choose one of {', '.join(RESHARD_MODES)}"))
+    elif mode not in RESHARD_MODES:
+        e.append(problem("parallelism.fsdp_reshard_after_forward", mode,
+                         f"choose one of {', '.join(RESHARD_MODES)} or an integer group size"))
+    if dims.dp_replicate > 1 and not dims.fsdp_enabled and (dims.tp > 1 or dims.pp > 1):
+        e.append(problem("parallelism.data_parallel_replicate_degree", dims.dp_replicate,
+                         "replicate-only data parallel (DDP) does not compose with TP/PP; "
+                         "shard too (data_parallel_shard_degree > 1, i.e. HSDP) or use FSDP"))
+    return e
 
 
 def reshard_after_forward(mode: str, pp_enabled: bool, last_block: bool) -> bool | int:

@@ -18,12 +18,13 @@ from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules
 
-from titan_exp.config import ParallelismConfig
+from titan_exp.config import JobConfig, ParallelismConfig, PipelineSchedule, problem
 
+# The schedules (PipelineSchedule, in the schema) by how many stages a rank holds.
 SINGLE_STAGE = ("GPipe", "1F1B")
 LOOPED = ("Interleaved1F1B", "LoopedBFS", "InterleavedZeroBubble")
 V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
-SCHEDULES = SINGLE_STAGE + LOOPED + V_SHAPED
+assert {s.value for s in PipelineSchedule} == set(SINGLE_STAGE + LOOPED + V_SHAPED)
 
 
 def stages_per_rank(p: ParallelismConfig, n_layers: int) -> int:
@@ -34,6 +35,57 @@ def stages_per_rank(p: ParallelismConfig, n_layers: int) -> int:
     if p.pipeline_parallel_stages_per_rank is not None:
         return p.pipeline_parallel_stages_per_rank
     return 1 if p.pipeline_parallel_schedule in SINGLE_STAGE else 2
+
+
+def check(job: JobConfig, dims, cuda: bool) -> list[str]:
+    """Stages, schedule and microbatches must fit the model and the batch."""
+    if dims.pp == 1:
+        return []
+    e: list[str] = []
+    p, m, t = job.parallelism, job.model, job.training
+    sched = p.pipeline_parallel_schedule
+    lps = p.pipeline_parallel_layers_per_stage
+    if lps is not None:
+        if lps < 1 or m.n_layers % lps:
+            return [problem("parallelism.pipeline_parallel_layers_per_stage", lps, f"must divide model.n_layers = {m.n_layers}")]
+        if (m.n_layers // lps) % dims.pp:
+            return [problem("parallelism.pipeline_parallel_layers_per_stage", lps,
+                            f"gives {m.n_layers // lps} stages, not a multiple of pipeline_parallel_degree = {dims.pp}")]
+        spr = p.pipeline_parallel_stages_per_rank
+        if spr is not None and spr != m.n_layers // lps // dims.pp:
+            return [problem("parallelism.pipeline_parallel_stages_per_rank", spr,
+                            f"contradicts layers_per_stage = {lps} ({m.n_layers // lps // dims.pp} per rank); set only one")]
+    per_rank = stages_per_rank(p, m.n_layers)
+    if sched in SINGLE_STAGE and per_rank != 1:
+        e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank,
+                         f"{sched} runs one stage per rank; set it to 1 (or null) or pick a looped schedule"))
+    if sched in V_SHAPED and per_rank != 2:
+        e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs exactly 2 (a V)"))
+    if sched in LOOPED and per_rank < 2:
+        e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs >= 2 stages per rank"))
+    stages = dims.pp * per_rank
+    if stages > m.n_layers:
+        e.append(problem("parallelism.pipeline_parallel_degree", dims.pp,
+                         f"{dims.pp} ranks x {per_rank} stages = {stages} stages but model.n_layers = {m.n_layers}; "
+                         "every stage needs a block"))
+    mbs = p.pipeline_parallel_microbatch_size
+    if t.local_batch_size % mbs:
+        e.append(problem("parallelism.pipeline_parallel_microbatch_size", mbs,
+                         f"must divide training.local_batch_size = {t.local_batch_size}"))
+    else:
+        n_mb = t.local_batch_size // mbs
+        if sched not in SINGLE_STAGE and n_mb % dims.pp:
+            e.append(problem("training.local_batch_size", t.local_batch_size,
+                             f"{sched} needs the microbatch count ({n_mb}) to be a multiple of pipeline_parallel_degree "
+                             f"= {dims.pp}; raise local_batch_size or lower pipeline_parallel_microbatch_size"))
+        elif n_mb < dims.pp:
+            e.append(problem("training.local_batch_size", t.local_batch_size,
+                             f"gives {n_mb} microbatches for {dims.pp} pipeline ranks; need at least one per rank"))
+    if m.tie_word_embeddings:
+        e.append(problem("model.tie_word_embeddings", True,
+                         "tied embeddings span the first and last stage, which pipeline parallel does not support "
+                         "yet; untie them (model.tie_word_embeddings=false) or use another layout"))
+    return e
 
 
 def stage_ids(schedule: str, pp_rank: int, pp: int, per_rank: int) -> list[int]:

@@ -18,6 +18,33 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from titan_exp.config import JobConfig, problem
+
+
+def check(job: JobConfig, dims, cuda: bool) -> list[str]:
+    """The TP degree must divide every sharded size; async TP needs CUDA, compile and TP."""
+    e: list[str] = []
+    m = job.model
+    if dims.tp > 1:
+        for field, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
+                             ("ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier)", m.ffn_hidden_dim),
+                             ("the sequence per rank (training.seq_len / cp, sequence parallel)",
+                              job.training.seq_len // dims.cp)):
+            if value % dims.tp:
+                e.append(problem("parallelism.tensor_parallel_degree", dims.tp,
+                                 f"does not divide {field} = {value}; pick a degree that does"))
+    if job.parallelism.enable_async_tensor_parallel:
+        why = []
+        if not cuda:
+            why.append("needs CUDA (torch skips the fused collective-matmul passes without NCCL, so it would do nothing)")
+        if not job.compile.enable:
+            why.append("needs compile.enable=true (it is a torch.compile pass)")
+        if dims.tp == 1:
+            why.append("needs tensor_parallel_degree > 1")
+        if why:
+            e.append(problem("parallelism.enable_async_tensor_parallel", True, "; ".join(why)))
+    return e
+
 
 def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = False) -> None:
     """`float8`: the block linears are tensorwise float8; their styles then all-gather and

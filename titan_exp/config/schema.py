@@ -1,78 +1,177 @@
-"""Typed schemas for every config group.
+"""Typed schemas for every config group, and the values derived from them.
 
 Each group is a dataclass registered in Hydra's ConfigStore; the YAML presets in `conf/` only
-change values, so a typo or a value of the wrong type is rejected by OmegaConf at compose time.
-Every field carries a one-line doc (``metadata["doc"]``) that `python launch.py --help` prints.
-Semantic checks (ranges, choices, cross-field rules) live in `titan_exp.validation`.
+change values, so a typo, a value of the wrong type or a choice that is not on the list is
+rejected by OmegaConf at composition, naming the field and the choices. Every field carries a
+one-line doc (``metadata["doc"]``) that `python launch.py --help` prints, and counts carry their
+lower bound (``metadata["min"]``), checked first by `titan_exp.config.validate`. Cross-field
+rules live with the component they configure (its `check`), which `validate` gathers.
+
+A derived value has one home, here: head_dim, kv heads, the SwiGLU width and parameter counts on
+ModelConfig; the degrees, their product and the layout label on ParallelismConfig; the world
+size on JobConfig.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import enum
+import math
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Dict, List, Optional
-
-from omegaconf import DictConfig, OmegaConf
+from typing import Any, Dict, List, Mapping, Optional
 
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
-SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+class Choice(str, enum.Enum):
+    """A config choice: a string enum whose members are spelled as the user types them, so the
+    value compares, hashes, formats and serialises as that string."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
-def sweep_groups() -> dict[str, Path]:
-    """Groups selected with `+group=name`: named sweeps, the ladder's rungs, the planner's layouts."""
-    return {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}
+def choices(name: str, values: str) -> Any:
+    """A Choice enum whose member names are its values (they may be keywords or start with a
+    digit, like `async` or `1F1B`, which a class body cannot spell)."""
+    return Choice(name, [(v, v) for v in values.split()], module=__name__, qualname=name)
 
 
-def doc(default: Any, text: str) -> Any:
-    """A dataclass field with a default and a one-line description."""
+ModelFamily = choices("ModelFamily", "llama3")
+PipelineSchedule = choices(
+    "PipelineSchedule", "GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble DualPipeV")
+DType = choices("DType", "float32 bfloat16")
+Converter = choices("Converter", "none float8 mxfp8")
+Float8Recipe = choices("Float8Recipe", "tensorwise rowwise rowwise_with_gw_hp")
+# torchao's MXFP8TrainingRecipe values, listed here so composing a config need not import torchao
+# (~4 s); a test keeps the two in step.
+MXRecipe = choices("MXRecipe", "mxfp8_rceil mxfp8_rceil_wgrad_with_hp mxfp8_emulated_rceil")
+CompileBackend = choices("CompileBackend", "inductor aot_eager eager")
+ACMode = choices("ACMode", "none full selective")
+AsyncMode = choices("AsyncMode", "disabled async async_with_pinned_mem")
+CheckpointPart = choices("CheckpointPart", "model optimizer lr_scheduler dataloader train_state rng")
+ExportDType = choices("ExportDType", "float32 bfloat16 float16")
+ExportFormat = choices("ExportFormat", "safetensors pt")
+SaveReplicas = choices("SaveReplicas", "all first")
+Executor = choices("Executor", "local slurm debug")
+OnNonfinite = choices("OnNonfinite", "stop skip")
+OptimizerName = choices("OptimizerName", "AdamW Adam")
+DecayType = choices("DecayType", "linear sqrt cosine")
+WandbMode = choices("WandbMode", "online offline")
+
+# The mesh dimensions, outermost to innermost (TP innermost keeps its collectives on the fastest
+# links), and the ParallelismConfig field that sets each one's degree.
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+DEGREE_FIELDS = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
+                 "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree",
+                 "tp": "tensor_parallel_degree"}
+
+
+def doc(default: Any, text: str, *, min: int | None = None) -> Any:  # noqa: A002 - reads as the bound
+    """A dataclass field with a default, a one-line description and, for counts, a lower bound."""
+    meta = {"doc": text, **({"min": min} if min is not None else {})}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"doc": text})
-    return field(default=default, metadata={"doc": text})
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def problem(field_name: str, value: Any, text: str) -> str:
+    """One validation message: `field = value: what is wrong; how to fix it`."""
+    if isinstance(value, Choice):
+        value = value.value
+    return f"{field_name} = {value!r}: {text}"
+
+
+def layout_label(degrees: Mapping[str, int] | None) -> str:
+    """'pp2 x dp_shard2 x tp2', 'single' for one rank ('' when unknown): in logs, reports and plans."""
+    if not degrees:
+        return ""
+    return " x ".join(f"{name}{d}" for name, d in degrees.items() if d > 1) or "single"
 
 
 @dataclass
 class ModelConfig:
     """Llama 3 shapes. Presets in conf/model/ carry the published shapes of each flavor."""
 
-    name: str = doc("llama3", "model family; only 'llama3' is implemented")
+    name: ModelFamily = doc(ModelFamily.llama3, "model family")
     flavor: str = doc("debugmodel", "preset name, recorded in the run summary")
-    dim: int = doc(256, "hidden size")
-    n_layers: int = doc(6, "number of transformer blocks")
-    n_heads: int = doc(16, "attention (query) heads")
+    dim: int = doc(256, "hidden size", min=1)
+    n_layers: int = doc(6, "number of transformer blocks", min=1)
+    n_heads: int = doc(16, "attention (query) heads", min=1)
     n_kv_heads: Optional[int] = doc(None, "key/value heads for GQA; null = n_heads")
-    vocab_size: int = doc(2048, "embedding rows; must be >= the tokenizer's vocabulary")
-    multiple_of: int = doc(256, "SwiGLU hidden size is rounded up to a multiple of this")
+    vocab_size: int = doc(2048, "embedding rows; must be >= the tokenizer's vocabulary", min=1)
+    multiple_of: int = doc(256, "SwiGLU hidden size is rounded up to a multiple of this", min=1)
     ffn_dim_multiplier: Optional[float] = doc(None, "scales the SwiGLU hidden size (Llama 3: 1.3 for 8B/70B)")
     norm_eps: float = doc(1e-5, "RMSNorm epsilon")
     rope_theta: float = doc(500000.0, "RoPE base frequency")
-    max_seq_len: int = doc(2048, "longest sequence the model accepts (RoPE table size)")
+    max_seq_len: int = doc(2048, "longest sequence the model accepts (RoPE table size)", min=1)
     tie_word_embeddings: bool = doc(False, "share the embedding and output matrices (Llama 3.2 1B/3B)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
+
+    @property
+    def ffn_hidden_dim(self) -> int:
+        """Llama's SwiGLU width: 2/3 of 4*dim, scaled, rounded up to `multiple_of`."""
+        hidden = int(2 * 4 * self.dim / 3)
+        if self.ffn_dim_multiplier is not None:
+            hidden = int(self.ffn_dim_multiplier * hidden)
+        return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
+
+    @property
+    def block_params(self) -> int:
+        """Parameters of one transformer block: q/k/v/o projections, SwiGLU, two norms."""
+        attention = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.kv_heads)
+        return attention + 3 * self.dim * self.ffn_hidden_dim + 2 * self.dim
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.dim
+
+    @property
+    def output_params(self) -> int:
+        """The final norm and the output projection (nothing new when tied to the embedding)."""
+        return self.dim + (0 if self.tie_word_embeddings else self.vocab_size * self.dim)
+
+    @property
+    def num_params(self) -> int:
+        return self.embedding_params + self.n_layers * self.block_params + self.output_params
 
 
 @dataclass
 class ParallelismConfig:
     """Degrees of the named DeviceMesh (pp, dp_replicate, dp_shard, cp, tp); TorchTitan's names."""
 
-    data_parallel_replicate_degree: int = doc(1, "replicas (DDP, or the outer dim of HSDP)")
+    data_parallel_replicate_degree: int = doc(1, "replicas (DDP, or the outer dim of HSDP)", min=1)
     data_parallel_shard_degree: int = doc(-1, "FSDP shards; -1 = the rest of the world size")
-    tensor_parallel_degree: int = doc(1, "tensor parallel degree (with sequence parallel)")
-    pipeline_parallel_degree: int = doc(1, "pipeline stages across ranks")
-    pipeline_parallel_schedule: str = doc(
-        "1F1B", "GPipe | 1F1B | Interleaved1F1B | LoopedBFS | InterleavedZeroBubble | ZBVZeroBubble | DualPipeV"
-    )
-    pipeline_parallel_microbatch_size: int = doc(1, "sequences per pipeline microbatch")
+    tensor_parallel_degree: int = doc(1, "tensor parallel degree (with sequence parallel)", min=1)
+    pipeline_parallel_degree: int = doc(1, "pipeline stages across ranks", min=1)
+    pipeline_parallel_schedule: PipelineSchedule = doc(PipelineSchedule["1F1B"], "torch.distributed.pipelining schedule")
+    pipeline_parallel_microbatch_size: int = doc(1, "sequences per pipeline microbatch", min=1)
     pipeline_parallel_stages_per_rank: Optional[int] = doc(
         None, "stages each pipeline rank holds; null = from layers_per_stage, else 1 (2 for looped/V schedules)"
     )
     pipeline_parallel_layers_per_stage: Optional[int] = doc(
         None, "transformer blocks per stage; sets the stage count to n_layers / this (null = split evenly)"
     )
-    context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)")
+    context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)", min=1)
     fsdp_reshard_after_forward: str = doc("default", "default | always | never | N (reshard to groups of N ranks)")
     enable_async_tensor_parallel: bool = doc(False, "fuse TP collectives with matmuls (CUDA + compile)")
     disable_loss_parallel: bool = doc(False, "gather logits before the loss instead of a parallel loss")
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        """Mesh dim -> degree as configured (dp_shard may be -1: the rest of the world)."""
+        return {dim: getattr(self, name) for dim, name in DEGREE_FIELDS.items()}
+
+    @property
+    def known_degree(self) -> int:
+        """The product of every degree but dp_shard's."""
+        return math.prod(d for dim, d in self.degrees.items() if dim != "dp_shard")
 
 
 @dataclass
@@ -80,16 +179,16 @@ class PrecisionConfig:
     """Numeric formats: mixed precision, and low-precision linears through torchao."""
 
     name: str = doc("fp32", "preset name, recorded in the run summary")
-    param_dtype: str = doc("float32", "compute dtype of parameters: float32 | bfloat16")
-    reduce_dtype: str = doc("float32", "dtype of gradient reduction: float32 | bfloat16")
+    param_dtype: DType = doc(DType.float32, "compute dtype of parameters")
+    reduce_dtype: DType = doc(DType.float32, "dtype of gradient reduction")
     full_bf16: bool = doc(False, "keep parameters and optimizer state in bf16 too (no fp32 master weights)")
-    converter: str = doc("none", "none | float8 | mxfp8: swap linears for torchao low-precision training ones")
-    float8_recipe: str = doc("tensorwise", "tensorwise | rowwise | rowwise_with_gw_hp")
+    converter: Converter = doc(Converter.none, "swap linears for torchao's low-precision training ones")
+    float8_recipe: Float8Recipe = doc(Float8Recipe.tensorwise, "torchao float8 scaling recipe")
     float8_enable_fsdp_all_gather: bool = doc(False, "all-gather FSDP shards in float8 (tensorwise only)")
     float8_precompute_dynamic_scale_for_fsdp: bool = doc(
         False, "one all-reduce for every weight's float8 scale after each step (needs float8 all-gather)"
     )
-    mx_recipe: str = doc("mxfp8_emulated_rceil", "torchao MXFP8 training recipe: mxfp8_rceil | mxfp8_emulated_rceil | ...")
+    mx_recipe: MXRecipe = doc(MXRecipe.mxfp8_emulated_rceil, "torchao MXFP8 training recipe")
     filter_fqns: List[str] = doc(["output"], "linears whose name contains one of these stay in high precision")
     emulate: Optional[bool] = doc(None, "emulate low-precision matmuls; null = when the device lacks them")
 
@@ -97,13 +196,13 @@ class PrecisionConfig:
 @dataclass
 class CompileConfig:
     enable: bool = doc(False, "torch.compile each transformer block (and the loss)")
-    backend: str = doc("inductor", "torch.compile backend: inductor | aot_eager | eager")
+    backend: CompileBackend = doc(CompileBackend.inductor, "torch.compile backend")
     fullgraph: bool = doc(True, "fail on graph breaks instead of silently splitting a block")
 
 
 @dataclass
 class ActivationCheckpointConfig:
-    mode: str = doc("none", "none | full (every block) | selective")
+    mode: ACMode = doc(ACMode.none, "none, full (every block) or selective")
     selective_ac_option: str = doc("op", "'op' (per-op save policy) or an integer N (checkpoint every Nth block)")
 
 
@@ -114,22 +213,18 @@ class CheckpointConfig:
     enable: bool = doc(False, "save checkpoints; a relaunch with the same run dir resumes from the latest")
     folder: str = doc("checkpoints", "checkpoint folder; a relative path is inside the run dir")
     interval: int = doc(500, "save every this many steps, and at the last step")
-    async_mode: str = doc("disabled", "disabled | async (written by a background thread) | async_with_pinned_mem (CUDA)")
+    async_mode: AsyncMode = doc(AsyncMode.disabled, "async: written by a background thread; async_with_pinned_mem: CUDA")
     keep_latest_k: int = doc(0, "keep only the k newest complete checkpoints; 0 = keep all")
     load_step: int = doc(-1, "step to resume from; -1 = the latest complete checkpoint")
-    exclude_from_loading: List[str] = doc(
-        [], "parts not restored: model, optimizer, lr_scheduler, dataloader, train_state, rng"
-    )
+    exclude_from_loading: List[CheckpointPart] = doc([], "parts not restored")
     initial_load_path: Optional[str] = doc(None, "a step-N checkpoint to start from when the run dir has none of its own")
     initial_load_model_only: bool = doc(True, "take only the model weights from initial_load_path")
     last_save_model_only: bool = doc(False, "the checkpoint at the last step holds the model alone, in export_dtype")
-    export_dtype: str = doc("float32", "dtype of model-only checkpoints and exports: float32 | bfloat16 | float16")
-    export_format: Optional[str] = doc(
-        None, "after training, write <run dir>/export/model.<ext>: safetensors | pt; null = no export"
-    )
+    export_dtype: ExportDType = doc(ExportDType.float32, "dtype of model-only checkpoints and exports")
+    export_format: Optional[ExportFormat] = doc(None, "after training, write <run dir>/export/model.<ext>; null = no export")
     create_seed_checkpoint: bool = doc(False, "write the initial weights as step-0 (model only) and stop")
-    hsdp_save_replicas: str = doc(
-        "all", "with data-parallel replicas: all (every rank writes, DCP de-duplicates) | first (only the first replica writes)"
+    hsdp_save_replicas: SaveReplicas = doc(
+        SaveReplicas.all, "with data-parallel replicas: all (every rank writes, DCP de-duplicates) or first (only the first replica writes)"
     )
 
 
@@ -138,8 +233,8 @@ class ClusterConfig:
     """Where the ranks run. The SLURM fields (cluster=slurm) take the names and meanings of
     hydra-submitit-launcher's, which map onto sbatch options."""
 
-    executor: str = doc("local", "local (processes on this machine) | slurm (a job through submitit) | debug (one rank in-process)")
-    nnodes: int = doc(1, "nodes; local runs put every node's ranks on this machine")
+    executor: Executor = doc(Executor.local, "local (processes on this machine), slurm (a job through submitit) or debug (one rank in-process)")
+    nnodes: int = doc(1, "nodes; local runs put every node's ranks on this machine", min=1)
     nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need (slurm: gpus_per_node when set)")
     cpu_malloc_mmap_threshold_mib: Optional[int] = doc(
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
@@ -179,16 +274,16 @@ class DataConfig:
 
 @dataclass
 class TrainingConfig:
-    steps: int = doc(40, "optimizer steps")
-    local_batch_size: int = doc(8, "sequences per rank per forward/backward (micro) batch")
+    steps: int = doc(40, "optimizer steps", min=1)
+    local_batch_size: int = doc(8, "sequences per rank per forward/backward (micro) batch", min=1)
     global_batch_size: int = doc(-1, "sequences per step across data parallel ranks; -1 = local x dp")
-    seq_len: int = doc(128, "tokens per sequence")
+    seq_len: int = doc(128, "tokens per sequence", min=1)
     max_norm: float = doc(1.0, "gradient clipping norm; 0 disables clipping")
     seed: int = doc(42, "seed for weights and every random op")
     deterministic: bool = doc(False, "torch.use_deterministic_algorithms(True)")
-    on_nonfinite: str = doc(
-        "stop", "a step whose loss or gradients are NaN/Inf: stop (fail naming the step; the last checkpoint "
-        "stays the latest) | skip (no update for that step, logged; stops after 10 in a row)"
+    on_nonfinite: OnNonfinite = doc(
+        OnNonfinite.stop, "a step whose loss or gradients are NaN/Inf: stop (fail naming the step; the last "
+        "checkpoint stays the latest) or skip (no update for that step, logged; stops after 10 in a row)"
     )
 
 
@@ -204,7 +299,7 @@ class CommConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: str = doc("AdamW", "AdamW | Adam")
+    name: OptimizerName = doc(OptimizerName.AdamW, "optimizer class")
     lr: float = doc(8e-4, "peak learning rate")
     beta1: float = doc(0.9, "Adam beta1")
     beta2: float = doc(0.95, "Adam beta2")
@@ -218,17 +313,17 @@ class LRSchedulerConfig:
 
     warmup_steps: int = doc(2, "linear warmup steps")
     decay_ratio: Optional[float] = doc(None, "fraction of steps spent decaying; null = decay after warmup")
-    decay_type: str = doc("linear", "linear | sqrt | cosine")
+    decay_type: DecayType = doc(DecayType.linear, "shape of the decay")
     min_lr_factor: float = doc(0.0, "final lr as a fraction of the peak")
 
 
 @dataclass
 class MetricsConfig:
-    log_freq: int = doc(5, "log metrics every this many steps")
+    log_freq: int = doc(5, "log metrics every this many steps", min=1)
     enable_tensorboard: bool = doc(False, "write TensorBoard events to <run dir>/tb")
     enable_wandb: bool = doc(False, "log to Weights & Biases")
     wandb_project: str = doc("titan_exp", "wandb project")
-    wandb_mode: str = doc("offline", "online | offline (offline needs no network)")
+    wandb_mode: WandbMode = doc(WandbMode.offline, "offline needs no network")
     peak_tflops: Optional[float] = doc(
         None, "per-device peak for MFU; null = looked up by GPU name, or on CPU measured at launch and shared by the ranks"
     )
@@ -253,64 +348,15 @@ class JobConfig:
     comm: CommConfig = field(default_factory=CommConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
-
-GROUPS = {
-    "model": ModelConfig,
-    "parallelism": ParallelismConfig,
-    "precision": PrecisionConfig,
-    "checkpoint": CheckpointConfig,
-    "cluster": ClusterConfig,
-    "data": DataConfig,
-}
-
-
-def to_job_config(cfg: DictConfig | dict) -> JobConfig:
-    """Typed JobConfig from a composed DictConfig (or a plain dict), ignoring Hydra's own node."""
-    cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
-    plain = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
-    merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
-    return OmegaConf.to_object(merged)
+    @property
+    def world_size(self) -> int:
+        """Ranks the job runs on: nnodes x nproc_per_node, one rank per GPU on SLURM GPU nodes,
+        or what the degrees need when neither is set."""
+        c = self.cluster
+        if c.nproc_per_node is not None:
+            return c.nnodes * c.nproc_per_node
+        if c.executor == Executor.slurm and c.gpus_per_node > 0:
+            return c.nnodes * c.gpus_per_node
+        return self.parallelism.known_degree * max(1, self.parallelism.data_parallel_shard_degree)
 
 
-def to_yaml(job: JobConfig) -> str:
-    return OmegaConf.to_yaml(OmegaConf.structured(job))
-
-
-def load_job_config(path: str) -> JobConfig:
-    return to_job_config(OmegaConf.load(path))
-
-
-def help_text() -> str:
-    """Every field with its default and doc, grouped by node: the body of `launch.py --help`."""
-    lines = []
-    for top in dataclasses.fields(JobConfig):
-        schema = top.default_factory
-        lines.append(f"{top.name}:")
-        for f in dataclasses.fields(schema):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            lines.append(f"  {f.name} = {default!r}\n      {f.metadata.get('doc', '')}")
-    return "\n".join(lines)
-
-
-def register_configs() -> None:
-    """Register the schema as Hydra's base config and a help page generated from the field docs."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="job_schema", node=JobConfig)
-    # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
-    # layouts (titan_exp.plan --write-sweep), from sweeps/.
-    for group, folder in sweep_groups().items():
-        for preset in sorted(folder.glob("*.yaml")):
-            cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
-    template = (
-        "== titan_exp ==\n"
-        "Train Llama-family models with N-D parallelism.\n"
-        "  python launch.py [group=option ...] [key=value ...]   e.g. parallelism=fsdp cluster.nproc_per_node=2\n"
-        "  python launch.py --cfg job                            print the composed config\n"
-        "  python launch.py -m key=a,b                           sweep (Hydra multirun)\n\n"
-        "== Config groups ==\n$APP_CONFIG_GROUPS\n\n"
-        "== Fields (default, doc) ==\n" + help_text().replace("$", "$$") + "\n\n"
-        "Hydra's own options: python launch.py --hydra-help\n"
-    )
-    cs.store(group="hydra/help", name="titan_exp", node={"app_name": "titan_exp", "header": "", "footer": "", "template": template})

@@ -17,45 +17,45 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from titan_exp import checkpoint, signals
-from titan_exp.config import JobConfig, LRSchedulerConfig
+from titan_exp import faults, signals
+from titan_exp.checkpoint import states
+from titan_exp.checkpoint.manager import Checkpointer
+from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
+from titan_exp.config import JobConfig, OnNonfinite, problem
 from titan_exp.data.corpus import Tokenizer
-from titan_exp.data.loader import PackedLoader, open_dataset
-from titan_exp.faults import fault_here, maybe_fault
+from titan_exp.data.loader import PackedLoader
+from titan_exp.data.sources import open_dataset
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
-from titan_exp.models.llama import Transformer, count_params, flops_per_token
+from titan_exp.models.llama import Transformer, flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
-from titan_exp.run_dir import RunDir
+from titan_exp.record import RunDir
+from titan_exp.train.optim import build_optimizers
 from titan_exp.watchdog import set_collective_timeouts, step_deadline, watchdog
 
 logger = logging.getLogger("titan_exp")
 
 
-def lr_lambda(cfg: LRSchedulerConfig, steps: int):
-    """Warmup-stable-decay as a multiplier of the peak lr, for optimizer step s = 1..steps."""
-    warmup = cfg.warmup_steps
-    decay = round(cfg.decay_ratio * steps) if cfg.decay_ratio is not None else steps - warmup
-    decay_start = steps - decay
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    if job.training.max_norm < 0:
+        return [problem("training.max_norm", job.training.max_norm, "must be >= 0 (0 disables clipping)")]
+    return []
 
-    def factor(last_epoch: int) -> float:
-        s = last_epoch + 1
-        if s <= warmup:
-            return s / warmup
-        if s <= decay_start or decay <= 0:
-            return 1.0
-        progress = min(1.0, (s - decay_start) / decay)
-        curve = {
-            "linear": 1.0 - progress,
-            "sqrt": 1.0 - math.sqrt(progress),
-            "cosine": 0.5 * (1.0 + math.cos(math.pi * progress)),
-        }[cfg.decay_type]
-        return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * curve
 
-    return factor
+def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
+    """The global batch splits evenly into local batches over the data-parallel ranks."""
+    t = job.training
+    gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+    if gbs < 1:
+        return [problem("training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")]
+    if gbs % (t.local_batch_size * dims.dp):
+        return [problem("training.global_batch_size", gbs,
+                        f"must be a multiple of local_batch_size x dp = {t.local_batch_size} x {dims.dp}; "
+                        "the quotient is the number of gradient accumulation steps")]
+    return []
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
@@ -105,7 +105,7 @@ class Trainer:
     def __init__(self, job: JobConfig, run_dir: RunDir, device: torch.device):
         self.job, self.run_dir, self.device = job, run_dir, device
         self.dims = ParallelDims.from_config(job.parallelism, dist.get_world_size())
-        self.mesh = self.dims.build_mesh(device.type)
+        self.dims.build_mesh(device.type)
         self.rank = dist.get_rank()
         self.poison_loss = False  # TITAN_EXP_FAULT=nan@N sets it for step N
         torch.manual_seed(job.training.seed)
@@ -125,20 +125,18 @@ class Trainer:
             model.to(torch.bfloat16)
         apply_converter(model, job.precision)
         # Under CP a rank holds 1/cp of each sequence: its load-balanced positions.
-        cp_mesh = self.dims.submesh(self.mesh, "cp")
-        self.cp_positions = positions(t.seq_len, cp_mesh.get_local_rank(), self.dims.cp) if cp_mesh else None
+        self.cp_positions = positions(t.seq_len, self.dims.local_rank("cp"), self.dims.cp) if self.dims.cp > 1 else None
         self.tokens_per_rank_step = t.global_batch_size // self.dims.dp * t.seq_len // self.dims.cp
         self.loss_parallel = loss_parallel_enabled(job, self.dims)
         self.autocast_dtype = autocast_dtype(job.precision, self.dims.fsdp_enabled)
         # Compiled with the blocks, except under loss parallel (a DTensor loss stays eager).
         self.cross_entropy = (
-            torch.compile(cross_entropy_sum, backend=job.compile.backend)
+            torch.compile(cross_entropy_sum, backend=job.compile.backend.value)
             if job.compile.enable and not self.loss_parallel
             else cross_entropy_sum
         )
-        pp_mesh = self.dims.submesh(self.mesh, "pp")
-        self.pp_group = pp_mesh.get_group() if pp_mesh is not None else None
-        if pp_mesh is None:
+        self.pp_group = self.dims.group("pp")
+        if self.pp_group is None:
             self.schedule, self.has_first, self.has_last = None, True, True
             self._prepare(model)
             self.model_parts = [model]
@@ -148,7 +146,7 @@ class Trainer:
             model,
             schedule=schedule,
             per_rank=stages_per_rank(job.parallelism, job.model.n_layers),
-            pp_mesh=pp_mesh,
+            pp_mesh=self.dims.mesh("pp"),
             device=self.device,
             n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,
             loss_fn=self._loss,
@@ -156,24 +154,12 @@ class Trainer:
         )
 
     def _build_optimizer(self) -> None:
-        """One optimizer (and lr schedule) per model part, as TorchTitan does: each part's
-        optimizer state is then keyed by that part's FQNs, which are the unsplit model's, so
-        checkpoints move between pipeline and non-pipeline layouts. The update is elementwise,
-        so this gives the same numbers as one optimizer over every parameter."""
-        o = self.job.optimizer
         self.params = [p for part in self.model_parts for p in part.parameters()]
-        optim_cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}[o.name]
-        self.optimizers = [
-            optim_cls(part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                      weight_decay=o.weight_decay, foreach=True)
-            for part in self.model_parts
-        ]
-        factor = lr_lambda(self.job.lr_scheduler, self.job.training.steps)
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in self.optimizers]
+        self.optimizers, self.schedulers = build_optimizers(
+            self.model_parts, self.job.optimizer, self.job.lr_scheduler, self.job.training.steps)
 
     def _build_data(self) -> None:
         t = self.job.training
-        dp_mesh = self.dims.submesh(self.mesh, "dp")
         self.loader = PackedLoader(
             open_dataset(self.job.data),
             Tokenizer(self.run_dir.tokenizer),
@@ -181,13 +167,13 @@ class Trainer:
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             local_batch_size=t.local_batch_size,
-            dp_rank=dp_mesh.get_local_rank() if dp_mesh is not None else 0,
+            dp_rank=self.dims.local_rank("batch"),
             dp_degree=self.dims.dp,
         )
 
     def _build_metrics(self) -> None:
         job = self.job
-        self.num_params, _ = count_params(job.model)
+        self.num_params = job.model.num_params
         self.flops_per_token = flops_per_token(job.model, job.training.seq_len)
         self.peak_tflops, self.peak_source = peak_tflops(job, self.device, DTYPES[job.precision.param_dtype])
         self.throughput = Throughput(
@@ -196,26 +182,26 @@ class Trainer:
         self.sinks = MetricSinks(job, self.run_dir.path, self.rank)
         logger.info(
             "model %s: %.2fM params, %.3g FLOPs/token | mesh %s | peak %.3g TFLOP/s (%s)",
-            job.model.flavor, self.num_params / 1e6, self.flops_per_token,
-            {k: v for k, v in self.dims.degrees.items() if v > 1} or "single", self.peak_tflops, self.peak_source,
+            job.model.flavor, self.num_params / 1e6, self.flops_per_token, self.dims.label, self.peak_tflops,
+            self.peak_source,
         )
 
     def _build_checkpointer(self) -> None:
-        self.train_state = checkpoint.TrainState()
-        states = {
-            "model": checkpoint.ModelState(self.model_parts),
-            "optimizer": checkpoint.OptimizerState(self.model_parts, self.optimizers),
-            "lr_scheduler": checkpoint.SchedulerState(self.schedulers),
-            "dataloader": checkpoint.JSONState(self.loader),
+        self.train_state = states.TrainState()
+        parts = {
+            "model": states.ModelState(self.model_parts),
+            "optimizer": states.OptimizerState(self.model_parts, self.optimizers),
+            "lr_scheduler": states.SchedulerState(self.schedulers),
+            "dataloader": states.JSONState(self.loader),
             "train_state": self.train_state,
-            "rng": checkpoint.RNGState(),
+            "rng": states.RNGState(),
         }
-        self.checkpointer = checkpoint.Checkpointer(
-            self.job.checkpoint, self.run_dir.path, states, replica_ranks=self.dims.first_replica_ranks(self.mesh)
+        self.checkpointer = Checkpointer(
+            self.job.checkpoint, self.run_dir.path, parts, replica_ranks=self.dims.first_replica_ranks()
         )
 
     def _prepare(self, part: torch.nn.Module) -> None:
-        parallelize(part, self.dims, self.mesh, self.job)
+        parallelize(part, self.dims, self.job)
         part.to_empty(device=self.device)
         part.init_weights(self.job.training.seed)
         part.train()
@@ -264,10 +250,10 @@ class Trainer:
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
-        dp_mesh = self.dims.submesh(self.mesh, "dp_cp")
-        if dp_mesh is not None:
-            dist.all_reduce(loss, group=dp_mesh.get_group())
-            loss /= dp_mesh.size()
+        loss_mesh = self.dims.mesh("loss")
+        if loss_mesh is not None:
+            dist.all_reduce(loss, group=loss_mesh.get_group())
+            loss /= loss_mesh.size()
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))  # both global: every rank agrees
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
@@ -295,13 +281,13 @@ class Trainer:
         try:
             for step in range(first, t.steps + 1):
                 watchdog.arm(step, step_deadline(self.job.comm, first=step == first))
-                maybe_fault("hang", step)
-                self.poison_loss = fault_here("nan", step)
+                faults.inject("hang", step)
+                self.poison_loss = faults.inject("nan", step)
                 step_start = time.perf_counter()
                 loss, grad_norm = self.train_step(self.loader.next_batch())
                 loss_value = loss.item()  # syncs the device, so the step time below is honest
                 if step == first:
-                    set_collective_timeouts(self.mesh, self.job.comm.train_timeout_seconds)
+                    set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
                 step_times.append(time.perf_counter() - step_start)
                 self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
                 self.throughput.record(step, tokens_per_step, step_times[-1])
@@ -312,7 +298,7 @@ class Trainer:
                     self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
                 if step % self.job.metrics.log_freq == 0 or step == t.steps:
                     self._log(step, loss_value, grad_norms[-1])
-                maybe_fault("step", step)
+                faults.inject("step", step)
                 stop = signals.stop_requested()
                 self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
                 if stop:
@@ -328,6 +314,8 @@ class Trainer:
             resumed["skipped_steps"] = nonfinite
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
+            if interrupted:
+                resumed["checkpoint_at_stop"] = True  # maybe_save(force=True) above wrote it
         if not losses:
             logger.info("nothing to train: the checkpoint is at step %d of %d", first - 1, t.steps)
             return {"steps": t.steps, "losses": [], **resumed}
@@ -371,10 +359,10 @@ class Trainer:
         before this step's checkpoint, so the last good one stays the latest."""
         what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
         in_a_row = len(nonfinite) >= 10 and nonfinite[-10] == step - 9
-        if self.job.training.on_nonfinite == "skip" and not in_a_row:
+        if self.job.training.on_nonfinite == OnNonfinite.skip and not in_a_row:
             logger.warning("%s: not finite; the update was skipped (training.on_nonfinite=skip)", what)
             return
-        latest = checkpoint.complete_steps(self.checkpointer.folder) if self.job.checkpoint.enable else {}
+        latest = complete_steps(self.checkpointer.folder) if self.job.checkpoint.enable else {}
         kept = f"the latest checkpoint stays step-{max(latest)}" if latest else "no checkpoint was written"
         reason = "10 steps in a row were skipped" if in_a_row else "training.on_nonfinite=stop"
         raise FloatingPointError(f"{what}: not finite, stopped before any update ({reason}); {kept}. "
@@ -385,10 +373,11 @@ class Trainer:
         ckpt = self.job.checkpoint
         if not ckpt.enable or ckpt.export_format is None:
             return {}
-        out = self.run_dir.path / "export" / checkpoint.EXPORT_FORMATS[ckpt.export_format]
+        from titan_exp.checkpoint.export import export
+
+        out = self.run_dir.path / "export" / EXPORT_FORMATS[ckpt.export_format]
         if self.rank == 0:
-            folder = checkpoint.checkpoint_folder(ckpt, self.run_dir.path)
-            last = checkpoint.step_dir(folder, self.job.training.steps)
-            checkpoint.export(last, out, ckpt.export_dtype, ckpt.export_format)
+            last = step_dir(checkpoint_folder(ckpt, self.run_dir.path), self.job.training.steps)
+            export(last, out, ckpt.export_dtype.value, ckpt.export_format.value)
         dist.barrier()
         return {"export": str(out)}

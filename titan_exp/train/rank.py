@@ -1,4 +1,4 @@
-"""What every rank runs: `python -m titan_exp.train RUN_DIR`.
+"""What every rank runs: `python -m titan_exp.train.rank RUN_DIR`.
 
 The rank reads the resolved config the launcher wrote, validates it again, joins the process
 group, trains, and rank 0 writes summary.json, on failure as well as on success.
@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from titan_exp import faults
 from titan_exp.config import JobConfig, load_job_config
-from titan_exp.faults import maybe_fault
-from titan_exp.run_dir import RunDir
+from titan_exp.record import RunDir, RunSummary, Status
 from titan_exp.signals import catch_stop_signals
 from titan_exp.validation import ConfigError, validate
 
@@ -52,42 +52,21 @@ def init_distributed(init_timeout_seconds: int) -> torch.device:
     return device
 
 
-def describe(job: JobConfig) -> dict:
-    """What the run was, for the summary and for sweep reports."""
-    p = job.parallelism
-    return {
-        "model": job.model.flavor,
-        "precision": job.precision.name,
-        "world_size": job.cluster.nnodes * (job.cluster.nproc_per_node or 1),
-        "layout": {
-            "pp": p.pipeline_parallel_degree,
-            "dp_replicate": p.data_parallel_replicate_degree,
-            "dp_shard": p.data_parallel_shard_degree,
-            "cp": p.context_parallel_degree,
-            "tp": p.tensor_parallel_degree,
-        },
-        "compile": job.compile.enable,
-        "activation_checkpoint": job.activation_checkpoint.mode,
-        "global_batch_size": job.training.global_batch_size,
-        "seq_len": job.training.seq_len,
-    }
-
-
-def slurm_job() -> dict[str, str]:
+def slurm_job_id() -> str | None:
     """The SLURM job this rank runs in, if any (`<array job>_<task>` for an array member)."""
     if "SLURM_ARRAY_JOB_ID" in os.environ:
-        return {"slurm_job_id": f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"}
-    return {"slurm_job_id": os.environ["SLURM_JOB_ID"]} if "SLURM_JOB_ID" in os.environ else {}
+        return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get("SLURM_JOB_ID")
 
 
-def failure_status(exc: BaseException) -> str:
-    return "oom" if isinstance(exc, torch.OutOfMemoryError) else "failed"
+def failure_status(exc: BaseException) -> Status:
+    return Status.oom if isinstance(exc, torch.OutOfMemoryError) else Status.failed
 
 
 def run(job: JobConfig, run_dir: RunDir) -> dict:
-    """Train on this rank; the summary fields of a finished run."""
+    """Train on this rank; the RunSummary fields of a finished run."""
     from titan_exp.parallel.compile import inductor_cache_dir
-    from titan_exp.trainer import Trainer
+    from titan_exp.train.trainer import Trainer
 
     torch.use_deterministic_algorithms(job.training.deterministic)
     extra = {}
@@ -109,30 +88,30 @@ def main(path: str) -> int:
     setup_logging(run_dir, rank)
     start = time.time()
     job = load_job_config(run_dir.config)
-    summary: dict = {"status": "running", "run_dir": str(run_dir.path), **describe(job), **slurm_job()}
+    summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id())
     try:
         errors = validate(job)
         if errors:
             raise ConfigError(errors)
         with catch_stop_signals():
             result = run(job, run_dir)
-        summary.update(result, status="interrupted" if "interrupted_by" in result else "ok")
+        summary = summary.replace(**result, status=Status.interrupted if "interrupted_by" in result else Status.ok)
         return 0
     except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
-        summary.update(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
+        summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
         logger.exception("rank %d failed", rank)
         raise
     finally:
-        summary["wall_time_s"] = time.time() - start
+        summary = summary.replace(wall_time_s=time.time() - start)
         if rank == 0:
             run_dir.write_summary(summary)
         if dist.is_initialized():
-            if summary["status"] in ("ok", "interrupted"):
+            if summary.status in (Status.ok, Status.interrupted):
                 dist.barrier()
             dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     code = main(sys.argv[1])
-    maybe_fault("exit", 0)
+    faults.inject("exit", 0)
     sys.exit(code)

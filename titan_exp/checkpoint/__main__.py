@@ -1,0 +1,3 @@
+from titan_exp.checkpoint.export import main
+
+raise SystemExit(main())

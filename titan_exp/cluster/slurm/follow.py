@@ -1,0 +1,95 @@
+"""Following a submitted job: its state from sacct/squeue, waiting for it, and bringing its run
+record up to date when it ended without saying so itself (cancelled, time limit, node failure)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional
+
+import submitit
+
+from titan_exp.record import FINAL, RunDir, RunSummary, Status
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+
+
+def job_state(job_id: str, folder: str | Path) -> str:
+    """SLURM's state of the job from sacct, freshly read ("UNKNOWN" before sacct knows it).
+    sacct says CANCELLED as soon as scancel runs, while the ranks are still stopping (and
+    checkpointing); until squeue lets go of the job, it is COMPLETING."""
+    info = submitit.SlurmJob(folder=folder, job_id=job_id).get_info(mode="force")
+    state = info.get("State") or "UNKNOWN"
+    if finished(state):
+        queued = _run("squeue", "-h", "-j", job_id, "-o", "%T")
+        if queued.returncode == 0 and queued.stdout.strip():
+            return "COMPLETING"
+    return state
+
+
+def finished(state: str) -> bool:
+    return state.split()[0].upper() not in ("READY", "PENDING", "RUNNING", "UNKNOWN", "REQUEUED", "COMPLETING",
+                                            "PREEMPTED", "CONFIGURING", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED")
+
+
+def wait(jobs: list[submitit.Job], poll_s: float = 1.0, max_poll_s: float = 30.0) -> None:
+    """Until every job has ended (through requeues), reading sacct afresh: submitit's own wait
+    reads it once every 10 minutes unless a result file appears, which a cancelled job never writes."""
+    pending = list(jobs)
+    while pending:
+        pending = [j for j in pending if not finished(job_state(j.job_id, j.paths.folder))]
+        if pending:
+            time.sleep(poll_s)
+            poll_s = min(max_poll_s, poll_s * 1.2)
+
+
+def _tail(path: str, lines: int = 5) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def refresh(run_dir: RunDir) -> Optional[RunSummary]:
+    """The run's summary, brought up to date with its SLURM job: a job that ended without a final
+    summary (cancelled, killed at the time limit, failed before training started) gets one that
+    says so. Without a recorded job, the summary as it is."""
+    summary = run_dir.read_summary()
+    if not run_dir.slurm_job.exists() or (summary and summary.status in FINAL):
+        return summary
+    if shutil.which("sacct") is None:  # read on a machine outside the cluster
+        return summary
+    info = json.loads(run_dir.slurm_job.read_text())
+    state = job_state(info["job_id"], info["folder"])
+    if not finished(state):
+        if summary and summary.status == Status.pending and state.startswith("RUNNING"):
+            summary = summary.replace(status=Status.running)
+        return summary
+    summary = summary or RunSummary(status=Status.pending, run_dir=str(run_dir.path))
+    kind = state.split()[0].upper()
+    where = " before training finished"
+    if summary.interrupted_at_step is not None:
+        saved = " (checkpoint written)" if summary.checkpoint_at_stop else " (no checkpoint: checkpoint.enable=false)"
+        where = f" after step {summary.interrupted_at_step}{saved}"
+    if kind == "CANCELLED":
+        summary = summary.replace(
+            status=Status.cancelled, slurm_state=state,
+            error=f"SLURM job {info['job_id']} was cancelled ({state}){where}; "
+                  f"relaunch with hydra.run.dir={run_dir.path} to resume")
+    elif summary.status in (Status.pending, Status.running, Status.interrupted):
+        reason = {"TIMEOUT": "reached its time limit", "NODE_FAIL": "lost a node", "PREEMPTED": "was preempted"}.get(
+            kind, f"ended in state {state}")
+        tail = _tail(info["stderr"])
+        summary = summary.replace(
+            status=Status.oom if kind == "OUT_OF_MEMORY" else Status.failed, slurm_state=state,
+            error=f"SLURM job {info['job_id']} {reason}{where}" + (f"; stderr: {tail}" if tail else ""))
+    else:
+        return summary
+    run_dir.write_summary(summary)
+    return summary

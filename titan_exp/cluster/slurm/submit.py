@@ -1,0 +1,201 @@
+"""Submitting runs with submitit: one task per rank, nnodes x nproc_per_node tasks, a copy of
+the package for the ranks to import, and one job array per set of sbatch options for a sweep."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import submitit
+from hydra.experimental.callback import Callback
+
+from titan_exp.cluster import rank_env
+from titan_exp.cluster.slurm.follow import refresh, wait
+from titan_exp.config import ClusterConfig, JobConfig, load_job_config
+from titan_exp.record import RunDir, RunSummary, Status, sweep_members
+
+logger = logging.getLogger("titan_exp.slurm")
+
+PACKAGE = Path(__file__).resolve().parents[2]  # the titan_exp package being run
+
+
+class TrainTask(submitit.helpers.Checkpointable):
+    """One rank of a run: `titan_exp.train.main(run_dir)` with the rendezvous from SLURM.
+    Checkpointable: on requeue submitit resubmits this same object; resuming is the trainer's job
+    (it loads the run dir's latest checkpoint), so the task carries nothing but the run dir."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def __call__(self) -> Optional[dict[str, Any]]:
+        from titan_exp import signals
+        from titan_exp.train import rank
+
+        dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+        with signals.catch_stop_signals():  # kept on after training, until the requeue below
+            rank.main(self.run_dir)
+            summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
+            if summary and "SIGUSR2" in (summary.interrupted_by or []):
+                # Checkpointed at a step boundary; submitit's handler now requeues and exits.
+                if not summary.checkpoint_at_stop:
+                    logger.warning("checkpoint.enable=false: nothing was saved, so the requeued job trains "
+                                   "again from step 1")
+                submitit_handler = signals.previous_handler(signal.SIGUSR2)
+                submitit_handler(signal.SIGUSR2, None)
+        return summary.to_dict() if summary else None
+
+
+def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
+    """submitit.SlurmExecutor parameters (sbatch options) for a resolved cluster config, without
+    the per-submission setup lines."""
+    given = {
+        "partition": c.partition, "account": c.account, "qos": c.qos, "constraint": c.constraint,
+        "exclude": c.exclude, "mail_user": c.mail_user, "mail_type": c.mail_type,
+        "mem": f"{c.mem_gb}G" if c.mem_gb else None,
+        "gpus_per_node": c.gpus_per_node or None,
+    }
+    return {
+        "job_name": c.name,
+        "nodes": c.nnodes,
+        "ntasks_per_node": c.nproc_per_node,
+        "cpus_per_task": c.cpus_per_task,
+        "time": c.timeout_min,
+        "signal_delay_s": c.signal_delay_s,
+        "array_parallelism": c.array_parallelism,
+        "additional_parameters": dict(c.additional_parameters),
+        "srun_args": list(c.srun_args),
+        **{k: v for k, v in given.items() if v is not None},
+    }
+
+
+def snapshot_code(root: Path) -> Path:
+    """A copy of the titan_exp package under `root/code`, which the ranks import instead of the
+    checkout. (submitit's RsyncSnapshot does this for a git checkout with rsync and a chdir; a
+    copy of the package also works for a plain pip install and leaves the caller's cwd alone.)"""
+    code = root / "code"
+    if not (code / "titan_exp").is_dir():
+        tmp = root / ".code.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(PACKAGE, tmp / "titan_exp", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        os.replace(tmp, code)
+    return code
+
+
+def _setup_lines(job: JobConfig, code: Path) -> list[str]:
+    """The user's setup, the ranks' environment, and the snapshot first on the path. The ranks
+    start in the snapshot's parent: `python -m` puts the working directory first on sys.path, so
+    starting in a checkout would import its titan_exp instead (paths in the config are absolute)."""
+    c = job.cluster
+    lines = list(c.setup)
+    env = {**rank_env(c, threads=c.cpus_per_task, gpu=c.gpus_per_node > 0), **c.env}  # the user's values win
+    lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
+    lines.append(f"export PYTHONPATH={shlex.quote(str(code))}${{PYTHONPATH:+:$PYTHONPATH}}")
+    lines.append(f"cd {shlex.quote(str(code.parent))}")
+    return lines
+
+
+def submit(runs: list[tuple[JobConfig, RunDir]], root: Path) -> list[submitit.Job]:
+    """Submit the runs from `root` (a run dir, or a sweep dir for its members): one job, or one
+    job array for each set of identical sbatch options. Records each job in its run dir."""
+    code = snapshot_code(root)
+    groups: dict[str, list[tuple[JobConfig, RunDir]]] = {}
+    for job, run_dir in runs:
+        key = json.dumps({**sbatch_parameters(job.cluster), "setup": _setup_lines(job, code),
+                          "max_num_timeout": job.cluster.max_num_timeout}, sort_keys=True)
+        groups.setdefault(key, []).append((job, run_dir))
+    jobs: list[submitit.Job] = []
+    for key, members in groups.items():
+        params = json.loads(key)
+        executor = submitit.SlurmExecutor(folder=root / "slurm", max_num_timeout=params.pop("max_num_timeout"))
+        executor.update_parameters(**params)
+        try:
+            with executor.batch():
+                submitted = [executor.submit(TrainTask(str(run_dir.path))) for _, run_dir in members]
+        except Exception as exc:  # noqa: BLE001 - sbatch's refusal, named below
+            raise SubmitError(f"sbatch refused the job ({_first_line(exc)}); nothing was queued") from exc
+        for (job, run_dir), sjob in zip(members, submitted):
+            _record_submission(run_dir, job, sjob, code)
+        jobs += submitted
+    return jobs
+
+
+class SubmitError(RuntimeError):
+    pass
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or [type(exc).__name__])[-1].strip()
+
+
+def _write_pending(run_dir: RunDir, job: JobConfig, **fields: str) -> None:
+    run_dir.write_summary(RunSummary.of(job, Status.pending, run_dir.path, **fields))
+
+
+def _record_submission(run_dir: RunDir, job: JobConfig, sjob: submitit.Job, code: Path) -> None:
+    info = {"job_id": sjob.job_id, "folder": str(sjob.paths.folder), "stdout": str(sjob.paths.stdout),
+            "stderr": str(sjob.paths.stderr), "code": str(code), "submitted": time.time()}
+    run_dir.slurm_job.write_text(json.dumps(info, indent=2))
+    _write_pending(run_dir, job, slurm_job_id=sjob.job_id)
+    logger.info("submitted SLURM job %s | run dir %s | logs %s (rank 0; %%t = rank)", sjob.job_id, run_dir.path,
+                sjob.paths.stdout)
+
+
+def run_slurm(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
+    """The executor: queue the job and return; with cluster.wait, wait for it and return its
+    error, if any. A sweep member is only recorded as pending here: SlurmArrayCallback submits
+    the sweep's pending members together, as job arrays, once the sweep is composed."""
+    if in_sweep:
+        _write_pending(run_dir, job)
+        return None
+    try:
+        (sjob,) = submit([(job, run_dir)], run_dir.path)
+    except SubmitError as exc:
+        run_dir.write_summary(RunSummary(status=Status.failed, run_dir=str(run_dir.path), error=str(exc)))
+        return str(exc)
+    if not job.cluster.wait:
+        return None
+    wait([sjob])
+    summary = refresh(run_dir)
+    if summary is None:
+        return "job ended without a summary"
+    return None if summary.status == Status.ok else summary.error
+
+
+class SlurmArrayCallback(Callback):
+    """At the end of a multirun: submits the members the executor left pending (a pending summary
+    and no slurm_job.json yet) as job arrays. conf/config.yaml registers it after the report
+    callback, and Hydra calls end hooks in reverse, so the report sees the submitted jobs."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep = Path(config.hydra.sweep.dir)
+        if not sweep.is_dir():
+            return
+        runs = []
+        for run_dir in sweep_members(sweep):
+            summary = run_dir.read_summary()
+            if summary is not None and summary.status == Status.pending and not run_dir.slurm_job.exists():
+                runs.append((load_job_config(run_dir.config), run_dir))
+        if not runs:
+            return
+        try:
+            jobs = submit(runs, sweep)
+        except SubmitError as exc:
+            logger.error("%s", exc)
+            for _, run_dir in runs:
+                run_dir.write_summary(run_dir.read_summary().replace(status=Status.failed, error=str(exc)))
+            return
+        logger.info("sweep %s: %d member(s) queued as SLURM job(s) %s", sweep, len(jobs),
+                    ", ".join(sorted({j.job_id.split("_")[0] for j in jobs})))
+        if any(job.cluster.wait for job, _ in runs):
+            wait(jobs)
+            for _, run_dir in runs:
+                refresh(run_dir)

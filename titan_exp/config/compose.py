@@ -1,0 +1,93 @@
+"""Hydra glue: the schema as Hydra's base config, the named sweep groups, the --help page, and
+conversion between a composed DictConfig and the typed JobConfig."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from titan_exp.config.schema import JobConfig
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+# The groups a user selects a preset of (conf/<group>/<preset>.yaml).
+GROUPS = ("model", "parallelism", "precision", "checkpoint", "cluster", "data")
+
+
+def sweep_groups() -> dict[str, Path]:
+    """Groups selected with `+group=name`: named sweeps, the ladder's rungs, the planner's layouts."""
+    return {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}
+
+
+def to_job_config(cfg: DictConfig | dict) -> JobConfig:
+    """Typed JobConfig from a composed DictConfig (or a plain dict), ignoring Hydra's own node."""
+    cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
+    plain = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
+    return OmegaConf.to_object(merged)
+
+
+def to_plain(job: JobConfig) -> dict:
+    """The job as plain data (choices as their strings): for YAML, JSON, hashing and trackers."""
+    return OmegaConf.to_container(OmegaConf.structured(job), enum_to_str=True)
+
+
+def to_yaml(job: JobConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(job))
+
+
+def load_job_config(path: str | Path) -> JobConfig:
+    return to_job_config(OmegaConf.load(path))
+
+
+def help_text() -> str:
+    """Every field with its default, its choices and its doc, grouped by node: the body of
+    `launch.py --help`."""
+    lines = []
+    for top in dataclasses.fields(JobConfig):
+        lines.append(f"{top.name}:")
+        for f in dataclasses.fields(top.default_factory):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            shown = default.value if isinstance(default, enum.Enum) else default
+            text = f.metadata.get("doc", "")
+            enum_type = enum_of(f.type)
+            if enum_type is not None:
+                text = f"{' | '.join(m.value for m in enum_type)}: {text}"
+            lines.append(f"  {f.name} = {shown!r}\n      {text}")
+    return "\n".join(lines)
+
+
+def enum_of(annotation: str):
+    """The Choice enum a field's annotation names (annotations are strings here), or None."""
+    from titan_exp.config import schema
+
+    name = annotation.removeprefix("Optional[").removeprefix("List[").rstrip("]")
+    value = getattr(schema, name, None)
+    return value if isinstance(value, type) and issubclass(value, enum.Enum) else None
+
+
+def register_configs() -> None:
+    """Register the schema as Hydra's base config and a help page generated from the field docs."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="job_schema", node=JobConfig)
+    # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
+    # layouts (titan_exp.plan --write-sweep), from sweeps/.
+    for group, folder in sweep_groups().items():
+        for preset in sorted(folder.glob("*.yaml")):
+            cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
+    template = (
+        "== titan_exp ==\n"
+        "Train Llama-family models with N-D parallelism.\n"
+        "  python launch.py [group=option ...] [key=value ...]   e.g. parallelism=fsdp cluster.nproc_per_node=2\n"
+        "  python launch.py --cfg job                            print the composed config\n"
+        "  python launch.py -m key=a,b                           sweep (Hydra multirun)\n\n"
+        "== Config groups ==\n$APP_CONFIG_GROUPS\n\n"
+        "== Fields (default, doc) ==\n" + help_text().replace("$", "$$") + "\n\n"
+        "Hydra's own options: python launch.py --hydra-help\n"
+    )
+    cs.store(group="hydra/help", name="titan_exp", node={"app_name": "titan_exp", "header": "", "footer": "", "template": template})

@@ -1,0 +1,124 @@
+"""Preflight: everything the launcher checks and prepares before anything of the run is written or
+started, as an ordered list of steps. Each step takes the pending launch and returns it (possibly
+with more filled in) and its errors; the first step with errors ends the preflight.
+
+    check    validation: the schema's bounds and every component's `check`
+    data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
+    resolve  derived values become numbers (world size, dp_shard, global batch, absolute paths)
+    checkpoint  the folder is writable; the checkpoint the run would load is whole and fits the model
+    cluster  SLURM: the controller can run the job (partitions, node sizes, time limit)
+    machine  MFU's CPU peak, measured once here rather than by ranks competing for the cores
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from titan_exp.config import Executor, JobConfig
+from titan_exp.record import RunDir
+from titan_exp.validation import resolve, validate
+
+logger = logging.getLogger("titan_exp.launch")
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A launch on its way through the preflight."""
+
+    job: JobConfig
+    run_dir: RunDir
+    tokenizer: Path | None = None  # the tokenizer file the run will copy into its run dir
+
+    def with_job(self, job: JobConfig) -> "Pending":
+        return dataclasses.replace(self, job=job)
+
+
+Step = Callable[[Pending], tuple[Pending, list[str]]]
+
+
+def check(p: Pending) -> tuple[Pending, list[str]]:
+    return p, validate(p.job)
+
+
+def data(p: Pending) -> tuple[Pending, list[str]]:
+    from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
+    from titan_exp.data.sources import data_file_errors
+    from titan_exp.models.llama import check_vocab
+
+    d = p.job.data
+    if d.dataset == "pydoc_topics":
+        d = dataclasses.replace(d, path=str(default_corpus()))
+    tokenizer = Path(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(default_corpus(), d.tokenizer_vocab_size)
+    errors = check_vocab(p.job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d)
+    job = dataclasses.replace(p.job, data=d)
+    return dataclasses.replace(p, job=job, tokenizer=tokenizer), errors
+
+
+def resolved(p: Pending) -> tuple[Pending, list[str]]:
+    return p.with_job(resolve(p.job)), []
+
+
+def model_shapes(job: JobConfig) -> dict[str, torch.Size]:
+    """Parameter shapes of the configured model, from a meta-device instance (no memory)."""
+    from titan_exp.models.llama import Transformer
+
+    with torch.device("meta"):
+        return {k: v.shape for k, v in Transformer(job.model).state_dict().items()}
+
+
+def checkpoint(p: Pending) -> tuple[Pending, list[str]]:
+    if not p.job.checkpoint.enable:
+        return p, []
+    from titan_exp.checkpoint.manager import preflight
+
+    return p, preflight(p.job.checkpoint, p.run_dir.path, model_shapes(p.job))
+
+
+def cluster(p: Pending) -> tuple[Pending, list[str]]:
+    if p.job.cluster.executor != Executor.slurm:
+        return p, []
+    from titan_exp.cluster.slurm.preflight import preflight
+
+    return p, preflight(p.job)
+
+
+def machine(p: Pending) -> tuple[Pending, list[str]]:
+    """MFU's denominator on a CPU: the matmul peak of the whole machine, measured here before
+    any rank competes for the cores (the best seen so far, see best_cpu_peak_tflops), times each
+    rank's share of the cores. Measured by each rank instead, the peak would depend on what the
+    other ranks were doing at that moment. SLURM nodes are not this machine; a GPU rank looks its
+    peak up by device name."""
+    job = p.job
+    if job.metrics.peak_tflops is not None or job.cluster.executor == Executor.slurm or torch.cuda.is_available():
+        return p, []
+    from titan_exp.cluster.local import threads_per_rank
+    from titan_exp.metrics import best_cpu_peak_tflops
+    from titan_exp.precision import DTYPES
+
+    nproc, cores = job.cluster.nproc_per_node, os.cpu_count() or 1
+    threads = threads_per_rank(nproc) if job.cluster.executor == Executor.local else torch.get_num_threads()
+    peak = best_cpu_peak_tflops(DTYPES[job.precision.param_dtype])
+    per_rank = peak * min(threads, cores / nproc) / cores
+    logger.info("CPU %s matmul peak %.3f TFLOP/s for %d cores; each of %d rank(s) gets %.3f",
+                job.precision.param_dtype, peak, cores, nproc, per_rank)
+    return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
+
+
+STEPS: tuple[Step, ...] = (check, data, resolved, checkpoint, cluster, machine)
+
+
+def preflight(job: JobConfig, run_dir: RunDir, steps: tuple[Step, ...] = STEPS) -> tuple[Pending, list[str]]:
+    """Run the steps in order; stop at the first that finds errors."""
+    pending = Pending(job, run_dir)
+    for step in steps:
+        pending, errors = step(pending)
+        if errors:
+            return pending, errors
+    return pending, []

@@ -1,0 +1,154 @@
+"""The run record: the directory every run leaves, and its typed summary. This module is the one
+writer and reader of a run's files; the launcher, the ranks, the SLURM follower and the report all
+go through it.
+
+    <run dir>/config.yaml      the resolved config the ranks were built from
+    <run dir>/tokenizer.json   the tokenizer the run used (a copy, so the run is self-contained)
+    <run dir>/metrics.jsonl    one line per logged step
+    <run dir>/summary.json     a RunSummary: status, throughput, MFU, memory, losses; always written
+    <run dir>/logs/rank-K.log  each rank's log
+    <run dir>/slurm_job.json   the SLURM job (id, log paths, code snapshot), cluster=slurm only
+    <run dir>/checkpoints/step-N/   DCP checkpoints (titan_exp.checkpoint), when enabled
+    <run dir>/export/model.safetensors   the final model alone (checkpoint.export_format)
+
+A sweep dir (`python launch.py -m`) holds one run dir per member, each with Hydra's
+`.hydra/overrides.yaml`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from titan_exp.config import JobConfig, choices
+from titan_exp.files import atomic_write
+
+# pending: submitted to SLURM, not started; running: started (or requeued); interrupted: stopped
+# by a signal at a step boundary (resumable); cancelled: the SLURM job was cancelled.
+Status = choices("Status", "ok failed oom invalid running pending interrupted cancelled")
+FINAL = (Status.ok, Status.failed, Status.oom, Status.invalid, Status.cancelled)  # nothing later changes these
+
+
+@dataclass
+class RunSummary:
+    """summary.json. Fields that do not apply to a run (no steps trained, not on SLURM, ...) are
+    None and left out of the file."""
+
+    status: Status
+    run_dir: str = ""
+    # What the run was (RunSummary.of).
+    model: Optional[str] = None
+    precision: Optional[str] = None
+    world_size: Optional[int] = None
+    layout: Optional[dict[str, int]] = None
+    compile: Optional[bool] = None
+    activation_checkpoint: Optional[str] = None
+    global_batch_size: Optional[int] = None
+    seq_len: Optional[int] = None
+    slurm_job_id: Optional[str] = None
+    # Why it did not finish.
+    error: Optional[str] = None
+    errors: Optional[list[str]] = None  # every validation error of an invalid run
+    rank_failures: Optional[str] = None  # what the executor saw of each failed rank
+    hung_ranks: Optional[list[int]] = None
+    slurm_state: Optional[str] = None
+    interrupted_by: Optional[list[str]] = None
+    interrupted_at_step: Optional[int] = None
+    checkpoint_at_stop: Optional[bool] = None  # whether a checkpoint was written when it stopped
+    # What it did.
+    start_step: Optional[int] = None
+    steps: Optional[int] = None
+    final_loss: Optional[float] = None
+    losses: Optional[list[float]] = None
+    grad_norms: Optional[list[float]] = None
+    skipped_steps: Optional[list[int]] = None
+    tokens_per_second_per_device: Optional[float] = None
+    mfu: Optional[float] = None
+    peak_memory_gib: Optional[float] = None
+    state_bytes_per_rank: Optional[int] = None
+    train_time_s: Optional[float] = None
+    wall_time_s: Optional[float] = None
+    num_params: Optional[int] = None
+    flops_per_token: Optional[int] = None
+    peak_tflops: Optional[float] = None
+    peak_tflops_source: Optional[str] = None
+    first_step_s: Optional[float] = None
+    compile_s: Optional[float] = None
+    compile_cache: Optional[str] = None
+    compile_cache_dir: Optional[str] = None
+    checkpoint_blocking_s: Optional[float] = None
+    export: Optional[str] = None
+    seed_checkpoint: Optional[str] = None
+
+    @classmethod
+    def of(cls, job: JobConfig, status: Status, run_dir: str | os.PathLike, **fields: Any) -> "RunSummary":
+        """A summary of `job` that says what the run was, for the report to compare runs by."""
+        return cls(
+            status=status,
+            run_dir=str(run_dir),
+            model=job.model.flavor,
+            precision=job.precision.name,
+            world_size=job.world_size,
+            layout=job.parallelism.degrees,
+            compile=job.compile.enable,
+            activation_checkpoint=job.activation_checkpoint.mode.value,
+            global_batch_size=job.training.global_batch_size,
+            seq_len=job.training.seq_len,
+            **fields,
+        )
+
+    def replace(self, **fields: Any) -> "RunSummary":
+        return dataclasses.replace(self, **fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunSummary":
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known} | {"status": Status(data["status"])})
+
+
+class RunDir:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    config = property(lambda self: self.path / "config.yaml")
+    tokenizer = property(lambda self: self.path / "tokenizer.json")
+    metrics = property(lambda self: self.path / "metrics.jsonl")
+    summary = property(lambda self: self.path / "summary.json")
+    logs = property(lambda self: self.path / "logs")
+    slurm_job = property(lambda self: self.path / "slurm_job.json")
+    overrides = property(lambda self: self.path / ".hydra" / "overrides.yaml")
+
+    def rank_log(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def write_summary(self, summary: RunSummary) -> None:
+        """Atomic, so a reader never sees half a summary."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.summary, json.dumps(summary.to_dict(), indent=2, default=str))
+
+    def read_summary(self) -> RunSummary | None:
+        try:
+            return RunSummary.from_dict(json.loads(self.summary.read_text()))
+        except FileNotFoundError:
+            return None
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        if not self.metrics.exists():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line]
+
+
+def sweep_members(sweep: Path) -> list[RunDir]:
+    """The member run dirs of a sweep dir: the subdirectories Hydra gave a job number, in order."""
+    found = (RunDir(d) for d in Path(sweep).iterdir() if (d / ".hydra" / "overrides.yaml").exists())
+    return sorted(found, key=lambda r: (not r.path.name.isdigit(), int(r.path.name) if r.path.name.isdigit() else r.path.name))
+
+
+__all__ = ["FINAL", "RunDir", "RunSummary", "Status", "sweep_members"]

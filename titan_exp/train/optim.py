@@ -1,0 +1,73 @@
+"""The optimizer and the learning-rate schedule: their config checks and how they are built."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, OptimizerConfig, problem
+
+OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    e: list[str] = []
+    o, s, steps = job.optimizer, job.lr_scheduler, job.training.steps
+    if not o.lr > 0:
+        e.append(problem("optimizer.lr", o.lr, "must be > 0"))
+    for name in ("beta1", "beta2"):
+        if not 0 <= getattr(o, name) < 1:
+            e.append(problem(f"optimizer.{name}", getattr(o, name), "must be in [0, 1)"))
+    if not o.eps > 0:
+        e.append(problem("optimizer.eps", o.eps, "must be > 0"))
+    if o.weight_decay < 0:
+        e.append(problem("optimizer.weight_decay", o.weight_decay, "must be >= 0"))
+    if not 0 <= s.warmup_steps <= steps:
+        e.append(problem("lr_scheduler.warmup_steps", s.warmup_steps, f"must be in [0, training.steps = {steps}]"))
+    if s.decay_ratio is not None and not 0 <= s.decay_ratio <= 1:
+        e.append(problem("lr_scheduler.decay_ratio", s.decay_ratio, "must be in [0, 1] or null"))
+    elif s.decay_ratio is not None and s.warmup_steps + round(s.decay_ratio * steps) > steps:
+        e.append(problem("lr_scheduler.decay_ratio", s.decay_ratio,
+                         "warmup plus decay steps exceed training.steps; lower one of them"))
+    if not 0 <= s.min_lr_factor <= 1:
+        e.append(problem("lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]"))
+    return e
+
+
+def lr_lambda(cfg: LRSchedulerConfig, steps: int):
+    """Warmup-stable-decay as a multiplier of the peak lr, for optimizer step s = 1..steps."""
+    warmup = cfg.warmup_steps
+    decay = round(cfg.decay_ratio * steps) if cfg.decay_ratio is not None else steps - warmup
+    decay_start = steps - decay
+    curves = {
+        DecayType.linear: lambda progress: 1.0 - progress,
+        DecayType.sqrt: lambda progress: 1.0 - math.sqrt(progress),
+        DecayType.cosine: lambda progress: 0.5 * (1.0 + math.cos(math.pi * progress)),
+    }
+
+    def factor(last_epoch: int) -> float:
+        s = last_epoch + 1
+        if s <= warmup:
+            return s / warmup
+        if s <= decay_start or decay <= 0:
+            return 1.0
+        progress = min(1.0, (s - decay_start) / decay)
+        return cfg.min_lr_factor + (1.0 - cfg.min_lr_factor) * curves[cfg.decay_type](progress)
+
+    return factor
+
+
+def build_optimizers(model_parts: list[torch.nn.Module], o: OptimizerConfig, schedule: LRSchedulerConfig,
+                     steps: int) -> tuple[list[torch.optim.Optimizer], list[torch.optim.lr_scheduler.LRScheduler]]:
+    """One optimizer (and lr schedule) per model part, as TorchTitan does: each part's optimizer
+    state is then keyed by that part's FQNs, which are the unsplit model's, so checkpoints move
+    between pipeline and non-pipeline layouts. The update is elementwise, so this gives the same
+    numbers as one optimizer over every parameter."""
+    optimizers = [
+        OPTIMIZERS[o.name](part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                           weight_decay=o.weight_decay, foreach=True)
+        for part in model_parts
+    ]
+    factor = lr_lambda(schedule, steps)
+    return optimizers, [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in optimizers]
