@@ -9,7 +9,8 @@ import torch
 
 from titan_exp.config import DataConfig
 from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
-from titan_exp.data.loader import PackedLoader, open_dataset
+from titan_exp.data.loader import PackedLoader
+from titan_exp.data.sources import open_dataset
 
 
 @pytest.fixture(scope="module")
