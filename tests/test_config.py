@@ -111,7 +111,6 @@ BAD = [
     (["precision=float8", "precision.float8_precompute_dynamic_scale_for_fsdp=true"],
      "needs converter=float8 and float8_enable_fsdp_all_gather=true"),
     (["precision.full_bf16=true"], "precision.param_dtype must be bfloat16"),
-    (["compile.enable=true", "parallelism=tp"], "fails on CPU in torch 2.13"),
     (["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=0"],
      "'op' for the per-op policy or a positive integer N"),
     (["checkpoint=default", "checkpoint.async_mode=async_with_pinned_mem"], "pinned memory needs CUDA"),

@@ -62,10 +62,10 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
     choices = preset["hydra"]["sweeper"]["params"]["+plan_layout"].split(",")
     assert choices == ["p4_0", "p4_1", "p4_2"]
     # Registered like the presets in sweeps/, the written layouts compose into valid jobs.
-    from titan_exp import config
+    from titan_exp.config import compose as config_compose
 
-    monkeypatch.setattr(config, "SWEEPS", tmp_path)
-    config.register_configs()
+    monkeypatch.setattr(config_compose, "SWEEPS", tmp_path)
+    config_compose.register_configs()
     assert compose(["+sweep=p4"], with_hydra=True).hydra.sweeper.params["+plan_layout"] == "p4_0,p4_1,p4_2"
     for choice, expected in zip(choices, plans):
         job = job_config([*BASE, f"+plan_layout={choice}"])

@@ -69,7 +69,7 @@ def test_activation_checkpointing_gives_the_same_losses(ac, layout, reference, t
     assert summary["grad_norms"] == pytest.approx(reference["grad_norms"], rel=2e-4)
 
 
-# TP is left out: validation rejects compile + TP on CPU (see validation.py); CUDA covers it below.
+# With TP: tests/test_compile_tp.py.
 @pytest.mark.parametrize("layout", ["single", pytest.param("fsdp2", marks=slow), pytest.param("pp2", marks=slow)])
 def test_compile_matches_eager(layout, reference, tmp_path):
     code, summary = run_job([*SMALL, "compile.enable=true", *LAYOUTS[layout]], tmp_path)
@@ -78,20 +78,28 @@ def test_compile_matches_eager(layout, reference, tmp_path):
     assert summary["compile_s"] > 0 and summary["compile_cache"] in ("cold", "warm")
 
 
-def test_inductor_cache_is_per_config(tmp_path):
-    """Two layouts never share compiled graphs; the same config finds its own cache warm."""
+def test_compiled_graphs_are_per_config_and_kernels_shared(tmp_path):
+    """Configs whose collectives (or anything else compiled) differ never share an FX graph entry,
+    even when their graphs are identical; the same config finds all of its graphs; and all of them
+    share one inductor dir, so the kernels compiled for one are there for the next."""
     from conftest import job_config
-    from titan_exp.parallel.compile import inductor_cache_dir
+    from titan_exp.parallel.compile import compile_cache_tag
 
-    single = inductor_cache_dir(job_config(["compile.enable=true"]))
-    assert single == inductor_cache_dir(job_config(["compile.enable=true", "training.steps=3"]))
+    single = compile_cache_tag(job_config(["compile.enable=true"]))
+    assert single == compile_cache_tag(job_config(["compile.enable=true", "training.steps=3"]))
     for other in (["parallelism=tp"], ["precision=float8"], ["activation_checkpoint.mode=full"],
-                  ["parallelism=fsdp", "cluster.nproc_per_node=2"]):
-        assert inductor_cache_dir(job_config(["compile.enable=true", *other])) != single, other
-    overrides = [*SMALL, "compile.enable=true", "training.steps=2"]
-    runs = [run_job(overrides, tmp_path / str(i))[1] for i in range(2)]
-    assert runs[0]["compile_cache_dir"] == runs[1]["compile_cache_dir"] == str(inductor_cache_dir(job_config(overrides)))
-    assert runs[1]["compile_cache"] == "warm"
+                  ["parallelism.enable_async_tensor_parallel=true"], ["parallelism=fsdp", "cluster.nproc_per_node=2"]):
+        assert compile_cache_tag(job_config(["compile.enable=true", *other])) != single, other
+    base = [*SMALL, "compile.enable=true", "training.steps=2"]
+    # On one rank the reshard mode changes no graph; it is in the key all the same, as every
+    # parallelism field is (one that changes collectives must never share a graph).
+    members = {"a": base, "a_again": base, "b": [*base, "parallelism.fsdp_reshard_after_forward=always"]}
+    runs = {name: run_job(overrides, tmp_path / name)[1] for name, overrides in members.items()}
+    assert len({r["compile_cache_dir"] for r in runs.values()}) == 1  # one shared dir
+    assert runs["a_again"]["compile_cache"] == "warm" and runs["a_again"]["fx_graph_cache_hits"] > 0
+    assert runs["a_again"]["compile_cache_tag"] == runs["a"]["compile_cache_tag"] != runs["b"]["compile_cache_tag"]
+    assert runs["b"]["fx_graph_cache_hits"] == 0 and runs["b"]["fx_graph_cache_misses"] > 0
+    assert runs["b"]["losses"] == pytest.approx(runs["a"]["losses"], abs=1e-6)
 
 
 @slow
@@ -107,7 +115,8 @@ def test_everything_at_once(bf16_reference, tmp_path):
     assert summary["losses"] == pytest.approx(bf16_reference["losses"], abs=2e-2)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="compile + TP and async TP need 2 CUDA GPUs with NCCL")
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="async TP needs 2 CUDA GPUs with NCCL")
 def test_async_tp_matches_plain_tp_on_cuda(reference, tmp_path):
     plain = run_job([*SMALL, "parallelism=tp", "compile.enable=true"], tmp_path / "plain")[1]
     assert plain["losses"] == pytest.approx(reference["losses"], abs=1e-4)

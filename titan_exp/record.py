@@ -78,8 +78,12 @@ class RunSummary:
     peak_tflops_source: Optional[str] = None
     first_step_s: Optional[float] = None
     compile_s: Optional[float] = None
-    compile_cache: Optional[str] = None
+    compile_cache: Optional[str] = None  # warm: every inductor graph came from the cache; cold: none did;
+    # partial; none: nothing went through inductor's cache (another compile backend)
     compile_cache_dir: Optional[str] = None
+    compile_cache_tag: Optional[str] = None  # this config's key in it (parallel/compile.py)
+    fx_graph_cache_hits: Optional[int] = None
+    fx_graph_cache_misses: Optional[int] = None
     checkpoint_blocking_s: Optional[float] = None
     export: Optional[str] = None
     seed_checkpoint: Optional[str] = None

@@ -21,12 +21,11 @@ from titan_exp.config import Executor, JobConfig, problem
 from titan_exp.data import sources as data
 from titan_exp.models import llama
 from titan_exp.parallel import activation_checkpoint, context, dims, fsdp, pipeline, tensor
-from titan_exp.parallel import compile as compiling
 from titan_exp.train import optim, trainer
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
 CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
-          compiling.check, activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check)
+          activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check)
 LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check)
 
 

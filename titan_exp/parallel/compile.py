@@ -1,29 +1,29 @@
-"""torch.compile per transformer block, with an inductor cache per compile-relevant config.
+"""torch.compile per transformer block, with an inductor cache whose graphs are per config and
+whose kernels are shared.
 
-Blocks are compiled in place (`nn.Module.compile`), so parameter names do not change. Every
-config that changes the graphs inductor builds (model shape, layout, precision, activation
-checkpointing, compile options, async TP) gets its own cache directory: a cache shared between
-layouts once served an async-TP graph (fused all-gather-matmul) to a run without it.
+Blocks are compiled in place (`nn.Module.compile`), so parameter names do not change.
+
+The cache rule TorchTitan learned: a compiled graph must never be reused by a config whose
+collectives differ (a cache shared between layouts once served an async-TP graph, with fused
+all-gather-matmuls, to a run without async TP). Every config that changes what gets compiled
+(model shape, layout, precision, activation checkpointing, compile options, async TP) therefore
+gets its own cache key tag (`torch.compiler.config.cache_key_tag`), which is part of every FX-graph
+and AOTAutograd cache key. What is safe to share is shared: all configs use one
+TORCHINDUCTOR_CACHE_DIR, whose C++/Triton kernels are keyed by their source code, so a sweep's
+second and later layouts find most kernels compiled (BENCHMARKS.md measures the difference).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 from torch import nn
 
 from titan_exp.cache import cache_dir
-from titan_exp.config import JobConfig, problem, to_plain
-
-
-def check(job: JobConfig, cuda: bool) -> list[str]:
-    if job.compile.enable and job.parallelism.tensor_parallel_degree > 1 and not cuda:
-        return [problem("compile.enable", True,
-                        "with tensor_parallel_degree > 1 it fails on CPU in torch 2.13 (a DTensor redistribute's "
-                        "backward receives a plain tensor); compile without TP, or run TP eager")]
-    return []
+from titan_exp.config import JobConfig, to_plain
 
 
 def apply_compile(model: nn.Module, backend: str, fullgraph: bool) -> None:
@@ -40,6 +40,29 @@ def compile_key(job: JobConfig) -> dict:
     }
 
 
-def inductor_cache_dir(job: JobConfig) -> Path:
-    digest = hashlib.sha256(json.dumps(compile_key(job), sort_keys=True).encode()).hexdigest()[:16]
-    return cache_dir() / "inductor" / digest
+def compile_cache_tag(job: JobConfig) -> str:
+    return "titan-" + hashlib.sha256(json.dumps(compile_key(job), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def inductor_cache_dir() -> Path:
+    """The one inductor cache of this machine's runs (kernels shared, graphs tagged per config)."""
+    return cache_dir() / "inductor"
+
+
+def use_compile_cache(job: JobConfig) -> dict[str, str]:
+    """Point this process's compiles at the shared cache under this config's tag; before anything
+    compiles. Returns what the run summary records."""
+    import torch.compiler.config
+
+    path, tag = inductor_cache_dir(), compile_cache_tag(job)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    torch.compiler.config.cache_key_tag = tag
+    return {"compile_cache_dir": str(path), "compile_cache_tag": tag}
+
+
+def graph_cache_counts() -> dict[str, int]:
+    """FX-graph cache hits and misses of this process so far (inductor's own counters)."""
+    from torch._dynamo.utils import counters
+
+    return {"fx_graph_cache_hits": counters["inductor"]["fxgraph_cache_hit"],
+            "fx_graph_cache_misses": counters["inductor"]["fxgraph_cache_miss"]}

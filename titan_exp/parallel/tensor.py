@@ -4,6 +4,17 @@ Between blocks activations are sharded along the sequence (Shard(1)); each block
 them before attention and the MLP (PrepareModuleInput), runs its projections column-wise then
 row-wise, and reduce-scatters back to sequence shards. With loss parallel the output stays
 sharded over the vocabulary and the cross entropy runs on the shards.
+
+The embedding's reduce-scatter is synchronous (`SyncOutputRowwiseParallel`). torch's
+RowwiseParallel redistributes asynchronously, so the embedding would hand the first block an
+AsyncCollectiveTensor; when that block is compiled, the tensor crosses into the compiled region as
+a graph input, and in backward AOTAutograd routes its gradient around `to_local`'s backward (which
+gets None) straight into the redistribute's backward as a plain tensor, where a DTensor is
+expected: `AttributeError: 'Tensor' object has no attribute '_local_tensor'` (torch 2.13, gloo or
+NCCL; tests/test_compile_tp.py holds the torch-only repro, a strict xfail until torch handles it).
+Waiting for the collective before the block starts changes no number and costs no overlap: the
+block's first op needs its result anyway. (torch made the same choice for DTensor tangents at
+compiled-graph boundaries, pytorch/pytorch#118671.)
 """
 
 from __future__ import annotations
@@ -19,6 +30,17 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titan_exp.config import JobConfig, problem
+
+
+class SyncOutputRowwiseParallel(RowwiseParallel):
+    """RowwiseParallel whose output redistribute completes before the module returns, so the next
+    module gets a plain tensor, not an AsyncCollectiveTensor (see the module doc)."""
+
+    @staticmethod
+    def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
+        if outputs.placements != output_layouts:
+            outputs = outputs.redistribute(placements=output_layouts, async_op=False)
+        return outputs.to_local() if use_local_output else outputs
 
 
 def check(job: JobConfig, dims, cuda: bool) -> list[str]:
@@ -60,7 +82,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
         colwise, rowwise, prepare_input = Float8ColwiseParallel, Float8RowwiseParallel, PrepareFloat8ModuleInput
     top: dict[str, object] = {}
     if model.tok_embeddings is not None:
-        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+        top["tok_embeddings"] = SyncOutputRowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
     if model.output is not None:
         top["norm"] = SequenceParallel()
         top["output"] = ColwiseParallel(

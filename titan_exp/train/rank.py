@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
 from titan_exp import faults
 from titan_exp.config import JobConfig, load_job_config
+from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, RunSummary, Status
 from titan_exp.signals import catch_stop_signals
 from titan_exp.validation import ConfigError, validate
@@ -65,23 +66,36 @@ def failure_status(exc: BaseException) -> Status:
 
 def run(job: JobConfig, run_dir: RunDir) -> dict:
     """Train on this rank; the RunSummary fields of a finished run."""
-    from titan_exp.parallel.compile import inductor_cache_dir
+    from titan_exp.parallel.compile import graph_cache_counts, use_compile_cache
     from titan_exp.train.trainer import Trainer
 
     torch.use_deterministic_algorithms(job.training.deterministic)
-    extra = {}
-    if job.compile.enable:
-        # Before anything compiles: this config's own inductor cache.
-        cache = inductor_cache_dir(job)
-        extra = {"compile_cache": "warm" if cache.exists() and any(cache.iterdir()) else "cold",
-                 "compile_cache_dir": str(cache)}
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    cache = use_compile_cache(job) if job.compile.enable else {}  # before anything compiles
     logger.info("titan_exp from %s", Path(__file__).parent)  # under SLURM: the run dir's snapshot
     device = init_distributed(job.comm.init_timeout_seconds)
-    return {**Trainer(job, run_dir, device).train(), **extra}
+    result = Trainer(job, run_dir, device).train()
+    if job.compile.enable:
+        counts = graph_cache_counts()
+        hits, misses = counts["fx_graph_cache_hits"], counts["fx_graph_cache_misses"]
+        warm = "none" if not hits + misses else "warm" if not misses else "cold" if not hits else "partial"
+        cache |= counts | {"compile_cache": warm}
+    return {**result, **cache}
 
 
-@record
+class AtomicErrorHandler(ErrorHandler):
+    """torch elastic's per-rank error file, written whole or not at all. When a peer dies, the
+    agent stops the other ranks and reads their error files at once; a rank stopped while writing
+    its file left it half-written, and the agent's own JSON parse of it crashed the launcher
+    (JSONDecodeError in ProcessFailure) instead of reporting which rank died. (`_write_error_file`
+    is torch's internal hook; were it gone, torch's plain writer would be used as before.)"""
+
+    def _write_error_file(self, file_path: str, error_msg: str) -> None:
+        try:
+            atomic_write(Path(file_path), error_msg)
+        except OSError as exc:
+            logger.warning("could not write the error file %s: %s", file_path, exc)
+
+
 def main(path: str) -> int:
     run_dir = RunDir(path)
     rank = int(os.environ.get("RANK", 0))
@@ -89,26 +103,32 @@ def main(path: str) -> int:
     start = time.time()
     job = load_job_config(run_dir.config)
     summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id())
-    try:
-        errors = validate(job)
-        if errors:
-            raise ConfigError(errors)
-        with catch_stop_signals():
+    # Stop signals are recorded, not fatal, until the summary is written: when one rank dies the
+    # agent SIGTERMs the others at once, and rank 0 must still say why the run ended (the agent
+    # waits 30 s before SIGKILL). During training they stop the run at a step boundary.
+    with catch_stop_signals():
+        try:
+            errors = validate(job)
+            if errors:
+                raise ConfigError(errors)
             result = run(job, run_dir)
-        summary = summary.replace(**result, status=Status.interrupted if "interrupted_by" in result else Status.ok)
-        return 0
-    except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
-        summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
-        logger.exception("rank %d failed", rank)
-        raise
-    finally:
-        summary = summary.replace(wall_time_s=time.time() - start)
-        if rank == 0:
-            run_dir.write_summary(summary)
-        if dist.is_initialized():
-            if summary.status in (Status.ok, Status.interrupted):
-                dist.barrier()
-            dist.destroy_process_group()
+            summary = summary.replace(**result, status=Status.interrupted if "interrupted_by" in result else Status.ok)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
+            summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
+            logger.exception("rank %d failed", rank)
+            raise
+        finally:
+            summary = summary.replace(wall_time_s=time.time() - start)
+            if rank == 0:
+                run_dir.write_summary(summary)
+            if dist.is_initialized():
+                if summary.status in (Status.ok, Status.interrupted):
+                    dist.barrier()
+                dist.destroy_process_group()
+
+
+main = record(main, error_handler=AtomicErrorHandler())
 
 
 if __name__ == "__main__":

@@ -1,0 +1,28 @@
+"""The GPU suite's smoke mode: the same configurations, collection and report on CPU, so the suite
+cannot rot between the sessions that have a GPU to run it on."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+
+def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
+    out = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", "--out", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_suite.json").read_text())
+    rows = {r["config"]: r for r in results["models"]["smoke"]}
+    assert set(rows) >= {"bf16 eager", "bf16 + compile", "float8 tensorwise + compile", "float8 rowwise",
+                         "bf16 + compile, AC selective", "bf16 + compile, AC full", "mxfp8", "bf16 + compile, warm cache"}
+    for name, r in rows.items():
+        assert r["status"] == "ok", (name, r["reason"])
+        assert r["tokens_per_second"] > 0 and r["peak_memory_gib"] > 0 and r["predicted_memory_gib"] > 0, name
+        assert (r["mfu"] is None) == ("float8" in name or "mx" in name), name
+    assert rows["bf16 + compile"]["compile_s"] > 0
+    assert "skipped" in results["cuda_tests"]["summary"]  # collected, and skipped without a GPU
+    table = (tmp_path / "gpu_suite.md").read_text()
+    assert "| bf16 + compile, AC full | ok |" in table and "planner memory" in table
