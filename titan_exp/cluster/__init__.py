@@ -15,20 +15,20 @@ import contextlib
 import os
 from typing import Iterator, Optional, Protocol
 
-from titan_exp.config import ClusterConfig, Executor as ExecutorName, JobConfig, problem
+from titan_exp.config import ClusterConfig, Executor, JobConfig, problem
 from titan_exp.record import RunDir
 
 
-class Executor(Protocol):
+class RunRanks(Protocol):
     def __call__(self, job: JobConfig, run_dir: RunDir, *, in_sweep: bool) -> Optional[str]: ...
 
 
-def get_executor(name: ExecutorName) -> Executor:
-    if name == ExecutorName.local:
+def get_executor(name: Executor) -> RunRanks:
+    if name == Executor.local:
         from titan_exp.cluster.local import run_local
 
         return run_local
-    if name == ExecutorName.slurm:
+    if name == Executor.slurm:
         from titan_exp.cluster.slurm import run_slurm
 
         return run_slurm
@@ -50,7 +50,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if c.nproc_per_node is None and job.world_size % c.nnodes:
         e.append(problem("cluster.nnodes", c.nnodes,
                          f"does not divide the {job.world_size} ranks the degrees need; set cluster.nproc_per_node"))
-    if c.executor == ExecutorName.debug and job.world_size != 1:
+    if c.executor == Executor.debug and job.world_size != 1:
         e.append(problem("cluster.executor", c.executor,
                          f"runs one rank in-process but the world size is {job.world_size}; use cluster=local"))
     return e
