@@ -135,6 +135,21 @@ def test_secrets_stay_out_of_the_run_dir(tmp_path):
                       "environment on)"]
 
 
+@pytest.mark.parametrize("name,value,secret", [
+    ("HF_TOKEN", "x", True), ("WANDB_API_KEY", "x", True), ("DB_PASSWORD", "x", True),
+    ("TOKENIZERS_PARALLELISM", "false", False), ("NCCL_IB_HCA", "mlx5", False), ("NCCL_SOCKET_IFNAME", "eth0", False),
+    ("HF_HOME", "/scratch/hf", False), ("KEYBOARD", "us", False),
+    ("MY_SETTING", "hf_abcdefghijklmnop", True), ("MY_SETTING", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7", True),
+])
+def test_secret_names_by_word_and_values_by_shape(name, value, secret):
+    """cluster.env is written to the run dir: a secret's name (a whole word such as TOKEN or KEY) or a
+    value that looks like a key is refused; settings like TOKENIZERS_PARALLELISM and NCCL_* pass."""
+    from titan_exp.validation import validate
+
+    errors = validate(job_config(["cluster=slurm", f"+cluster.env.{name}={value}"]))
+    assert any("looks like a secret" in e for e in errors) == secret, errors
+
+
 @pytest.mark.parametrize("where", ["/proc/titan_exp_run", "/etc/hostname/run"])
 def test_unwritable_run_dir_is_refused(where):
     out = launch_cli([*SMALL, f"hydra.run.dir={where}"])

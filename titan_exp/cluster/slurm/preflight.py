@@ -12,7 +12,16 @@ from typing import Optional
 from titan_exp.cluster.slurm.follow import _run
 from titan_exp.config import Executor, JobConfig, problem
 
-SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL", re.IGNORECASE)
+# A secret's name has one of these as a whole word (HF_TOKEN, WANDB_API_KEY; not TOKENIZERS_PARALLELISM,
+# NCCL_IB_HCA); a secret's value looks like a key whatever its name (a known token prefix, or a long
+# run of letters and digits with no path or space in it).
+SECRET_WORDS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL",
+                "CREDENTIALS"}
+SECRET_VALUE = re.compile(r"^(sk-|hf_|ghp_|gho_|github_pat_|xox[abp]-|AKIA[0-9A-Z]{16})|^(?=.*\d)(?=.*[A-Za-z])[\w\-]{32,}$")
+
+
+def looks_secret(name: str, value: object) -> bool:
+    return bool(SECRET_WORDS & set(name.upper().split("_"))) or bool(SECRET_VALUE.search(str(value)))
 MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
               "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
 
@@ -40,7 +49,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         unknown = [t for t in c.mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
         if unknown:
             e.append(problem("cluster.mail_type", c.mail_type, f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}"))
-    secrets = [k for k in c.env if SECRET.search(k)]
+    secrets = [k for k, v in c.env.items() if looks_secret(k, v)]
     if secrets:
         e.append(problem("cluster.env", secrets, "looks like a secret, and the config is written to the run dir and the job "
              "script; export it in the shell that runs launch.py instead (sbatch passes that environment on)"))
