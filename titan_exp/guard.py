@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import yaml
 
 from titan_exp.config import CONF, JobConfig, sweep_groups
-from titan_exp.config.compose import enum_of
+from titan_exp.config.compose import choice_enum
 from titan_exp.files import unwritable
 
 # Hydra's own callbacks, not hydra.utils (whose call/instantiate would run anything).
@@ -54,21 +54,16 @@ def key_errors(key: str, value: Any, *, is_add: bool) -> list[str]:
         if presets and isinstance(value, str) and value not in presets:
             return [f"{key}={value}: no such preset in conf/{key}/; {_did_you_mean(value, presets)}"]
         return []
-    fields = {f.name: f for f in dataclasses.fields(top[parts[0]].default_factory)}
+    fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
     if parts[1] not in fields:
-        return [f"{key}: unknown key; {_did_you_mean(parts[1], list(fields), prefix=parts[0] + '.')}"]
-    choices = _choices(fields[parts[1]])
+        return [f"{key}: unknown key; {_did_you_mean(parts[1], fields, prefix=parts[0] + '.')}"]
+    enum_type = choice_enum(top[parts[0]].default_factory, parts[1])
+    choices = [m.value for m in enum_type] if enum_type is not None else []
     values = value if isinstance(value, list) else [value]
     wrong = [v for v in values if isinstance(v, str) and choices and v not in choices]
     if wrong:
         return [f"{key}={wrong[0]}: not a choice; {_did_you_mean(wrong[0], choices)}"]
     return []
-
-
-def _choices(f: dataclasses.Field) -> list[str]:
-    """The values a Choice field takes ([] for any other field)."""
-    enum_type = enum_of(f.type)
-    return [m.value for m in enum_type] if enum_type is not None else []
 
 
 def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:

@@ -3,7 +3,6 @@ which gathers every component's `check` (validate.py)."""
 
 from titan_exp.config.compose import (
     CONF,
-    GROUPS,
     SWEEPS,
     help_text,
     load_job_config,
@@ -76,7 +75,6 @@ __all__ = [
     "ExportDType",
     "ExportFormat",
     "Float8Recipe",
-    "GROUPS",
     "JobConfig",
     "LRSchedulerConfig",
     "MESH_DIMS",

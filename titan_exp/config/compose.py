@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import typing
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -13,8 +15,6 @@ from titan_exp.config.schema import JobConfig
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
-# The groups a user selects a preset of (conf/<group>/<preset>.yaml).
-GROUPS = ("model", "parallelism", "precision", "checkpoint", "cluster", "data")
 
 
 def sweep_groups() -> dict[str, Path]:
@@ -53,20 +53,25 @@ def help_text() -> str:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             shown = default.value if isinstance(default, enum.Enum) else default
             text = f.metadata.get("doc", "")
-            enum_type = enum_of(f.type)
+            enum_type = choice_enum(top.default_factory, f.name)
             if enum_type is not None:
                 text = f"{' | '.join(m.value for m in enum_type)}: {text}"
             lines.append(f"  {f.name} = {shown!r}\n      {text}")
     return "\n".join(lines)
 
 
-def enum_of(annotation: str):
-    """The Choice enum a field's annotation names (annotations are strings here), or None."""
-    from titan_exp.config import schema
+@functools.cache
+def _hints(schema: type) -> dict[str, typing.Any]:
+    return typing.get_type_hints(schema)
 
-    name = annotation.removeprefix("Optional[").removeprefix("List[").rstrip("]")
-    value = getattr(schema, name, None)
-    return value if isinstance(value, type) and issubclass(value, enum.Enum) else None
+
+def choice_enum(schema: type, field_name: str) -> type[enum.Enum] | None:
+    """The Choice enum a schema field takes (directly, Optional or as a List's items), or None."""
+    hint = _hints(schema)[field_name]
+    for t in (hint, *typing.get_args(hint)):
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            return t
+    return None
 
 
 def register_configs() -> None:

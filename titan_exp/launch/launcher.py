@@ -33,10 +33,10 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
                                                         errors=errors))
         return EXIT_INVALID
     write_record(pending)
-    job, record = pending.job, pending.run_dir
-    logger.info("run dir %s | %s executor, %d rank(s)", record.path, job.cluster.executor, job.world_size)
-    error = get_executor(job.cluster.executor)(job, record, in_sweep=multirun)
-    return outcome(record, error)
+    job, run = pending.job, pending.run_dir
+    logger.info("run dir %s | %s executor, %d rank(s)", run.path, job.cluster.executor, job.world_size)
+    error = get_executor(job.cluster.executor)(job, run, in_sweep=multirun)
+    return outcome(run, error)
 
 
 def write_record(pending: Pending) -> None:

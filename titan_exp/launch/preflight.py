@@ -53,9 +53,10 @@ def data(p: Pending) -> tuple[Pending, list[str]]:
     from titan_exp.models.llama import check_vocab
 
     d = p.job.data
+    corpus = default_corpus() if d.dataset == "pydoc_topics" or not d.tokenizer_path else None
     if d.dataset == "pydoc_topics":
-        d = dataclasses.replace(d, path=str(default_corpus()))
-    tokenizer = Path(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(default_corpus(), d.tokenizer_vocab_size)
+        d = dataclasses.replace(d, path=str(corpus))
+    tokenizer = Path(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(corpus, d.tokenizer_vocab_size)
     errors = check_vocab(p.job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d)
     job = dataclasses.replace(p.job, data=d)
     return dataclasses.replace(p, job=job, tokenizer=tokenizer), errors

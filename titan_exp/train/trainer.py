@@ -136,6 +136,8 @@ class Trainer:
             else cross_entropy_sum
         )
         self.pp_group = self.dims.group("pp")
+        loss_mesh = self.dims.mesh("loss")  # the ranks whose losses are averaged
+        self.loss_group, self.loss_ranks = (loss_mesh.get_group(), loss_mesh.size()) if loss_mesh else (None, 1)
         if self.pp_group is None:
             self.schedule, self.has_first, self.has_last = None, True, True
             self._prepare(model)
@@ -250,10 +252,9 @@ class Trainer:
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
-        loss_mesh = self.dims.mesh("loss")
-        if loss_mesh is not None:
-            dist.all_reduce(loss, group=loss_mesh.get_group())
-            loss /= loss_mesh.size()
+        if self.loss_group is not None:
+            dist.all_reduce(loss, group=self.loss_group)
+            loss /= self.loss_ranks
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))  # both global: every rank agrees
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):

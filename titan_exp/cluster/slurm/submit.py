@@ -27,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parents[2]  # the titan_exp package being run
 
 
 class TrainTask(submitit.helpers.Checkpointable):
-    """One rank of a run: `titan_exp.train.main(run_dir)` with the rendezvous from SLURM.
+    """One rank of a run: `titan_exp.train.rank.main(run_dir)` with the rendezvous from SLURM.
     Checkpointable: on requeue submitit resubmits this same object; resuming is the trainer's job
     (it loads the run dir's latest checkpoint), so the task carries nothing but the run dir."""
 
@@ -159,7 +159,7 @@ def run_slurm(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Opt
     try:
         (sjob,) = submit([(job, run_dir)], run_dir.path)
     except SubmitError as exc:
-        run_dir.write_summary(RunSummary(status=Status.failed, run_dir=str(run_dir.path), error=str(exc)))
+        run_dir.write_summary(RunSummary.of(job, Status.failed, run_dir.path, error=str(exc)))
         return str(exc)
     if not job.cluster.wait:
         return None
