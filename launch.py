@@ -18,16 +18,23 @@ sweep_dirs: list[str] = []  # a multirun's dir, for its exit status once Hydra r
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> int:
+def main(cfg: DictConfig) -> int | float:
+    """One run. In a multirun it returns the exit code, or with `sweep.objective` that number
+    of the member's summary, for sweepers that optimise it (hydra/sweeper=optuna)."""
     from titan_exp.launch import launch
 
     hc = HydraConfig.get()
     multirun = hc.mode == RunMode.MULTIRUN
-    code = launch(cfg, hc.runtime.output_dir, multirun=multirun)
+    code = launch(cfg, hc.runtime.output_dir, multirun=multirun, sweep_dir=hc.sweep.dir if multirun else "",
+                  overrides_name=hc.job.override_dirname if multirun else "")
     if code and not multirun:
         sys.exit(code)
     if multirun and hc.sweep.dir not in sweep_dirs:
         sweep_dirs.append(hc.sweep.dir)
+    if multirun and cfg.sweep.objective:
+        from titan_exp.record import RunDir, objective_value
+
+        return objective_value(RunDir(hc.runtime.output_dir).read_summary(), cfg.sweep.objective)
     return code
 
 

@@ -127,6 +127,9 @@ BAD = [
     (["optimizer.weight_decay=-0.1"], "optimizer.weight_decay = -0.1: must be >= 0"),
     (["checkpoint.interval=0"], "checkpoint.interval = 0: must be >= 1"),
     (["cluster.cpu_malloc_mmap_threshold_mib=64"], "glibc accepts 0..32 MiB"),
+    (["sweep.objective=final_los"], "sweep.objective = 'final_los': not a number summary.json records; did you mean final_loss"),
+    (["autotune.budget_minutes=0"], "autotune.budget_minutes = 0.0: must be > 0"),
+    (["autotune.drop_slower_than=1.5"], "autotune.drop_slower_than = 1.5: a share of the fastest"),
 ]
 
 
@@ -150,7 +153,7 @@ BAD_CHOICES = [
     ("checkpoint.export_dtype=int8", "checkpoint.export_dtype", "float32, bfloat16, float16"),
     ("checkpoint.export_format=onnx", "checkpoint.export_format", "safetensors, pt"),
     ("checkpoint.hsdp_save_replicas=some", "checkpoint.hsdp_save_replicas", "all, first"),
-    ("metrics.wandb_mode=cloud", "metrics.wandb_mode", "online, offline"),
+    ("metrics.wandb_mode=cloud", "metrics.wandb_mode", "online, offline, disabled"),
     ("training.on_nonfinite=ignore", "training.on_nonfinite", "stop, skip"),
     ("model.name=gpt2", "model.name", "llama3"),
 ]

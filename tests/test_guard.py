@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import REPO, SMALL, job_config, launch_cli
 
@@ -17,10 +18,11 @@ TYPOS = [
     (["optimiser.lr=1e-3"], "optimiser.lr: unknown key; did you mean optimizer?"),
     (["training.stpes=5"], "training.stpes: unknown key; did you mean training.steps?"),
     (["parallelism.tensor_paralel_degree=2"], "unknown key; did you mean parallelism.tensor_parallel_degree or "),
-    (["parallelism=fsdpp"], "parallelism=fsdpp: no such preset in conf/parallelism/; did you mean fsdp or hsdp?"),
-    (["model=llama3_9b"], "model=llama3_9b: no such preset in conf/model/; did you mean"),
+    (["parallelism=fsdpp"], "parallelism=fsdpp: no such preset in parallelism/ of conf; did you mean fsdp or hsdp?"),
+    (["model=llama3_9b"], "model=llama3_9b: no such preset in model/ of conf; did you mean"),
     (["+sweep=layout_2"], "+sweep=layout_2: no such preset; did you mean layouts_2?"),
     (["-m", "training.stepz=1,2"], "training.stepz: unknown key; did you mean training.steps?"),
+    (["-m", "hydra/launcher=submitit_slurm", "optimizer.lr=1e-3,2e-3"], "use cluster=slurm"),
 ]
 TARGETS = [
     (["+hydra.callbacks.x._target_=os.system", "+hydra.callbacks.x.command='touch PWNED'"],
@@ -66,6 +68,31 @@ def test_config_dir_with_a_disallowed_target_is_refused(tmp_path):
     out = launch_cli(["--config-dir", str(extra), f"hydra.run.dir={tmp_path / 'run'}"])
     assert out.returncode == 2 and f"{extra / 'evil.yaml'}: hydra.callbacks.evil: _target_ 'os.system'" in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_hydra_extension_points(tmp_path):
+    """A user's preset from --config-dir or hydra.searchpath (`model=mine`), an experiment
+    (`+experiment=short`) and a --config-dir holding old run records all go through; a typo in
+    either still gets its did-you-mean, naming where it looked."""
+    mine = tmp_path / "mine"
+    (mine / "model").mkdir(parents=True)
+    (mine / "model" / "tiny.yaml").write_text("flavor: tiny\ndim: 128\nn_layers: 2\nn_heads: 4\nn_kv_heads: 2\n"
+                                              "vocab_size: 2048\nmultiple_of: 128\n")
+    (mine / "old_run" / ".hydra").mkdir(parents=True)  # Hydra's record of a run names its own launcher
+    (mine / "old_run" / ".hydra" / "hydra.yaml").write_text(
+        "hydra:\n  launcher:\n    _target_: hydra._internal.core_plugins.basic_launcher.BasicLauncher\n")
+    run = tmp_path / "run"
+    out = launch_cli(["--config-dir", str(mine), "model=tiny", "+experiment=short", "training.steps=2",
+                      f"hydra.run.dir={run}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["model"]["flavor"] == "tiny" and config["metrics"]["log_freq"] == 1
+    out = launch_cli([f"hydra.searchpath=[file://{mine}]", "model=tiny", "training.steps=3", f"hydra.run.dir={tmp_path / 'r2'}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = launch_cli(["--config-dir", str(mine), "model=tiyn", "+experiment=shrot"])
+    assert out.returncode == 2
+    assert f"model=tiyn: no such preset in model/ of conf, {mine}; did you mean tiny?" in out.stderr
+    assert "+experiment=shrot: no such preset; did you mean short?" in out.stderr
 
 
 def test_shipped_configs_only_use_allowed_targets():
@@ -116,6 +143,7 @@ def test_secrets_stay_out_of_the_run_dir(tmp_path):
     secrets = {"WANDB_API_KEY": "wandb-secret-3f9a1c", "HF_TOKEN": "hf_secret_77b2e0", "AWS_SECRET_ACCESS_KEY": "aws/secret+91"}
     out = subprocess.run([sys.executable, "launch.py", *SMALL, "parallelism=fsdp", "cluster.nproc_per_node=2",
                           "training.local_batch_size=4", "metrics.enable_wandb=true", "metrics.enable_tensorboard=true",
+                          "metrics.wandb_mode=offline",  # an API key would otherwise mean online, and there is no network
                           "checkpoint=default", f"hydra.run.dir={tmp_path / 'run'}"],
                          cwd=REPO, capture_output=True, text=True, env={**os.environ, **secrets})
     assert out.returncode == 0, out.stderr[-2000:]

@@ -92,3 +92,28 @@ def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
     assert "MALLOC_MMAP_THRESHOLD_" not in env(["cluster.cpu_malloc_mmap_threshold_mib=null"])
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "65536")
     assert "MALLOC_MMAP_THRESHOLD_" not in env([])
+
+
+def test_a_sharding_preset_on_one_cpu_process_says_so(tmp_path, caplog):
+    """parallelism=fsdp without cluster.nproc_per_node on a CPU runs one process: it still runs,
+    and the launcher says loudly that nothing is sharded and how to get ranks."""
+    code, summary = run_job([*SMALL, "parallelism=fsdp", "training.steps=3"], tmp_path)
+    assert code == 0 and summary["world_size"] == 1
+    assert "runs ONE process on this CPU and dp_shard = -1 shards over nothing; set cluster.nproc_per_node=N" in caplog.text
+
+
+def test_unset_ranks_take_every_visible_gpu(tmp_path, monkeypatch):
+    """With GPUs (their count stands in for CUDA here), an unset nproc_per_node and a -1 degree take
+    one rank per visible GPU, as torchrun's `gpu` does; more ranks than GPUs is refused at launch."""
+    import torch
+
+    from conftest import job_config
+    from titan_exp.launch.preflight import Pending, ranks
+    from titan_exp.validation import validate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    pending, errors = ranks(Pending(job_config(["parallelism=fsdp"]), RunDir(tmp_path)))
+    assert not errors and pending.job.cluster.nproc_per_node == 4 and pending.job.world_size == 4
+    errors = validate(job_config(["parallelism=fsdp", "cluster.nproc_per_node=8"]), cuda=True)
+    assert any(e.startswith("cluster.nproc_per_node = 8: one rank per GPU, and this machine shows 4") for e in errors)

@@ -44,3 +44,54 @@ def test_warmup_stable_decay():
     assert all(a >= b for a, b in zip(factors[1:], factors[2:]))
     cosine = lr_lambda(LRSchedulerConfig(warmup_steps=0, decay_type="cosine"), 4)
     assert [round(cosine(i), 4) for i in range(4)] == [0.8536, 0.5, 0.1464, 0.0]
+
+
+def wandb_run_record(run_dir):
+    """The run record (project, group, name, tags) of the offline wandb run in a run dir, read
+    from wandb's own .wandb file: a LevelDB-style log of protobuf records after a 7-byte header."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    data, pos, block, partial = path.read_bytes(), 7, 32768, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        if kind in (2, 3):  # first / middle part of a record
+            partial += chunk
+            continue
+        if kind in (1, 4):  # a whole record / its last part
+            record = pb.Record()
+            record.ParseFromString(partial + chunk)
+            partial = b""
+            if record.WhichOneof("record_type") == "run":
+                return record.run
+    raise AssertionError(f"no run record in {path}")
+
+
+def test_wandb_follows_its_conventions(tmp_path, monkeypatch):
+    """Sweep members share a group named after the sweep and are named by their overrides; unset
+    fields are left to WANDB_* variables; tags pass through; disabled writes nothing."""
+    import json
+
+    from conftest import SMALL, launch_cli
+
+    monkeypatch.setenv("WANDB_PROJECT", "from-the-env")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    sweep = tmp_path / "sweep"
+    out = launch_cli(["-m", *SMALL, "training.steps=2", "cluster=debug", "metrics.enable_wandb=true",
+                      "metrics.wandb_tags=[ablation,lr]", "optimizer.lr=1e-3,2e-3", f"hydra.sweep.dir={sweep}"])
+    assert out.returncode == 0, out.stderr[-2000:]
+    runs = [wandb_run_record(sweep / n) for n in ("0", "1")]
+    for run, lr in zip(runs, ("optimizer.lr=0.001", "optimizer.lr=0.002")):  # override_dirname: key=value,...
+        assert lr in run.display_name.split(",") and "cluster=debug" in run.display_name.split(",")
+    for run in runs:
+        assert run.run_group == str(sweep).strip("/") and run.project == "from-the-env"
+        assert list(run.tags) == ["ablation", "lr"]
+    single = tmp_path / "single"
+    out = launch_cli([*SMALL, "training.steps=2", "cluster=debug", "metrics.enable_wandb=true",
+                      "metrics.wandb_mode=disabled", f"hydra.run.dir={single}"])
+    assert out.returncode == 0 and not (single / "wandb").exists()
+    assert json.loads((single / "summary.json").read_text())["status"] == "ok"

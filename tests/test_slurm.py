@@ -259,3 +259,19 @@ def test_wandb_id_follows_the_run_dir(tmp_path):
 
     assert wandb_run_id(tmp_path / "a") == wandb_run_id(tmp_path / "a" / ".." / "a")
     assert wandb_run_id(tmp_path / "a") != wandb_run_id(tmp_path / "b")
+
+
+@pytest.mark.slurm
+def test_calibration_runs_on_the_cluster(slurm, tmp_path):
+    """`python -m titan_exp.calibrate cluster=slurm` measures on the cluster's nodes: the same
+    calibration ranks, started as a SLURM job; the profile lands where the nodes write it."""
+    run_dir, profiles = tmp_path / "run", tmp_path / "profiles"
+    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", "model.n_layers=2", "training.seq_len=64",
+                          "cluster=slurm", "cluster.wait=true", "--world", "2", "--tiny", "--profile-dir", str(profiles),
+                          "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "with the slurm executor" in out.stdout and "block tp=2" in out.stdout
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok" and summary["slurm_job_id"] == job_info(run_dir)["job_id"]
+    (profile,) = profiles.glob("*-w2-*.json")
+    assert summary["machine_profile"] == str(profile)

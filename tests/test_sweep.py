@@ -100,3 +100,23 @@ def test_notebook_runs_against_the_sweep(sweep, monkeypatch):
     text = "\n".join(str(o.get("data", {}).get("text/plain", o.get("text", ""))) for o in outputs)
     assert "invalid" in text and "failed" in text  # the status counts
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+def test_optuna_sweeper_optimises_the_objective(tmp_path):
+    """Hydra's Optuna sweeper over the learning rate: each member returns its final loss
+    (sweep.objective), so the study's best value is the lowest final loss of the members, and the
+    report is written as for any sweep."""
+    import yaml
+
+    sweep = tmp_path / "optuna"
+    result = launch_cli(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.direction=minimize",
+                         "hydra.sweeper.sampler.seed=0", "sweep.objective=final_loss", "optimizer.lr=interval(1e-4,3e-3)",
+                         *SMALL, "training.steps=3", f"hydra.sweep.dir={sweep}"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    losses = [json.loads((d / "summary.json").read_text())["final_loss"] for d in sweep.iterdir()
+              if (d / "summary.json").exists()]
+    assert len(losses) == 3 and len(set(losses)) == 3  # three learning rates, three losses
+    assert best["best_value"] == pytest.approx(min(losses))
+    assert 1e-4 <= best["best_params"]["optimizer.lr"] <= 3e-3
+    assert (sweep / "report.md").exists()

@@ -1,12 +1,15 @@
 """What `launch.py` refuses before Hydra composes anything.
 
   - A key that no schema has (a typo) gets "did you mean ...?" instead of Hydra's "Key 'x' is
-    not in struct"; so does a preset that is not there (`parallelism=fsdpp`).
+    not in struct"; so does a preset that is not there (`parallelism=fsdpp`). Presets and groups
+    come from every folder Hydra searches: ours, `--config-dir`, `hydra.searchpath`, so a user's
+    `model=mine` or `+experiment=NAME` goes through.
   - `_target_` may only name an allow-listed callable. Hydra instantiates whatever a `_target_`
     names (its callbacks, for one), so a config or an override must not be able to say
     `_target_: os.system`. Checked in the overrides and in every config file Hydra would read
     (conf/, --config-dir, hydra.searchpath), before Hydra instantiates anything.
   - hydra.run.dir / hydra.sweep.dir must be writable (Hydra would fail with a traceback).
+  - hydra/launcher=submitit_*: it would start a member as one process; cluster=slurm is the way.
 """
 
 from __future__ import annotations
@@ -33,26 +36,36 @@ def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
     return f"choose from {', '.join(prefix + c for c in sorted(choices))}"
 
 
-def _presets(group: str) -> list[str]:
-    return [p.stem for p in sweep_groups().get(group, CONF / group).glob("*.yaml")]
+def _presets(group: str, folders: list[Path]) -> list[str]:
+    """A group's presets in every config folder Hydra will search (ours, --config-dir,
+    hydra.searchpath), and the named sweeps."""
+    places = [sweep_groups()[group]] if group in sweep_groups() else []
+    return sorted({p.stem for folder in [*places, *(f / group for f in folders)] for p in folder.glob("*.yaml")})
 
 
-def key_errors(key: str, value: Any, *, is_add: bool) -> list[str]:
-    """A problem with an override's key, or with the preset it selects."""
+def _groups(folders: list[Path]) -> set[str]:
+    return set(sweep_groups()) | {d.name for f in folders if f.is_dir() for d in f.iterdir()
+                                  if d.is_dir() and not d.name.startswith(".") and any(d.glob("*.yaml"))}
+
+
+def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CONF,)) -> list[str]:
+    """A problem with an override's key, or with the preset it selects. A group any config folder
+    has (`+experiment=NAME`, a user's `model=mine` from --config-dir) is Hydra's to compose."""
     parts = key.split(".")
     top = {f.name: f for f in dataclasses.fields(JobConfig)}
     if parts[0].split("/")[0] == "hydra":
         return []
-    if is_add and parts[0] in sweep_groups():
-        if len(parts) == 1 and isinstance(value, str) and value not in _presets(parts[0]):
-            return [f"+{key}={value}: no such preset; {_did_you_mean(value, _presets(parts[0]))}"]
+    groups = _groups(list(folders))
+    if len(parts) == 1 and parts[0] in groups:  # a group: the value names a preset
+        presets = _presets(parts[0], list(folders))
+        if presets and isinstance(value, str) and value not in presets:
+            where = "" if is_add else f" in {parts[0]}/ of " + ", ".join(
+                "conf" if f == CONF else str(f) for f in folders)
+            return [f"{'+' if is_add else ''}{key}={value}: no such preset{where}; {_did_you_mean(value, presets)}"]
         return []
     if parts[0] not in top:
-        return [f"{key}: unknown key; {_did_you_mean(parts[0], list(top))}"]
-    if len(parts) == 1:  # a group: the value names a preset
-        presets = _presets(parts[0])
-        if presets and isinstance(value, str) and value not in presets:
-            return [f"{key}={value}: no such preset in conf/{key}/; {_did_you_mean(value, presets)}"]
+        return [f"{key}: unknown key; {_did_you_mean(parts[0], sorted(set(top) | groups))}"]
+    if len(parts) == 1:
         return []
     fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
     if parts[1] not in fields:
@@ -88,6 +101,8 @@ def config_file_errors(folders: list[Path]) -> list[str]:
     errors = []
     for folder in folders:
         for path in sorted(folder.rglob("*.yaml")):
+            if ".hydra" in path.relative_to(folder).parts:
+                continue  # a run's record of what Hydra composed (its own launcher's _target_), not a config
             try:
                 node = yaml.safe_load(path.read_text())
             except (OSError, yaml.YAMLError):
@@ -109,9 +124,16 @@ def check_argv(argv: list[str]) -> list[str]:
         return []  # Hydra's own message about its syntax is better than ours
     errors: list[str] = []
     folders = [CONF] + ([Path(args.config_dir)] if args.config_dir else [])
+    for o in overrides:  # hydra.searchpath adds folders, wherever it stands on the line
+        if o.key_or_group == "hydra.searchpath":
+            folders += [Path(str(p).removeprefix("file://")) for p in (o.value() or []) if str(p).startswith("file://")]
     for o in overrides:
         key = o.key_or_group + (f"@{o.package}" if o.package else "")
-        values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
+        if o.is_sweep_override() and not (o.is_discrete_sweep() or o.is_range_sweep()):
+            values = []  # interval(a,b) for optimising sweepers: numbers, nothing to look up; the key still is
+            errors += key_errors(o.key_or_group, None, is_add=o.is_add() or o.is_force_add(), folders=folders)
+        else:
+            values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         for value in values:
             parent, _, leaf = o.key_or_group.rpartition(".")
             if leaf == "_target_":
@@ -119,10 +141,12 @@ def check_argv(argv: list[str]) -> list[str]:
             else:
                 errors += target_errors(value, key)
             if not o.is_delete():
-                errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add())
+                errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add(), folders=folders)
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and isinstance(o.value(), str):
             if (problem := unwritable(Path(o.value()))) is not None:
                 errors.append(f"{o.key_or_group} = {o.value()!r}: cannot write there ({problem}); choose a writable directory")
-        if o.key_or_group == "hydra.searchpath":
-            folders += [Path(str(p).removeprefix("file://")) for p in (o.value() or []) if str(p).startswith("file://")]
+        if o.key_or_group == "hydra/launcher" and str(o.value()).startswith("submitit"):
+            errors.append(f"hydra/launcher={o.value()}: Hydra's submitit launcher would start each member as one "
+                          "process, not as this toolkit's ranks; use cluster=slurm (a multirun's members go out as "
+                          "job arrays) or cluster=local")
     return list(dict.fromkeys(errors + config_file_errors(folders)))

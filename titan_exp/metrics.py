@@ -128,6 +128,51 @@ def wandb_run_id(run_dir: Path) -> str:
     return "titan-" + hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:16]
 
 
+def wandb_logged_in() -> bool:
+    """Whether wandb has credentials here: WANDB_API_KEY, or its entry in ~/.netrc."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    import netrc
+
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def wandb_init_args(job: JobConfig, run_dir: Path) -> dict:
+    """wandb.init's arguments: the config's wandb_* fields where set, else what wandb's own
+    WANDB_* variables say (by leaving the argument out), else titan_exp's defaults. One run per
+    run dir (`id`), so a requeued or resumed run continues it."""
+    m = job.metrics
+    args = {"dir": str(run_dir), "id": wandb_run_id(run_dir), "resume": "allow", "config": to_plain(job)}
+    for key, value, env, default in (("entity", m.wandb_entity, "WANDB_ENTITY", None),
+                                     ("project", m.wandb_project, "WANDB_PROJECT", "titan_exp"),
+                                     ("group", m.wandb_group, "WANDB_RUN_GROUP", None),
+                                     ("name", m.wandb_name, "WANDB_NAME", Path(run_dir).name)):
+        value = value or (None if os.environ.get(env) else default)
+        if value:
+            args[key] = value
+    if m.wandb_tags:
+        args["tags"] = list(m.wandb_tags)
+    if m.wandb_mode is not None:
+        args["mode"] = m.wandb_mode.value
+    elif not os.environ.get("WANDB_MODE") and not wandb_logged_in():
+        args["mode"] = "offline"  # no credentials: online would stop at a login prompt
+    return args
+
+
+def sweep_member_tracking(job: JobConfig, sweep_dir: str, overrides_name: str) -> JobConfig:
+    """A sweep member's wandb group (the sweep) and name (its overrides), unless the config or
+    wandb's environment names them."""
+    import dataclasses
+
+    m = job.metrics
+    group = m.wandb_group or (None if os.environ.get("WANDB_RUN_GROUP") else str(sweep_dir).strip("/"))
+    name = m.wandb_name or (None if os.environ.get("WANDB_NAME") else overrides_name or None)
+    return dataclasses.replace(job, metrics=dataclasses.replace(m, wandb_group=group, wandb_name=name))
+
+
 class MetricSinks:
     """Every enabled sink behind one `log(step, metrics)`; only rank 0 writes."""
 
@@ -144,15 +189,7 @@ class MetricSinks:
         if job.metrics.enable_wandb:
             import wandb
 
-            self.wandb_run = wandb.init(
-                project=job.metrics.wandb_project,
-                mode=job.metrics.wandb_mode.value,
-                dir=str(run_dir),
-                id=wandb_run_id(run_dir),
-                resume="allow",
-                name=run_dir.name,
-                config=to_plain(job),
-            )
+            self.wandb_run = wandb.init(**wandb_init_args(job, run_dir))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.active:

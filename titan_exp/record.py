@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from titan_exp.config import JobConfig, choices
+from titan_exp.config import JobConfig, choices, problem
 from titan_exp.files import atomic_write
 
 # pending: submitted to SLURM, not started; running: started (or requeued); interrupted: stopped
@@ -77,6 +77,7 @@ class RunSummary:
     peak_tflops: Optional[float] = None
     peak_tflops_source: Optional[str] = None
     first_step_s: Optional[float] = None
+    step_times_s: Optional[list[float]] = None  # every step this run trained, warm-up included
     compile_s: Optional[float] = None
     compile_cache: Optional[str] = None  # warm: every inductor graph came from the cache; cold: none did;
     # partial; none: nothing went through inductor's cache (another compile backend)
@@ -87,6 +88,7 @@ class RunSummary:
     checkpoint_blocking_s: Optional[float] = None
     export: Optional[str] = None
     seed_checkpoint: Optional[str] = None
+    machine_profile: Optional[str] = None  # a calibration job's output (titan_exp.calibrate)
 
     @classmethod
     def of(cls, job: JobConfig, status: Status, run_dir: str | os.PathLike, **fields: Any) -> "RunSummary":
@@ -115,6 +117,32 @@ class RunSummary:
     def from_dict(cls, data: dict[str, Any]) -> "RunSummary":
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known} | {"status": Status(data["status"])})
+
+
+def objectives() -> list[str]:
+    """The summary's numbers a sweep may optimise (`sweep.objective`)."""
+    import typing
+
+    hints = typing.get_type_hints(RunSummary)
+    return [f.name for f in dataclasses.fields(RunSummary) if hints[f.name] in (Optional[float], Optional[int])]
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    objective = job.sweep.objective
+    if objective is not None and objective not in objectives():
+        import difflib
+
+        close = difflib.get_close_matches(objective, objectives(), n=2)
+        hint = f"did you mean {' or '.join(close)}?" if close else f"choose from {', '.join(objectives())}"
+        return [problem("sweep.objective", objective, f"not a number summary.json records; {hint}")]
+    return []
+
+
+def objective_value(summary: RunSummary | None, name: str) -> float:
+    """What a member returns to an optimising sweeper: the summary's number, NaN if it has none
+    (the run failed, or was invalid), which Optuna records as a failed trial."""
+    value = getattr(summary, name, None) if summary is not None and summary.status == Status.ok else None
+    return float("nan") if value is None else float(value)
 
 
 class RunDir:
@@ -155,4 +183,4 @@ def sweep_members(sweep: Path) -> list[RunDir]:
     return sorted(found, key=lambda r: (not r.path.name.isdigit(), int(r.path.name) if r.path.name.isdigit() else r.path.name))
 
 
-__all__ = ["FINAL", "RunDir", "RunSummary", "Status", "sweep_members"]
+__all__ = ["FINAL", "RunDir", "RunSummary", "Status", "check", "objective_value", "objectives", "sweep_members"]

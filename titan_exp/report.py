@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import io
 import logging
 from pathlib import Path
@@ -30,7 +31,10 @@ from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 logger = logging.getLogger("titan_exp.report")
 
 COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
-           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "status", "reason")
+           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "status", "reason",
+           "predicted_tokens_per_second_per_device", "prediction_error", "compute_share", "exposed_comm_share",
+           "bubble_share", "recompute_share", "breakdown_source")
+SHARES = ("compute", "exposed_comm", "bubble", "recompute")
 
 
 def members(sweep: Path) -> list[Path]:
@@ -66,7 +70,51 @@ def row(path: Path) -> dict[str, Any]:
         "status": summary.status.value,
         "reason": error.splitlines()[0][:300] if error else "",
         "losses": summary.losses or [],
+        **prediction(run_dir, summary.tokens_per_second_per_device),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _profile(world: int, cuda: bool):
+    from titan_exp.perf.profile import this_machine
+
+    return this_machine(world, cuda=cuda)
+
+
+def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
+    """What the performance model predicted for a member (with this machine's profile) and where
+    its step time went: from its profiler trace when profiling was on (rank 0's last traced step;
+    recompute from the model, which a trace cannot separate), else from the model."""
+    if not run_dir.config.exists():
+        return {}
+    from titan_exp.config import Executor, load_job_config
+    from titan_exp.perf.step import predict_step
+    from titan_exp.perf.trace import latest_trace, step_breakdown
+
+    job = load_job_config(run_dir.config)
+    cuda = job.cluster.gpus_per_node > 0 if job.cluster.executor == Executor.slurm else _cuda()
+    step = predict_step(job, _profile(job.world_size, cuda), cuda=cuda)
+    parts, source = step.breakdown(), "model"
+    trace = latest_trace(run_dir.path, job.profiling.save_traces_folder)
+    traced = step_breakdown(trace) if trace else None
+    if traced:
+        parts = {"compute": traced["compute"], "exposed_comm": traced["exposed_comm"],
+                 "bubble": traced["p2p_and_bubble"], "recompute": parts["recompute"] * traced["step_s"] / step.step_s}
+        parts["compute"] = max(0.0, parts["compute"] - parts["recompute"])
+        source = f"trace ({trace.parent.name}, rank 0)"
+    total = sum(parts.values()) or 1.0
+    return {
+        "predicted_tokens_per_second_per_device": step.tokens_per_s_per_device,
+        "prediction_error": step.tokens_per_s_per_device / measured - 1 if measured else None,
+        **{f"{k}_share": parts[k] / total for k in SHARES},
+        "breakdown_source": source,
+    }
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def distinguishing(rows: list[dict[str, Any]]) -> None:
@@ -104,18 +152,36 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
     lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
              "(steady state, warm-up steps excluded).", "",
              "| rank | member | overrides | layout | precision | compile | AC | world | tokens/s/device | MFU % "
-             "| peak GiB/device | final loss | status | reason |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak GiB/device | final loss | status | reason | predicted tokens/s (error) "
+             "| step: compute / comm / bubble / recompute % (from) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["status"] == "ok" else ""
         lines.append("| " + " | ".join([
             rank, r["member"], r["overrides"], r["layout"], r["precision"], _fmt(r["compile"]),
             _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
             _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), r["status"],
-            r["reason"].replace("|", "/"),
+            r["reason"].replace("|", "/"), _predicted(r), _shares(r),
         ]) + " |")
-    lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`."]
+    lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "
+              "machine's profile (`python -m titan_exp.calibrate`); error = predicted / measured - 1."]
+    autotune = sweep / "autotune.md"
+    if autotune.exists():  # an autotune sweep's own record comes first
+        lines = [*lines[:2], autotune.read_text(), *lines[2:]]
     return "\n".join(lines) + "\n"
+
+
+def _predicted(r: dict[str, Any]) -> str:
+    if r.get("predicted_tokens_per_second_per_device") is None:
+        return ""
+    error = f" ({r['prediction_error']:+.0%})" if r.get("prediction_error") is not None else ""
+    return f"{r['predicted_tokens_per_second_per_device']:.1f}{error}"
+
+
+def _shares(r: dict[str, Any]) -> str:
+    if r.get("breakdown_source") is None:
+        return ""
+    return " / ".join(f"{100 * r[f'{k}_share']:.0f}" for k in SHARES) + f" ({r['breakdown_source']})"
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:

@@ -14,18 +14,20 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from titan_exp import cluster, metrics, precision, watchdog
+from titan_exp import cluster, metrics, precision, record, watchdog
 from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.cluster.slurm import preflight as slurm
 from titan_exp.config import Executor, JobConfig, problem
 from titan_exp.data import sources as data
 from titan_exp.models import llama
 from titan_exp.parallel import activation_checkpoint, context, dims, fsdp, pipeline, tensor
+from titan_exp.perf import autotune
 from titan_exp.train import optim, trainer
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
 CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
-          activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check)
+          activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check, autotune.check,
+          record.check)
 LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check)
 
 

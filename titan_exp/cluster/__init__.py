@@ -4,8 +4,9 @@
     slurm  a SLURM job through submitit, one task per rank (returns once queued, or waits)
     debug  one rank inside the launching process (breakpoints work)
 
-Each is called as `executor(job, run_dir, in_sweep=...)` and returns None on success (or once
-queued) or the error text of the first failed rank. `in_sweep`: the run is a member of a multirun;
+Each is called as `executor(job, run_dir, in_sweep=..., entry=...)` and returns None on success
+(or once queued) or the error text of the first failed rank. `entry` is the module every rank runs
+(`main(run_dir)`): the trainer, or the machine calibration (titan_exp.perf.calibrate). `in_sweep`: the run is a member of a multirun;
 SLURM then queues it with the sweep's other members as one job array (see cluster.slurm).
 """
 
@@ -19,8 +20,11 @@ from titan_exp.config import ClusterConfig, Executor, JobConfig, problem
 from titan_exp.record import RunDir
 
 
+TRAIN = "titan_exp.train.rank"  # the default entry: `python -m titan_exp.train.rank RUN_DIR`
+
+
 class RunRanks(Protocol):
-    def __call__(self, job: JobConfig, run_dir: RunDir, *, in_sweep: bool) -> Optional[str]: ...
+    def __call__(self, job: JobConfig, run_dir: RunDir, *, in_sweep: bool, entry: str = TRAIN) -> Optional[str]: ...
 
 
 def get_executor(name: Executor) -> RunRanks:
@@ -50,6 +54,14 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if c.nproc_per_node is None and job.world_size % c.nnodes:
         e.append(problem("cluster.nnodes", c.nnodes,
                          f"does not divide the {job.world_size} ranks the degrees need; set cluster.nproc_per_node"))
+    if cuda and c.executor == Executor.local and c.nproc_per_node is not None:
+        import torch
+
+        visible = torch.cuda.device_count()
+        if c.nproc_per_node > visible:
+            e.append(problem("cluster.nproc_per_node", c.nproc_per_node,
+                             f"one rank per GPU, and this machine shows {visible} (CUDA_VISIBLE_DEVICES); "
+                             f"use at most {visible}"))
     if c.executor == Executor.debug and job.world_size != 1:
         e.append(problem("cluster.executor", c.executor,
                          f"runs one rank in-process but the world size is {job.world_size}; use cluster=local"))

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import socket
 from typing import Optional
 
-from titan_exp.cluster import scoped_env
+from titan_exp.cluster import TRAIN, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.record import RunDir
 
@@ -16,8 +17,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_debug(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
-    from titan_exp.train import rank
+def run_debug(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:
+    rank = importlib.import_module(entry)
 
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}

@@ -9,7 +9,7 @@ import sys
 import uuid
 from typing import Optional
 
-from titan_exp.cluster import rank_env, scoped_env
+from titan_exp.cluster import TRAIN, rank_env, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.record import RunDir
 
@@ -19,7 +19,7 @@ def threads_per_rank(nproc: int) -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
-def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
+def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -41,7 +41,7 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Opt
     )
     try:
         with scoped_env(**rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=torch.cuda.is_available())):
-            elastic_launch(config, entrypoint=sys.executable)("-m", "titan_exp.train.rank", str(run_dir.path))
+            elastic_launch(config, entrypoint=sys.executable)("-m", entry, str(run_dir.path))
     except SignalException as exc:
         # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
         # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).

@@ -25,9 +25,21 @@ def sweep_groups() -> dict[str, Path]:
 def to_job_config(cfg: DictConfig | dict) -> JobConfig:
     """Typed JobConfig from a composed DictConfig (or a plain dict), ignoring Hydra's own node."""
     cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
-    plain = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "hydra"}
+    # Node by node, so Hydra's own node (whose sweep paths need a job number) is never resolved.
+    plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+             for k in cfg if k != "hydra"}
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
     return OmegaConf.to_object(merged)
+
+
+def compose_job(overrides: list[str]) -> JobConfig:
+    """The JobConfig `python launch.py OVERRIDES` would run: for the tools beside the launcher
+    (plan, calibrate)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return to_job_config(compose(config_name="config", overrides=overrides))
 
 
 def to_plain(job: JobConfig) -> dict:
@@ -52,6 +64,8 @@ def help_text() -> str:
         for f in dataclasses.fields(top.default_factory):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             shown = default.value if isinstance(default, enum.Enum) else default
+            if isinstance(default, list):
+                shown = [x.value if isinstance(x, enum.Enum) else x for x in default]
             text = f.metadata.get("doc", "")
             enum_type = choice_enum(top.default_factory, f.name)
             if enum_type is not None:

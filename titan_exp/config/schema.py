@@ -56,7 +56,7 @@ Executor = choices("Executor", "local slurm debug")
 OnNonfinite = choices("OnNonfinite", "stop skip")
 OptimizerName = choices("OptimizerName", "AdamW Adam")
 DecayType = choices("DecayType", "linear sqrt cosine")
-WandbMode = choices("WandbMode", "online offline")
+WandbMode = choices("WandbMode", "online offline disabled")
 
 # The mesh dimensions, outermost to innermost (TP innermost keeps its collectives on the fastest
 # links), and the ParallelismConfig field that sets each one's degree.
@@ -322,12 +322,61 @@ class MetricsConfig:
     log_freq: int = doc(5, "log metrics every this many steps", min=1)
     enable_tensorboard: bool = doc(False, "write TensorBoard events to <run dir>/tb")
     enable_wandb: bool = doc(False, "log to Weights & Biases")
-    wandb_project: str = doc("titan_exp", "wandb project")
-    wandb_mode: WandbMode = doc(WandbMode.offline, "offline needs no network")
+    # wandb's own settings: null leaves them to its WANDB_* environment variables.
+    wandb_entity: Optional[str] = doc(None, "team or user; null = WANDB_ENTITY, else your default entity")
+    wandb_project: Optional[str] = doc(None, "null = WANDB_PROJECT, else 'titan_exp'")
+    wandb_group: Optional[str] = doc(None, "null = WANDB_RUN_GROUP, else a sweep's members share the sweep dir's name")
+    wandb_tags: List[str] = doc([], "tags on the run (WANDB_TAGS adds to them)")
+    wandb_name: Optional[str] = doc(None, "null = WANDB_NAME, else a sweep member's overrides (Hydra's "
+                                          "override_dirname), else the run dir's name")
+    wandb_mode: Optional[WandbMode] = doc(None, "online, offline or disabled; null = WANDB_MODE, else online when "
+                                                "logged in (WANDB_API_KEY or ~/.netrc), else offline")
     peak_tflops: Optional[float] = doc(
         None, "per-device peak for MFU; null = looked up by GPU name, or on CPU measured at launch and shared by the ranks"
     )
     warmup_steps: int = doc(2, "steps left out of the summary's steady-state throughput")
+
+
+@dataclass
+class ProfilingConfig:
+    """torch.profiler traces and memory snapshots in the run dir (TorchTitan's field names)."""
+
+    enable_profiling: bool = doc(False, "trace one step in every profile_freq with torch.profiler (Perfetto / "
+                                        "chrome://tracing), every rank")
+    profile_freq: int = doc(10, "steps between traced steps", min=2)
+    save_traces_folder: str = doc("profile_traces", "<run dir>/<this>/iteration_<step>/rank<r>_trace.json")
+    enable_memory_snapshot: bool = doc(False, "CUDA: the allocator's memory snapshot (pytorch.org/memory_viz) at "
+                                              "the end; CPU: peak resident memory per phase of every step")
+    save_memory_snapshot_folder: str = doc("memory_snapshot", "<run dir>/<this>/rank<r>_memory_snapshot.pickle "
+                                                              "(CUDA) or rank<r>_memory_phases.json (CPU)")
+
+
+AutotuneAxis = choices("AutotuneAxis", "layout activation_checkpoint compile precision local_batch_size microbatch_size")
+
+
+@dataclass
+class AutotuneConfig:
+    """`python launch.py -m +sweep=autotune`: predict every candidate, measure the best few with
+    successive halving (titan_exp.perf.autotune)."""
+
+    search: List[AutotuneAxis] = doc([AutotuneAxis.layout], "the axes to search, a list: autotune.search=[layout,compile]")
+    top_k: int = doc(6, "candidates measured in the first round (the best predicted that fit)", min=1)
+    budget_minutes: float = doc(30.0, "machine time the measuring may take; rounds that would overrun are not started")
+    warmup_steps: int = doc(2, "untimed steps at the start of every member (compile, allocator)", min=0)
+    steps: int = doc(4, "timed steps per member in the first round; each later round doubles them", min=2)
+    drop_slower_than: float = doc(0.5, "a member measured below this share of the round's fastest is dropped at once")
+    device_memory_gib: Optional[float] = doc(None, "memory per device for pruning; null = this GPU's, or RAM / world")
+    refit: bool = doc(True, "refit the machine profile's corrections to the measured members")
+
+
+@dataclass
+class SweepConfig:
+    """What a multirun member tells Hydra's sweeper."""
+
+    objective: Optional[str] = doc(None, "a number in summary.json each member returns to the sweeper (e.g. "
+                                         "tokens_per_second_per_device, final_loss) for optimising sweepers like "
+                                         "hydra/sweeper=optuna, whose own config sets the direction; NaN when the "
+                                         "member failed; null = the exit code")
 
 
 @dataclass
@@ -347,6 +396,9 @@ class JobConfig:
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     comm: CommConfig = field(default_factory=CommConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
+    autotune: AutotuneConfig = field(default_factory=AutotuneConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
 
     @property
     def world_size(self) -> int:

@@ -21,10 +21,16 @@ logger = logging.getLogger("titan_exp.launch")
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 3
 
 
-def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False) -> int:
+def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False, sweep_dir: str = "",
+           overrides_name: str = "") -> int:
     """Run one job; returns an exit code. In a sweep an invalid member leaves a summary saying
-    so; a single invalid run writes nothing."""
+    so; a single invalid run writes nothing. A sweep member (`sweep_dir`, Hydra's
+    `override_dirname`) is tracked in the sweep's wandb group, named by its overrides."""
     job = to_job_config(cfg)
+    if multirun and job.metrics.enable_wandb:
+        from titan_exp.metrics import sweep_member_tracking
+
+        job = sweep_member_tracking(job, sweep_dir, overrides_name)
     pending, errors = preflight(job, RunDir(run_dir))
     if errors:
         logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))

@@ -2,6 +2,8 @@
 started, as an ordered list of steps. Each step takes the pending launch and returns it (possibly
 with more filled in) and its errors; the first step with errors ends the preflight.
 
+    ranks    cluster.nproc_per_node unset with a -1 degree: every visible GPU (torchrun's `gpu`); on a
+             CPU one process, said loudly, since nothing is then sharded
     check    validation: the schema's bounds and every component's `check`
     data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
     resolve  derived values become numbers (world size, dp_shard, global batch, absolute paths)
@@ -41,6 +43,21 @@ class Pending:
 
 
 Step = Callable[[Pending], tuple[Pending, list[str]]]
+
+
+def ranks(p: Pending) -> tuple[Pending, list[str]]:
+    job, c = p.job, p.job.cluster
+    derived = [name for name, d in job.parallelism.degrees.items() if d == -1]
+    if c.nproc_per_node is not None or c.executor != Executor.local or not derived:
+        return p, []
+    if torch.cuda.is_available():
+        gpus = torch.cuda.device_count() // c.nnodes * c.nnodes
+        logger.info("cluster.nproc_per_node unset: one rank per visible GPU, %d", gpus)
+        return p.with_job(dataclasses.replace(job, cluster=dataclasses.replace(c, nproc_per_node=gpus // c.nnodes))), []
+    if job.world_size == 1:
+        logger.warning("cluster.nproc_per_node is unset, so this runs ONE process on this CPU and %s = -1 shards "
+                       "over nothing; set cluster.nproc_per_node=N for N ranks", " and ".join(derived))
+    return p, []
 
 
 def check(p: Pending) -> tuple[Pending, list[str]]:
@@ -112,7 +129,7 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
 
 
-STEPS: tuple[Step, ...] = (check, data, resolved, checkpoint, cluster, machine)
+STEPS: tuple[Step, ...] = (ranks, check, data, resolved, checkpoint, cluster, machine)
 
 
 def preflight(job: JobConfig, run_dir: RunDir, steps: tuple[Step, ...] = STEPS) -> tuple[Pending, list[str]]:

@@ -11,6 +11,7 @@ qualified name. Ranks hold one stage (GPipe, 1F1B), several in a loop (rank r ho
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -92,6 +93,29 @@ def stage_ids(schedule: str, pp_rank: int, pp: int, per_rank: int) -> list[int]:
     if schedule in V_SHAPED:
         return [pp_rank, 2 * pp - 1 - pp_rank]
     return [pp_rank + k * pp for k in range(per_rank)]
+
+
+@dataclass(frozen=True)
+class RankLoad:
+    """What one pipeline rank holds: its stages, their blocks, and the model's ends."""
+
+    stages: int
+    blocks: int
+    first: bool  # holds the embedding
+    last: bool  # holds the final norm, the output projection and the loss
+
+
+def rank_loads(p: ParallelismConfig, n_layers: int) -> list[RankLoad]:
+    """Per pipeline rank (one entry without PP), as build_pipeline splits the model."""
+    if p.pipeline_parallel_degree == 1:
+        return [RankLoad(1, n_layers, True, True)]
+    pp, per_rank = p.pipeline_parallel_degree, stages_per_rank(p, n_layers)
+    split = layer_split(n_layers, pp * per_rank)
+    loads = []
+    for r in range(pp):
+        ids = stage_ids(p.pipeline_parallel_schedule, r, pp, per_rank)
+        loads.append(RankLoad(len(ids), sum(len(split[s]) for s in ids), 0 in ids, pp * per_rank - 1 in ids))
+    return loads
 
 
 def layer_split(n_layers: int, n_stages: int) -> list[range]:

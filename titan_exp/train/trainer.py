@@ -34,6 +34,7 @@ from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
 from titan_exp.train.optim import build_optimizers
+from titan_exp.train.profiling import Profiler
 from titan_exp.watchdog import set_collective_timeouts, step_deadline, watchdog
 
 logger = logging.getLogger("titan_exp")
@@ -114,6 +115,7 @@ class Trainer:
         self._build_data()
         self._build_metrics()
         self._build_checkpointer()
+        self.profiler = Profiler(job, run_dir.path, self.rank, device)
 
     def _build_model(self) -> None:
         """Built on the meta device, split into pipeline stages if any, then each part is
@@ -233,6 +235,13 @@ class Trainer:
         same) gets no update; `train` then fails or, with training.on_nonfinite=skip, goes on."""
         for optimizer in self.optimizers:
             optimizer.zero_grad()
+        with self.profiler.phase("forward_backward"):
+            loss = self._forward_backward(microbatches)
+        with self.profiler.phase("optimizer"):
+            return self._update(loss)
+
+    def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """This rank's summed loss over its microbatches; gradients accumulate."""
         loss = torch.zeros((), device=self.device)
         for inputs, labels in microbatches:
             if self.cp_positions is not None:
@@ -249,6 +258,10 @@ class Trainer:
                     target = labels if self.has_last else None
                     self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
+        return loss
+
+    def _update(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global loss and gradient norm, and the optimizer step if both are finite."""
         # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
@@ -280,32 +293,34 @@ class Trainer:
         nonfinite: list[int] = []  # steps whose update was not made
         start = time.perf_counter()
         try:
-            for step in range(first, t.steps + 1):
-                watchdog.arm(step, step_deadline(self.job.comm, first=step == first))
-                faults.inject("hang", step)
-                self.poison_loss = faults.inject("nan", step)
-                step_start = time.perf_counter()
-                loss, grad_norm = self.train_step(self.loader.next_batch())
-                loss_value = loss.item()  # syncs the device, so the step time below is honest
-                if step == first:
-                    set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
-                step_times.append(time.perf_counter() - step_start)
-                self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
-                self.throughput.record(step, tokens_per_step, step_times[-1])
-                losses.append(loss_value)
-                grad_norms.append(grad_norm.item())
-                if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
-                    nonfinite.append(step)
-                    self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
-                if step % self.job.metrics.log_freq == 0 or step == t.steps:
-                    self._log(step, loss_value, grad_norms[-1])
-                faults.inject("step", step)
-                stop = signals.stop_requested()
-                self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
-                if stop:
-                    interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
-                    logger.warning("stopped by %s after step %d", " and ".join(stop), step)
-                    break
+            with self.profiler:  # traces and memory records, when profiling.* asks
+                for step in range(first, t.steps + 1):
+                    watchdog.arm(step, step_deadline(self.job.comm, first=step == first))
+                    faults.inject("hang", step)
+                    self.poison_loss = faults.inject("nan", step)
+                    step_start = time.perf_counter()
+                    loss, grad_norm = self.train_step(self.loader.next_batch())
+                    loss_value = loss.item()  # syncs the device, so the step time below is honest
+                    if step == first:
+                        set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
+                    step_times.append(time.perf_counter() - step_start)
+                    self.profiler.step(step)
+                    self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
+                    self.throughput.record(step, tokens_per_step, step_times[-1])
+                    losses.append(loss_value)
+                    grad_norms.append(grad_norm.item())
+                    if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
+                        nonfinite.append(step)
+                        self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
+                    if step % self.job.metrics.log_freq == 0 or step == t.steps:
+                        self._log(step, loss_value, grad_norms[-1])
+                    faults.inject("step", step)
+                    stop = signals.stop_requested()
+                    self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
+                    if stop:
+                        interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
+                        logger.warning("stopped by %s after step %d", " and ".join(stop), step)
+                        break
         finally:
             watchdog.disarm()
         self.checkpointer.close()
@@ -342,6 +357,7 @@ class Trainer:
             "peak_tflops": self.peak_tflops,
             "peak_tflops_source": self.peak_source,
             "first_step_s": step_times[0],
+            "step_times_s": [round(x, 5) for x in step_times],
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
 

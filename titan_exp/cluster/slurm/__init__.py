@@ -28,6 +28,6 @@ sbatch options) when the sweep has been composed (SlurmArrayCallback), without w
 """
 
 from titan_exp.cluster.slurm.follow import job_state, refresh, wait
-from titan_exp.cluster.slurm.submit import SlurmArrayCallback, run_slurm
+from titan_exp.cluster.slurm.submit import SlurmArrayCallback, run_slurm, submit_pending
 
-__all__ = ["SlurmArrayCallback", "job_state", "refresh", "run_slurm", "wait"]
+__all__ = ["SlurmArrayCallback", "job_state", "refresh", "run_slurm", "submit_pending", "wait"]

@@ -16,8 +16,9 @@ from typing import Any, Optional
 import submitit
 from hydra.experimental.callback import Callback
 
-from titan_exp.cluster import rank_env
-from titan_exp.cluster.slurm.follow import refresh, wait
+from titan_exp.cluster import TRAIN, rank_env
+from titan_exp.cluster.slurm.follow import refresh
+from titan_exp.cluster.slurm.follow import wait as wait_for
 from titan_exp.config import ClusterConfig, JobConfig, load_job_config
 from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 
@@ -27,16 +28,21 @@ PACKAGE = Path(__file__).resolve().parents[2]  # the titan_exp package being run
 
 
 class TrainTask(submitit.helpers.Checkpointable):
-    """One rank of a run: `titan_exp.train.rank.main(run_dir)` with the rendezvous from SLURM.
+    """One rank of a run: `<entry>.main(run_dir)` (the trainer, titan_exp.train.rank, unless
+    told otherwise) with the rendezvous from SLURM.
     Checkpointable: on requeue submitit resubmits this same object; resuming is the trainer's job
     (it loads the run dir's latest checkpoint), so the task carries nothing but the run dir."""
 
-    def __init__(self, run_dir: str):
+    def __init__(self, run_dir: str, entry: str = TRAIN):
         self.run_dir = run_dir
+        self.entry = entry
 
     def __call__(self) -> Optional[dict[str, Any]]:
+        import importlib
+
         from titan_exp import signals
-        from titan_exp.train import rank
+
+        rank = importlib.import_module(self.entry)
 
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         with signals.catch_stop_signals():  # kept on after training, until the requeue below
@@ -101,7 +107,7 @@ def _setup_lines(job: JobConfig, code: Path) -> list[str]:
     return lines
 
 
-def submit(runs: list[tuple[JobConfig, RunDir]], root: Path) -> list[submitit.Job]:
+def submit(runs: list[tuple[JobConfig, RunDir]], root: Path, entry: str = TRAIN) -> list[submitit.Job]:
     """Submit the runs from `root` (a run dir, or a sweep dir for its members): one job, or one
     job array for each set of identical sbatch options. Records each job in its run dir."""
     code = snapshot_code(root)
@@ -117,7 +123,7 @@ def submit(runs: list[tuple[JobConfig, RunDir]], root: Path) -> list[submitit.Jo
         executor.update_parameters(**params)
         try:
             with executor.batch():
-                submitted = [executor.submit(TrainTask(str(run_dir.path))) for _, run_dir in members]
+                submitted = [executor.submit(TrainTask(str(run_dir.path), entry)) for _, run_dir in members]
         except Exception as exc:  # noqa: BLE001 - sbatch's refusal, named below
             raise SubmitError(f"sbatch refused the job ({_first_line(exc)}); nothing was queued") from exc
         for (job, run_dir), sjob in zip(members, submitted):
@@ -149,7 +155,7 @@ def _record_submission(run_dir: RunDir, job: JobConfig, sjob: submitit.Job, code
                 sjob.paths.stdout)
 
 
-def run_slurm(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Optional[str]:
+def run_slurm(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:
     """The executor: queue the job and return; with cluster.wait, wait for it and return its
     error, if any. A sweep member is only recorded as pending here: SlurmArrayCallback submits
     the sweep's pending members together, as job arrays, once the sweep is composed."""
@@ -157,13 +163,13 @@ def run_slurm(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False) -> Opt
         _write_pending(run_dir, job)
         return None
     try:
-        (sjob,) = submit([(job, run_dir)], run_dir.path)
+        (sjob,) = submit([(job, run_dir)], run_dir.path, entry)
     except SubmitError as exc:
         run_dir.write_summary(RunSummary.of(job, Status.failed, run_dir.path, error=str(exc)))
         return str(exc)
     if not job.cluster.wait:
         return None
-    wait([sjob])
+    wait_for([sjob])
     summary = refresh(run_dir)
     if summary is None:
         return "job ended without a summary"
@@ -176,26 +182,31 @@ class SlurmArrayCallback(Callback):
     callback, and Hydra calls end hooks in reverse, so the report sees the submitted jobs."""
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep = Path(config.hydra.sweep.dir)
-        if not sweep.is_dir():
-            return
-        runs = []
-        for run_dir in sweep_members(sweep):
-            summary = run_dir.read_summary()
-            if summary is not None and summary.status == Status.pending and not run_dir.slurm_job.exists():
-                runs.append((load_job_config(run_dir.config), run_dir))
-        if not runs:
-            return
-        try:
-            jobs = submit(runs, sweep)
-        except SubmitError as exc:
-            logger.error("%s", exc)
-            for _, run_dir in runs:
-                run_dir.write_summary(run_dir.read_summary().replace(status=Status.failed, error=str(exc)))
-            return
-        logger.info("sweep %s: %d member(s) queued as SLURM job(s) %s", sweep, len(jobs),
-                    ", ".join(sorted({j.job_id.split("_")[0] for j in jobs})))
-        if any(job.cluster.wait for job, _ in runs):
-            wait(jobs)
-            for _, run_dir in runs:
-                refresh(run_dir)
+        submit_pending(Path(config.hydra.sweep.dir))
+
+
+def submit_pending(sweep: Path, wait: bool | None = None) -> None:
+    """Submit a sweep's members that the SLURM executor left pending (a pending summary and no
+    slurm_job.json yet) as job arrays; then wait for them if `wait` (default: cluster.wait)."""
+    if not sweep.is_dir():
+        return
+    runs = []
+    for run_dir in sweep_members(sweep):
+        summary = run_dir.read_summary()
+        if summary is not None and summary.status == Status.pending and not run_dir.slurm_job.exists():
+            runs.append((load_job_config(run_dir.config), run_dir))
+    if not runs:
+        return
+    try:
+        jobs = submit(runs, sweep)
+    except SubmitError as exc:
+        logger.error("%s", exc)
+        for _, run_dir in runs:
+            run_dir.write_summary(run_dir.read_summary().replace(status=Status.failed, error=str(exc)))
+        return
+    logger.info("sweep %s: %d member(s) queued as SLURM job(s) %s", sweep, len(jobs),
+                ", ".join(sorted({j.job_id.split("_")[0] for j in jobs})))
+    if wait or (wait is None and any(job.cluster.wait for job, _ in runs)):
+        wait_for(jobs)
+        for _, run_dir in runs:
+            refresh(run_dir)

@@ -1,0 +1,132 @@
+"""The performance and memory models against measurements: every valid layout, predicted vs
+measured tokens/s per device and peak memory, in one sitting.
+
+    python benchmarks/bench_perf_model.py                    # the four cases of issue 13
+    python benchmarks/bench_perf_model.py --case debug:4     # one case
+    python benchmarks/bench_perf_model.py --held-out         # the memory model's held-out cases
+
+For each (model, world) it calibrates the machine (reusing the cached profile unless --refresh),
+plans every valid layout, runs each for a few steps (the first `metrics.warmup_steps` excluded),
+and prints a table plus Spearman's rank correlation of tokens/s and the median |error|.
+Targets (issue 13): Spearman >= 0.85, median |tokens/s error| <= 20 %, memory within +-10 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from conftest import job_config, run_job  # noqa: E402
+
+from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
+from titan_exp.perf.profile import this_machine  # noqa: E402
+from titan_exp.plan import plan  # noqa: E402
+
+COMMON = ["metrics.log_freq=100", "lr_scheduler.warmup_steps=1", "cluster.cpu_malloc_mmap_threshold_mib=1"]
+CASES = {
+    "debug:4": (["model=debugmodel", "training.seq_len=128", "training.global_batch_size=16",
+                 "training.local_batch_size=16", "training.steps=8", "metrics.warmup_steps=3"], 4),
+    "debug:8": (["model=debugmodel", "training.seq_len=128", "training.global_batch_size=16",
+                 "training.local_batch_size=16", "training.steps=8", "metrics.warmup_steps=3"], 8),
+    "100m:2": (["model=llama3_100m", "training.seq_len=256", "training.global_batch_size=4",
+                "training.local_batch_size=4", "training.steps=5", "metrics.warmup_steps=2"], 2),
+    "100m:4": (["model=llama3_100m", "training.seq_len=256", "training.global_batch_size=4",
+                "training.local_batch_size=4", "training.steps=5", "metrics.warmup_steps=2"], 4),
+}
+# Memory only, on a shape and world size the memory model was not built on (named before measuring).
+HELD_OUT = {
+    "dim384-L4:2": (["model=debugmodel", "model.dim=384", "model.n_layers=4", "model.n_heads=12", "model.n_kv_heads=4",
+                     "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
+                     "training.steps=3", "metrics.warmup_steps=1"], 2),
+}
+
+
+def calibrate(overrides: list[str], world: int, refresh: bool) -> None:
+    cmd = [sys.executable, "-m", "titan_exp.calibrate", *overrides, "--world", str(world)] + (["--refresh"] if refresh else [])
+    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_only: bool = False) -> dict:
+    base = [*overrides, *COMMON]
+    calibrate(base, world, refresh)
+    profile = this_machine(world)
+    plans = plan(job_config(base), world, device_memory_gib=1e9, profile=profile)
+    rows = []
+    for pl in plans:
+        with tempfile.TemporaryDirectory() as run_dir:
+            start = time.time()
+            code, s = run_job([*base, *pl.overrides, f"cluster.nproc_per_node={world}"], Path(run_dir))
+        measured = s.get("tokens_per_second_per_device") if code == 0 and s else None
+        row = {"layout": pl.name, "local_batch": pl.local_batch_size, "predicted_tps": pl.tokens_per_s,
+               "measured_tps": measured, "predicted_gib": pl.memory_gib,
+               "measured_gib": s.get("peak_memory_gib") if s else None, "wall_s": time.time() - start,
+               "breakdown": pl.step.breakdown(), "status": s.get("status") if s else "no summary"}
+        rows.append(row)
+        shown = f"{measured:.0f}" if measured else row["status"]
+        print(f"  {name} {pl.name}: predicted {pl.tokens_per_s:.0f}, measured {shown} tokens/s/device; "
+              f"memory {pl.memory_gib:.2f} vs {row['measured_gib'] or float('nan'):.2f} GiB", flush=True)
+    ok = [r for r in rows if r["measured_tps"]]
+    result = {"case": name, "world": world, "profile": profile.name, "rows": rows,
+              "memory_errors": relative_errors([r["predicted_gib"] for r in ok], [r["measured_gib"] for r in ok])}
+    if not memory_only:
+        result["spearman"] = spearman([r["predicted_tps"] for r in ok], [r["measured_tps"] for r in ok])
+        result["tps_errors"] = relative_errors([r["predicted_tps"] for r in ok], [r["measured_tps"] for r in ok])
+    return result
+
+
+def markdown(result: dict, memory_only: bool = False) -> str:
+    lines = [f"### {result['case']} (world {result['world']}, profile {result['profile']})", ""]
+    if memory_only:
+        lines += ["| layout | predicted GiB | measured GiB | error |", "|---|---|---|---|"]
+    else:
+        lines += ["| layout | predicted tok/s/dev | measured tok/s/dev | error | predicted GiB | measured GiB | error "
+                  "| model: compute / comm / bubble / recompute s |", "|---|---|---|---|---|---|---|---|"]
+    for r in sorted(result["rows"], key=lambda r: -(r["measured_tps"] or 0)):
+        if not r["measured_tps"]:
+            lines.append(f"| {r['layout']} | {r['predicted_tps']:.0f} | {r['status']} | | | | | |")
+            continue
+        merr = r["predicted_gib"] / r["measured_gib"] - 1
+        if memory_only:
+            lines.append(f"| {r['layout']} | {r['predicted_gib']:.2f} | {r['measured_gib']:.2f} | {merr:+.1%} |")
+            continue
+        b = r["breakdown"]
+        lines.append(f"| {r['layout']} | {r['predicted_tps']:.0f} | {r['measured_tps']:.0f} "
+                     f"| {r['predicted_tps'] / r['measured_tps'] - 1:+.1%} | {r['predicted_gib']:.2f} "
+                     f"| {r['measured_gib']:.2f} | {merr:+.1%} | {b['compute']:.3f} / {b['exposed_comm']:.3f} / "
+                     f"{b['bubble']:.3f} / {b['recompute']:.3f} |")
+    mem = result["memory_errors"]
+    lines.append("")
+    if not memory_only:
+        lines.append(f"Spearman {result['spearman']:.2f}; median |tokens/s error| {median_abs(result['tps_errors']):.1%}; "
+                     f"memory: median |error| {median_abs(mem):.1%}, worst {max(mem, key=abs):+.1%}")
+    else:
+        lines.append(f"memory: median |error| {median_abs(mem):.1%}, worst {max(mem, key=abs):+.1%}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", action="append", choices=sorted(CASES), help="default: all four")
+    parser.add_argument("--held-out", action="store_true", help="the memory model's held-out cases only")
+    parser.add_argument("--refresh", action="store_true", help="recalibrate")
+    parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
+    args = parser.parse_args()
+    chosen = HELD_OUT if args.held_out else {k: CASES[k] for k in (args.case or CASES)}
+    results = []
+    for name, (overrides, world) in chosen.items():
+        result = run_case(name, overrides, world, args.refresh, memory_only=args.held_out)
+        results.append(result)
+        print(markdown(result, memory_only=args.held_out), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""The performance model (issue 13): machine calibration's file, the model's behaviour, the refit,
+the planner's output, and the autotune sweeper with profiling on a small real sweep."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from conftest import REPO, SMALL, job_config, launch_cli
+from titan_exp.perf import fit
+from titan_exp.perf.calibrate import model_shape
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
+from titan_exp.perf.step import predict_step
+from titan_exp.plan import with_layout
+
+TINY = ["model.n_layers=4", "training.seq_len=64"]
+
+
+def synthetic(job, world: int, *, concurrency: float | None = None) -> MachineProfile:
+    """A profile with round numbers: 1 ms + 2 ms per sequence per block at tp 1, halved compute
+    per extra TP rank; 100 us + 1 GB/s collectives."""
+    blocks = {tp: BlockCost(Line(1e-3 / tp, 1e-3 / tp), Line(1e-3 / tp, 3e-3 / tp), Line(0, 1e-3 / tp)) for tp in (1, 2, 4, 8)}
+    comm = {op: {g: Line(1e-4, 1e-9) for g in (2, 4, 8)} for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all")}
+    comm["send_recv"] = {2: Line(5e-5, 1e-9)}
+    return MachineProfile(key=machine_key("cpu", "gloo", world, 1), concurrency=concurrency or world,
+                          gemm={"float32": Line(1e-5, 1e-10), "bfloat16": Line(1e-5, 0.5e-10)},
+                          blocks={model_shape(job): blocks}, collectives=comm, optimizer_s_per_param=1e-9,
+                          step_overhead_s=1e-3)
+
+
+def layout(job, global_batch=8, **degrees):
+    return with_layout(job, dict(dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), **degrees), global_batch)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return job_config([*SMALL, *TINY, "training.local_batch_size=8"])
+
+
+def test_more_tp_more_tp_communication(base):
+    profile = synthetic(base, 8)
+    tp2 = predict_step(layout(base, tp=2, dp_shard=4), profile)
+    tp4 = predict_step(layout(base, tp=4, dp_shard=2), profile)
+    assert 0 < tp2.parts["tp"] < tp4.parts["tp"]
+    assert "tp" not in predict_step(layout(base, dp_shard=8), profile).parts
+
+
+def test_more_microbatches_less_bubble(base):
+    profile = synthetic(base, 4)
+    p = dataclasses.replace(base.parallelism, pipeline_parallel_degree=4, data_parallel_shard_degree=1)
+    shares = []
+    for microbatch in (8, 4, 2, 1):  # 1, 2, 4, 8 microbatches
+        job = dataclasses.replace(base, parallelism=dataclasses.replace(p, pipeline_parallel_microbatch_size=microbatch),
+                                  cluster=dataclasses.replace(base.cluster, nproc_per_node=4))
+        step = predict_step(job, profile)
+        shares.append(step.parts["bubble"] / step.step_s)
+    assert shares == sorted(shares, reverse=True) and shares[-1] < shares[0] / 2
+    # Zero-bubble schedules leave less of it than 1F1B.
+    zb = dataclasses.replace(job, parallelism=dataclasses.replace(job.parallelism, pipeline_parallel_schedule="ZBVZeroBubble"))
+    assert predict_step(zb, profile).parts["bubble"] < predict_step(job, profile).parts["bubble"]
+
+
+def test_full_ac_recomputes(base):
+    profile = synthetic(base, 2)
+    none = predict_step(layout(base, dp_shard=2), profile)
+    full_job = layout(dataclasses.replace(base, activation_checkpoint=dataclasses.replace(
+        base.activation_checkpoint, mode="full")), dp_shard=2)
+    full = predict_step(full_job, profile)
+    assert none.parts["recompute"] == 0 < full.parts["recompute"]
+    assert full.parts["compute"] == pytest.approx(none.parts["compute"])
+    assert full.step_s > none.step_s
+
+
+def test_ranks_sharing_cores(base):
+    """Costs are measured with every rank computing at once. On a machine where only 2 of 4 ranks
+    compute at full speed, a data-parallel step costs what was measured; a 4-stage pipeline, whose
+    ranks idle in the bubble, gets back the cores they leave (on 4 GPUs it does not)."""
+    gpus, shared = synthetic(base, 4), synthetic(base, 4, concurrency=2)
+    fsdp, pp = layout(base, dp_shard=4), layout(base, pp=4)
+    pp = dataclasses.replace(pp, parallelism=dataclasses.replace(pp.parallelism, pipeline_parallel_microbatch_size=1))
+    assert predict_step(fsdp, shared).parts["compute"] == pytest.approx(predict_step(fsdp, gpus).parts["compute"])
+    assert predict_step(pp, shared).parts["compute"] < 0.8 * predict_step(pp, gpus).parts["compute"]
+
+
+def test_refit_recovers_a_scale(base):
+    profile = synthetic(base, 4)
+    jobs = [layout(base, dp_shard=4), layout(base, dp_replicate=4), layout(base, tp=2, dp_shard=2), layout(base, pp=4),
+            layout(base, dp_shard=2, cp=2)]
+    runs = [(predict_step(j, profile), 1.7 * predict_step(j, profile).step_s) for j in jobs]
+    fitted = fit.refit(profile, runs)
+    assert fitted.corrections.median_error_before == pytest.approx(0.7 / 1.7, rel=1e-6)
+    assert fitted.corrections.median_error_after < 0.01
+    again = [predict_step(j, fitted).step_s for j in jobs]
+    assert again == pytest.approx([m for _, m in runs], rel=0.02)
+    assert fit.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert fit.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
+    rate, low, high = fit.throughput_interval([1.0, 1.1, 0.9, 1.0], 1000, 2)
+    assert rate == pytest.approx(500) and low < rate < high
+
+
+def test_calibration_profile_file(tmp_path):
+    """A real 2-rank calibration writes the profile (every part the model reads, with sane
+    values); a second run reuses it without starting ranks; --refresh measures again."""
+    args = [sys.executable, "-m", "titan_exp.calibrate", *TINY, "--world", "2", "--tiny", "--profile-dir", str(tmp_path)]
+    first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (path,) = tmp_path.glob("*-w2-*.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == 1 and data["source"] == "calibrated" and data["key"]["world"] == 2
+    profile = MachineProfile.from_dict(data)
+    shape = model_shape(job_config(TINY))
+    assert set(profile.blocks[shape]) == {1, 2}  # every TP degree 2 ranks allow
+    for tp, cost in profile.blocks[shape].items():  # tiny sizes are noisy: only what noise cannot flip
+        assert cost.fwd_bwd(2) > cost.fwd(2) > 0 and cost.head(2) >= 0
+        assert (cost.tp_comm is not None) == (tp > 1)
+    assert set(profile.blocks[shape][1].cp_extra) == {2}
+    assert {"float32", "bfloat16"} <= set(profile.gemm) and all(r[3] > 0 for r in profile.gemm_shapes["float32"])
+    assert set(profile.collectives) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"}
+    assert all(line(1 << 20) > 0 for by_g in profile.collectives.values() for line in by_g.values())
+    assert 1.0 <= profile.concurrency <= 2.0 and 0.0 <= profile.overlap <= 1.0 and profile.optimizer_s_per_param > 0
+    assert "block tp=2" in first.stdout and "all_gather: 2 ranks" in first.stdout
+    again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "reusing" in again.stdout and json.loads(path.read_text()) == data
+    refreshed = subprocess.run([*args, "--refresh"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert refreshed.returncode == 0 and json.loads(path.read_text())["created"] >= data["created"]
+    assert json.loads(path.read_text())["calibration_s"] != data["calibration_s"]
+
+
+def test_plan_prints_times_and_the_profile(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "titan_exp.plan", *TINY, "--world", "4", "--profile-dir", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "DEFAULT costs" in out.stdout and "python -m titan_exp.calibrate --world 4" in out.stdout
+    assert "| step s | tokens/s/device |" in out.stdout
+
+
+def test_autotune_sweep(tmp_path, titan_cache):
+    """A real autotune sweep on 2 ranks: the memory model prunes, successive halving measures
+    3 then 2 members, profiling writes traces whose breakdown reaches the report, the record says
+    what happened, and the profile is refit."""
+    from titan_exp.perf.autotune import candidates
+    from titan_exp.perf.profile import this_machine
+
+    overrides = [*SMALL, *TINY, "training.local_batch_size=4", "cluster.nproc_per_node=2"]
+    job = job_config(overrides)
+    grid = candidates(job, 2, cuda=False, profile=this_machine(2), memory_gib=1e9)
+    largest = max(c.memory_gib for c in grid)
+    assert len(grid) >= 4 and largest > min(c.memory_gib for c in grid)
+    sweep = tmp_path / "sweep"
+    result = launch_cli(["-m", "+sweep=autotune", *overrides, f"hydra.sweep.dir={sweep}", "autotune.top_k=3",
+                         "autotune.steps=2", "autotune.warmup_steps=1", f"autotune.device_memory_gib={largest - 1e-3}",
+                         "profiling.enable_profiling=true", "profiling.profile_freq=2",
+                         "profiling.enable_memory_snapshot=true"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = json.loads((sweep / "autotune.json").read_text())
+    assert [len(r["members"]) for r in record["rounds"]] == [3, 2]
+    assert record["rounds"][1]["timed_steps"] == 2 * record["rounds"][0]["timed_steps"]
+    by_name = {c["name"]: c for c in record["candidates"]}
+    assert any(c["pruned"].startswith("memory model") for c in by_name.values())
+    assert sum("outside the 3 measured" in c["pruned"] for c in by_name.values()) == record["grid"]["fit"] - 3
+    winner = record["winner"]
+    low, high = winner["interval"]
+    assert len(winner["members"]) == 2 and low <= winner["measured_tokens_per_s"] <= high
+    loser = next(c for c in by_name.values() if len(c["members"]) == 1)
+    assert "round 0" in loser["pruned"]
+    assert 0 < record["spent_s"] and 0 < record["grid"]["estimated_s"]  # the ratio is benchmarks/bench_autotune.py's
+    # Every member is an ordinary run dir with traces; the report has the autotune section and the
+    # trace's breakdown.
+    members = sorted(p for p in sweep.iterdir() if (p / ".hydra").is_dir())
+    assert len(members) == 5
+    assert all(len(list((m / "profile_traces").glob("iteration_2/rank*_trace.json"))) == 2 for m in members)
+    phases = json.loads((members[0] / "memory_snapshot" / "rank1_memory_phases.json").read_text())
+    assert [(p["step"], p["phase"]) for p in phases] == [(1, "forward_backward"), (1, "optimizer"),
+                                                         (2, "forward_backward"), (2, "optimizer"),
+                                                         (3, "forward_backward"), (3, "optimizer")]
+    assert all(p["rss_gib"] > 0 for p in phases)
+    assert [p["peak_rss_gib"] for p in phases] == sorted(p["peak_rss_gib"] for p in phases)  # a peak never falls
+    overrides_1 = yaml.safe_load((members[0] / ".hydra" / "overrides.yaml").read_text())
+    assert "training.steps=3" in overrides_1 and "metrics.warmup_steps=1" in overrides_1
+    report = (sweep / "report.md").read_text()
+    assert "## Autotune" in report and f"**Winner: {winner['name']}**" in report
+    import csv
+
+    rows = list(csv.DictReader((sweep / "report.csv").open()))
+    assert all(r["breakdown_source"].startswith("trace") for r in rows)
+    assert all(float(r["predicted_tokens_per_second_per_device"]) > 0 and r["prediction_error"] for r in rows)
+    refit = json.loads(open(record["refit"]["profile"]).read())  # one run per measured candidate
+    assert record["refit"]["measurements"] == refit["corrections"]["measurements"] == 3

@@ -1,0 +1,116 @@
+"""Measure this machine (or the cluster's nodes) for the performance model.
+
+    python -m titan_exp.calibrate [overrides ...] [--world N] [--refresh] [--compile]
+    python -m titan_exp.calibrate model=llama3_100m --world 4
+    python -m titan_exp.calibrate model=llama3_8b cluster=slurm cluster.nnodes=2 cluster.nproc_per_node=8
+
+Overrides are launch.py's: the model (its GEMM and block shapes are measured), the sequence
+length, and the cluster, whose executor starts the calibration ranks exactly as it would start
+training ranks (`cluster=slurm` measures the cluster's nodes; pass cluster.wait=true to wait for
+the profile). The profile lands in `<cache>/perf/<machine>.json` (titan_exp.perf.profile); a later
+run for the same machine, world size and model reuses it unless `--refresh`. A model not measured
+before on a known machine adds its blocks to the profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+from titan_exp.config import Executor, compose_job, to_yaml
+from titan_exp.perf.calibrate import Options, model_shape
+from titan_exp.perf.profile import MachineProfile, this_machine
+from titan_exp.record import RunDir, Status
+from titan_exp.validation import resolve, validate
+
+
+def calibration_job(overrides: list[str], world: int | None):
+    """The job whose ranks calibrate: `world` ranks (default: the overrides' world size) in one
+    data-parallel group, which every executor and the validator accept."""
+    job = compose_job(overrides)
+    world = world or job.world_size
+    p = job.parallelism
+    flat = dataclasses.replace(p, data_parallel_shard_degree=world, data_parallel_replicate_degree=1,
+                               tensor_parallel_degree=1, pipeline_parallel_degree=1, context_parallel_degree=1)
+    nnodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    job = dataclasses.replace(job, parallelism=flat,
+                              training=dataclasses.replace(job.training, global_batch_size=-1, local_batch_size=1),
+                              cluster=dataclasses.replace(job.cluster, nnodes=nnodes, nproc_per_node=world // nnodes))
+    return job
+
+
+def print_table(profile: MachineProfile, shape: str) -> None:
+    print(f"machine profile {profile.name} ({profile.source}, {profile.calibration_s:.0f} s of measuring)")
+    print(f"  ranks computing at full speed at once: {profile.concurrency:.2f}; "
+          f"collective hidden behind compute: {profile.overlap:.0%}")
+    for dtype, line in profile.gemm.items():
+        rows = profile.gemm_shapes.get(dtype, [])
+        rates = ", ".join(f"{m}x{k}x{n} {2 * m * k * n / s / 1e12:.3f}" for m, k, n, s in rows[-3:])
+        print(f"  matmul {dtype}: {1 / line.per_unit_s / 1e12:.3f} TFLOP/s + {line.latency_s * 1e6:.0f} us"
+              f"{'; largest shapes (TFLOP/s): ' + rates if rates else ''}")
+    for tp, cost in sorted(profile.blocks.get(shape, {}).items()):
+        print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} "
+              f"ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), head {cost.head.per_unit_s * 1e3:.2f} ms/seq")
+    for op, by_g in profile.collectives.items():
+        cells = ", ".join(f"{g} ranks {line.latency_s * 1e6:.0f} us"
+                          + (f" + {1 / line.per_unit_s / 1e9:.2f} GB/s" if line.per_unit_s > 0 else "")
+                          for g, line in sorted(by_g.items()))
+        print(f"  {op}: {cells}")
+    print(f"  AdamW: {profile.optimizer_s_per_param * 1e9:.2f} ns/param"
+          + (f"; compiled block {profile.compile_speedup:.2f}x eager" if profile.compile_speedup else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.calibrate", description=__doc__.split("\n")[0])
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., cluster=...)")
+    parser.add_argument("--world", type=int, default=None, help="ranks to calibrate (default: the overrides' world size)")
+    parser.add_argument("--refresh", action="store_true", help="measure again even if a profile exists")
+    parser.add_argument("--compile", action="store_true", help="also measure the compiled block's speed-up (slow)")
+    parser.add_argument("--tiny", action="store_true", help="smallest sizes and fewest repeats (tests)")
+    parser.add_argument("--profile-dir", default=None, help="where profiles live (default: <cache>/perf)")
+    parser.add_argument("--run-dir", default=None, help="the calibration job's run dir (default: under the profile dir)")
+    args = parser.parse_args(argv)
+    job = resolve(calibration_job(args.overrides, args.world))
+    errors = validate(job)
+    if errors:
+        print("calibrate: refused, nothing was started:\n  - " + "\n  - ".join(errors), file=sys.stderr)
+        return 2
+    shape, folder = model_shape(job), Path(args.profile_dir) if args.profile_dir else None
+    local = job.cluster.executor != Executor.slurm
+    if local and not args.refresh:  # this machine: reuse without starting any rank
+        from titan_exp.cluster.local import threads_per_rank
+
+        known = this_machine(job.world_size, threads_per_rank=threads_per_rank(job.world_size), folder=folder)
+        if known.source == "calibrated" and shape in known.blocks and (known.compile_speedup or not args.compile):
+            print(f"reusing {known.path(folder)} (--refresh measures again)")
+            print_table(known, shape)
+            return 0
+    from titan_exp.cluster import get_executor
+    from titan_exp.perf.profile import profiles_dir
+
+    run_dir = RunDir(args.run_dir or (folder or profiles_dir()) / "runs" / time.strftime("%Y%m%d-%H%M%S"))
+    run_dir.path.mkdir(parents=True, exist_ok=True)
+    run_dir.config.write_text(to_yaml(job))
+    options = Options(refresh=args.refresh, tiny=args.tiny, compile=args.compile,
+                      profile_dir=str(folder.resolve()) if folder else None)
+    (run_dir.path / "calibrate.json").write_text(json.dumps(dataclasses.asdict(options)))
+    print(f"calibrating {job.world_size} rank(s) with the {job.cluster.executor} executor; run dir {run_dir.path}")
+    error = get_executor(job.cluster.executor)(job, run_dir, in_sweep=False, entry="titan_exp.perf.calibrate")
+    summary = run_dir.read_summary()
+    if summary is not None and summary.status == Status.pending:
+        print(f"queued; the profile is written by the job (see {run_dir.path}/summary.json)")
+        return 0
+    if error or summary is None or summary.status != Status.ok:
+        print(f"calibrate: failed: {error or (summary.error if summary else 'no summary written')}", file=sys.stderr)
+        return 1
+    profile = MachineProfile.from_dict(json.loads(Path(summary.machine_profile).read_text()))
+    print_table(profile, shape)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,449 @@
+"""What every rank of a calibration job runs: `python -m titan_exp.perf.calibrate RUN_DIR`
+(started by an executor, like training: `titan_exp.calibrate` is the command).
+
+All ranks measure at the same time, as they would compute during training, so a machine with
+fewer cores than ranks shows it in every number. Rank 0 writes the profile (perf.profile) and the
+run's summary.json. What is measured, each over a few sizes and fitted as a Line:
+
+- matmuls of the model's own GEMM shapes (fp32, bf16; float8 on GPUs that have it);
+- one block by itself at every TP degree the world allows (heads and the SwiGLU width divided by
+  tp), forward and forward + backward: its compute, and the forward that AC redoes, scaled by how
+  much more a block costs inside the real model (measured at tp 1);
+- the real model, forward + backward with its loss, with 1 and 2 blocks, at every TP degree
+  (tensor + sequence parallel when tp > 1): the rest of the model (the 1-block model minus its
+  block), and what TP adds (a real TP block, 2 blocks minus 1, minus its compute);
+- a real context-parallel block at every CP degree: what CP adds to the block;
+- collectives over groups of every size dividing the world, all groups at once: all-gather,
+  reduce-scatter, all-reduce, all-to-all; send/recv between rank pairs;
+- how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
+- how much of an all-gather hides behind a concurrent matmul;
+- AdamW's step per parameter; optionally (`compile`) the compiled block's speed-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from titan_exp.config import JobConfig, ModelConfig, load_job_config
+from titan_exp.perf.profile import (BlockCost, Line, MachineProfile, find, machine_key, shape_key)
+from titan_exp.record import RunDir, RunSummary, Status
+
+logger = logging.getLogger("titan_exp")
+
+
+@dataclass
+class Options:
+    """calibrate.json in the run dir, written by `python -m titan_exp.calibrate`."""
+
+    refresh: bool = False
+    tiny: bool = False  # smallest sizes and fewest repeats: for tests
+    compile: bool = False
+    profile_dir: str | None = None  # default: <cache>/perf
+
+    @property
+    def reps(self) -> int:
+        return 2 if self.tiny else 6
+
+    @property
+    def sequences(self) -> list[int]:
+        return [1, 2] if self.tiny else [1, 2, 4]
+
+    @property
+    def comm_bytes(self) -> list[int]:
+        return [16 << 10, 256 << 10] if self.tiny else [64 << 10, 1 << 20, 8 << 20]
+
+
+def model_shape(job: JobConfig) -> str:
+    m = job.model
+    return shape_key(m.dim, m.n_heads, m.kv_heads, m.ffn_hidden_dim, m.vocab_size, job.training.seq_len)
+
+
+def tp_degrees(m: ModelConfig, world: int) -> list[int]:
+    return [tp for tp in range(1, world + 1)
+            if world % tp == 0 and m.n_heads % tp == 0 and m.kv_heads % tp == 0 and m.ffn_hidden_dim % tp == 0]
+
+
+# -- timing --------------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    """Median seconds of `fn` after one warm-up call."""
+    fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def slowest(seconds: float, device: torch.device) -> float:
+    """The slowest rank's time: a collective step waits for it."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def together(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    """Every rank runs `fn` at the same time; the slowest rank's median."""
+    dist.barrier()
+    return slowest(timed(fn, reps, device), device)
+
+
+# -- compute -------------------------------------------------------------------------------
+def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
+    """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width."""
+    from titan_exp.models.llama import FeedForward, TransformerBlock
+
+    block = TransformerBlock(m)
+    a, hd = block.attention, m.head_dim
+    a.wq = nn.Linear(m.dim, m.n_heads // tp * hd, bias=False)
+    a.wk = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
+    a.wv = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
+    a.wo = nn.Linear(m.n_heads // tp * hd, m.dim, bias=False)
+    block.feed_forward = FeedForward(m.dim, m.ffn_hidden_dim // tp)
+    return block.to(device)
+
+
+def block_runs(m: ModelConfig, tp: int, seqs: int, seq_len: int, device: torch.device):
+    """(block, forward, forward + backward) of one TP rank's block on `seqs` sequences."""
+    from titan_exp.models.llama import rope_tables
+
+    block = sharded_block(m, tp, device)
+    cos, sin = (t.to(device) for t in rope_tables(m.head_dim, seq_len, m.rope_theta))
+    x = torch.randn(seqs, seq_len, m.dim, device=device, requires_grad=True)
+
+    @torch.no_grad()
+    def fwd():
+        return block(x, cos, sin)
+
+    def fwd_bwd():
+        block(x, cos, sin).sum().backward()
+
+    return block, fwd, fwd_bwd
+
+
+def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, tuple[Line, Line]]:
+    """Per TP degree: one TP rank's share of a block by itself, (forward, forward + backward)."""
+    out = {}
+    for tp in tp_degrees(m, world):
+        fwd_s, both_s = [], []
+        for seqs in opts.sequences:
+            _, fwd, fwd_bwd = block_runs(m, tp, seqs, seq_len, device)
+            fwd_s.append(together(fwd, opts.reps, device))
+            both_s.append(together(fwd_bwd, opts.reps, device))
+        out[tp] = (Line.fit(opts.sequences, fwd_s), Line.fit(opts.sequences, both_s))
+    return out
+
+
+def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
+                        device: torch.device) -> dict[int, tuple[Line, Line]]:
+    """Per TP degree (1 included): the real model's forward + backward with its loss, by
+    sequences, as (a 2-block model minus a 1-block one, the 1-block model), tensor parallel
+    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) when tp > 1."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.parallel.tensor import apply_tp
+
+    out = {}
+    for tp in tp_degrees(m, world):
+        mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"] if tp > 1 else None
+        models = {}
+        for layers in (1, 2):
+            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
+            if mesh is not None:
+                apply_tp(models[layers], mesh, loss_parallel=False)
+        one, two = [], []
+        for seqs in opts.sequences:
+            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
+            labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
+
+            def step(model):
+                F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
+
+            one.append(together(lambda: step(models[1]), opts.reps, device))
+            two.append(together(lambda: step(models[2]), opts.reps, device))
+        out[tp] = (Line.fit(opts.sequences, [b - a for a, b in zip(one, two)]), Line.fit(opts.sequences, one))
+    return out
+
+
+def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
+    """Per CP degree: one block of a real context-parallel model (titan_exp.parallel.context) on
+    this rank's seq_len / cp positions, forward + backward, by sequences (2 blocks minus 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.parallel.context import apply_cp
+
+    out = {}
+    for cp in [c for c in range(2, world + 1) if world % c == 0 and seq_len % (2 * c) == 0]:
+        mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("rest", "cp"))["cp"]
+        models = {}
+        for layers in (1, 2):
+            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
+            apply_cp(models[layers], mesh, seq_len)
+        rows = []
+        for seqs in opts.sequences:
+            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len // cp), device=device)
+            labels = torch.randint(0, m.vocab_size, (seqs * seq_len // cp,), device=device)
+            per_model = {n: together(lambda model=model: F.cross_entropy(model(tokens).flatten(0, 1), labels).backward(),
+                                     opts.reps, device) for n, model in models.items()}
+            rows.append(per_model[2] - per_model[1])
+        out[cp] = Line.fit(opts.sequences, rows)
+    return out
+
+
+def concurrency(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> float:
+    """How many ranks compute at full speed at once: world x (time alone / time together)."""
+    _, _, fwd_bwd = block_runs(m, 1, opts.sequences[-1], seq_len, device)
+    ratios = []
+    for _ in range(3):  # alternating, so a slow spell of a shared machine hits both
+        both = together(fwd_bwd, opts.reps, device)
+        alone = timed(fwd_bwd, opts.reps, device) if dist.get_rank() == 0 else 0.0
+        dist.barrier()
+        t = torch.tensor([alone], dtype=torch.float64, device=device)
+        dist.broadcast(t, src=0)
+        ratios.append(t.item() / both)
+    return max(1.0, min(float(world), world * statistics.median(ratios)))
+
+
+def gemm_shapes(m: ModelConfig, seq_len: int, opts: Options) -> list[tuple[int, int, int]]:
+    hd = m.head_dim
+    out = []
+    for seqs in opts.sequences:
+        tokens = seqs * seq_len
+        out += [(tokens, m.dim, m.n_heads * hd), (tokens, m.dim, m.kv_heads * hd), (tokens, m.dim, m.ffn_hidden_dim),
+                (tokens, m.ffn_hidden_dim, m.dim), (tokens, m.dim, m.vocab_size)]
+    return sorted(set(out))
+
+
+def gemm_dtypes(device: torch.device) -> list[torch.dtype]:
+    dtypes = [torch.float32, torch.bfloat16]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        dtypes.append(torch.float8_e4m3fn)
+    return dtypes
+
+
+def measure_gemms(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> tuple[dict, dict]:
+    fits, tables = {}, {}
+    for dtype in gemm_dtypes(device):
+        name = str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8")
+        rows = []
+        for mm, k, n in gemm_shapes(m, seq_len, opts):
+            if dtype == torch.float8_e4m3fn:
+                a = torch.randn(mm, k, device=device).to(dtype)
+                b = torch.randn(n, k, device=device).to(dtype).t()
+                one = torch.ones((), device=device)
+                fn = lambda a=a, b=b, one=one: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+            else:
+                a, b = torch.randn(mm, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+                fn = lambda a=a, b=b: a @ b  # noqa: E731
+            rows.append([mm, k, n, together(fn, opts.reps, device)])
+        fits[name] = Line.fit([2 * r[0] * r[1] * r[2] for r in rows], [r[3] for r in rows])
+        tables[name] = rows
+    return fits, tables
+
+
+# -- communication ------------------------------------------------------------------------
+def group_sizes(world: int) -> list[int]:
+    return [g for g in range(2, world + 1) if world % g == 0]
+
+
+def measure_collectives(world: int, opts: Options, device: torch.device) -> dict[str, dict[int, Line]]:
+    rank = dist.get_rank()
+    out: dict[str, dict[int, Line]] = {}
+    for g in group_sizes(world):
+        mine = None
+        for start in range(0, world, g):  # every rank creates every group, in the same order
+            group = dist.new_group(list(range(start, start + g)))
+            if start <= rank < start + g:
+                mine = group
+        for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
+            seconds = []
+            for size in opts.comm_bytes:
+                n = size // 4 // g * g
+                full, part = torch.randn(n, device=device), torch.randn(n // g, device=device)
+                fn = {
+                    "all_gather": lambda: dist.all_gather_single(full, part, group=mine),
+                    "reduce_scatter": lambda: dist.reduce_scatter_single(part, full, group=mine),
+                    "all_reduce": lambda: dist.all_reduce(full, group=mine),
+                    "all_to_all": lambda: dist.all_to_all_single(full, full.clone(), group=mine),
+                }[op]
+                seconds.append(together(fn, opts.reps, device))
+            out.setdefault(op, {})[g] = Line.fit(opts.comm_bytes, seconds)
+    # send/recv between neighbours (pipeline stages): rank 2i <-> 2i+1, every pair at once.
+    if world >= 2 and world % 2 == 0:
+        peer = rank ^ 1
+        seconds = []
+        for size in opts.comm_bytes:
+            t = torch.randn(size // 4, device=device)
+
+            def ping_pong():
+                if rank % 2 == 0:
+                    dist.send(t, peer)
+                    dist.recv(t, peer)
+                else:
+                    dist.recv(t, peer)
+                    dist.send(t, peer)
+
+            seconds.append(together(ping_pong, opts.reps, device) / 2)
+        out["send_recv"] = {2: Line.fit(opts.comm_bytes, seconds)}
+    return out
+
+
+def measure_overlap(world: int, opts: Options, device: torch.device) -> float:
+    """Share of an all-gather that hides behind a matmul running at the same time (0: none)."""
+    n = opts.comm_bytes[-1] // 4 // world * world
+    full, part = torch.randn(n, device=device), torch.randn(n // world, device=device)
+    comm = together(lambda: dist.all_gather_single(full, part), opts.reps, device)
+    side = 256
+    a = torch.randn(side, side, device=device)
+    one_mm = timed(lambda: a @ a, opts.reps, device)
+    count = max(1, round(comm / max(one_mm, 1e-9)))
+    compute = together(lambda: [a @ a for _ in range(count)], opts.reps, device)
+
+    def both():
+        work = dist.all_gather_single(full, part, async_op=True)
+        for _ in range(count):
+            a @ a
+        work.wait()
+
+    both_s = together(both, opts.reps, device)
+    return max(0.0, min(1.0, (comm + compute - both_s) / max(min(comm, compute), 1e-9)))
+
+
+def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> float:
+    params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(4 if opts.tiny else 16)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    return together(opt.step, opts.reps, device) / sum(p.numel() for p in params)
+
+
+def measure_compile(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> float:
+    """Eager over compiled time of a block's forward + backward."""
+    block, _, fwd_bwd = block_runs(m, 1, opts.sequences[-1], seq_len, device)
+    eager = together(fwd_bwd, opts.reps, device)
+    block.compile()
+    fwd_bwd()  # compiles
+    return eager / together(fwd_bwd, opts.reps, device)
+
+
+# -- the job -------------------------------------------------------------------------------
+def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path | None) -> tuple[MachineProfile, bool]:
+    """(profile, whether anything was measured)."""
+    world = dist.get_world_size()
+    threads = torch.get_num_threads()
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    backend = dist.get_backend()
+    shape = model_shape(job)
+    m, seq_len = job.model, job.training.seq_len
+    known = find(dev_name, backend, world, threads, folder)
+    if known is not None and known.source != "calibrated":
+        known = None  # the defaults, refit by an autotune sweep: nothing measured to keep
+    if known is not None and not opts.refresh and shape in known.blocks and (not opts.compile or known.compile_speedup):
+        return known, False
+    start = time.perf_counter()
+    keep_machine = known is not None and not opts.refresh  # a new model on a known machine: its blocks only
+    if keep_machine:
+        profile = dataclasses.replace(known, blocks=dict(known.blocks))
+    else:
+        profile = MachineProfile(key=machine_key(dev_name, backend, world, threads))
+        profile.blocks = {k: v for k, v in (known.blocks if known else {}).items() if k != shape}  # other models'
+        profile.concurrency = concurrency(m, seq_len, world, opts, device)
+    # Compute is measured with every rank computing at once, as in a data-parallel step; the
+    # model scales it for layouts where fewer ranks compute at a time (pipeline bubbles), by
+    # `concurrency`, so a noisy concurrency only touches those.
+    plain = measure_blocks(m, seq_len, world, opts, device)
+    real = measure_real_blocks(m, seq_len, world, opts, device)
+    cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
+    # A block inside the real model costs more than by itself (memory traffic, autograd across
+    # blocks): one factor, from tp = 1 over every size measured (a ratio of sums: the 2-minus-1
+    # block differences are noisy one by one), scales every block's compute.
+    sizes = opts.sequences
+    real_block, plain_block = sum(real[1][0](n) for n in sizes), sum(plain[1][1](n) for n in sizes)
+    in_situ = min(3.0, max(1.0, real_block / plain_block))
+    profile.blocks[shape] = {}
+    for tp, (fwd, fwd_bwd) in plain.items():
+        two_minus_one, one = real[tp]
+        fwd, fwd_bwd = (Line(x.latency_s * in_situ, x.per_unit_s * in_situ) for x in (fwd, fwd_bwd))
+        # The rest of the model: the 1-block model minus its block. What TP adds: the real TP
+        # block (2 blocks minus 1) minus its compute. Both floored at 0 (noise).
+        rest = Line(max(0.0, one.latency_s - fwd_bwd.latency_s), max(0.0, one.per_unit_s - fwd_bwd.per_unit_s))
+        tp_comm = Line(max(0.0, two_minus_one.latency_s - fwd_bwd.latency_s),
+                       max(0.0, two_minus_one.per_unit_s - fwd_bwd.per_unit_s)) if tp > 1 else None
+        # What CP adds: the real CP block on seq/cp positions minus the block on as many tokens.
+        cp_extra = {cp: Line(max(0.0, line.latency_s - fwd_bwd.latency_s),
+                             max(0.0, line.per_unit_s - fwd_bwd.per_unit_s / cp))
+                    for cp, line in cp_blocks.items()} if tp == 1 else {}
+        profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra)
+    profile.notes = [f"a block in the model costs {in_situ:.2f}x the block by itself (tp 1)"]
+    gemm, tables = measure_gemms(m, seq_len, opts, device)
+    profile.gemm.update(gemm)
+    profile.gemm_shapes.update(tables)
+    if not keep_machine:
+        profile.collectives = measure_collectives(world, opts, device) if world > 1 else {}
+        profile.overlap = measure_overlap(world, opts, device) if world > 1 else 0.0
+        profile.optimizer_s_per_param = measure_optimizer(m, opts, device)
+        profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs
+    if opts.compile:
+        profile.compile_speedup = measure_compile(m, seq_len, opts, device)
+    profile.created = time.strftime("%Y-%m-%dT%H:%M:%S")
+    profile.calibration_s += time.perf_counter() - start
+    return profile, True
+
+
+def main(path: str) -> int:
+    from titan_exp.train.rank import init_distributed, setup_logging, slurm_job_id
+
+    run_dir = RunDir(path)
+    rank = int(os.environ.get("RANK", 0))
+    setup_logging(run_dir, rank)
+    job = load_job_config(run_dir.config)
+    opts = Options(**json.loads((run_dir.path / "calibrate.json").read_text()))
+    summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id())
+    start = time.time()
+    try:
+        device = init_distributed(job.comm.init_timeout_seconds)
+        torch.manual_seed(0)
+        folder = Path(opts.profile_dir) if opts.profile_dir else None
+        profile, measured = calibrate(job, opts, device, folder)
+        if rank == 0:
+            out = profile.save(folder) if measured else profile.path(folder)
+            logger.info("%s machine profile %s", "wrote" if measured else "reusing (--refresh remeasures)", out)
+            summary = summary.replace(status=Status.ok, machine_profile=str(out))
+        dist.barrier()
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the summary says why
+        summary = summary.replace(status=Status.failed, error=f"{type(exc).__name__}: {exc}")
+        logger.exception("calibration failed on rank %d", rank)
+        raise
+    finally:
+        if rank == 0:
+            run_dir.write_summary(summary.replace(wall_time_s=time.time() - start))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

@@ -1,0 +1,89 @@
+"""The memory model: predicted peak memory of the most loaded rank, by part (GiB).
+
+  * states: parameters, gradients and AdamW's two moments (fp32, 16 bytes per parameter; the
+    param/grad share is smaller under bf16 params) of the rank's pipeline stages, divided by the
+    shard degree (dp_shard x cp, times tp);
+  * FSDP working set: the all-gathered parameters and unreduced gradients of about two blocks
+    (all of the stage's parameters when they stay gathered: reshard_after_forward=never, or
+    default under PP); DDP's gradient buckets, a second copy of the gradients;
+  * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
+    the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
+    none), block inputs plus one block (full), or between (selective); pipeline schedules keep
+    several microbatches in flight; TP with sequence parallel divides it by tp;
+  * logits and their gradient on the last stage (divided by tp under loss parallel);
+  * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
+    data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
+    peak memory there is torch's allocator peak.
+The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
+vs measured peak memory per layout).
+"""
+
+from __future__ import annotations
+
+from titan_exp.config import ACMode, JobConfig
+from titan_exp.parallel.pipeline import rank_loads
+from titan_exp.validation import resolve
+
+RUNTIME_GIB_CPU = 0.50
+ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
+ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
+SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
+
+
+def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
+    """Predicted peak memory (GiB) of the most loaded rank, by part, and the total."""
+    if job.parallelism.data_parallel_shard_degree == -1:
+        job = resolve(job)
+    p, t, m = job.parallelism, job.training, job.model
+    pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
+                       p.tensor_parallel_degree)
+    block = m.block_params
+    loads = rank_loads(p, m.n_layers)
+    per_rank = loads[0].stages
+    worst = max(loads, key=lambda r: r.blocks * block + r.first * m.embedding_params + r.last * m.output_params)
+    params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
+    shard = dps * cp * tp
+    bytes_param = 2 if job.precision.full_bf16 else 4
+    states = params / shard * (2 * bytes_param + 8)
+    fsdp = dps * cp > 1
+    keeps_gathered = p.fsdp_reshard_after_forward == "never" or (p.fsdp_reshard_after_forward == "default" and pp > 1)
+    if fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
+        working = (params + block) / tp * 4
+    elif fsdp:
+        working = 3 * block / tp * 4
+    elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
+        working = params / tp * 4
+    else:
+        working = 0.0
+    # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
+    microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
+    tokens = microbatch * t.seq_len / cp
+    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * m.ffn_hidden_dim) * 4 / tp
+    inputs = tokens * m.dim * 4 / tp
+    mode = job.activation_checkpoint.mode
+    blocks = worst.blocks
+    if mode == ACMode.none:
+        activations = blocks * per_block
+    elif mode == ACMode.full:
+        activations = blocks * inputs + per_block
+    elif job.activation_checkpoint.selective_ac_option == "op":
+        activations = blocks * per_block * SELECTIVE_SHARE
+    else:
+        every = int(job.activation_checkpoint.selective_ac_option)
+        kept = blocks // every
+        activations = (blocks - kept) * per_block + kept * inputs + per_block
+    if pp > 1:
+        n_mb = t.local_batch_size // microbatch
+        in_flight = n_mb if p.pipeline_parallel_schedule == "GPipe" else min(n_mb, pp * per_rank)
+        activations *= in_flight / per_rank if per_rank > 1 else in_flight
+    logits = tokens * m.vocab_size * 4 * 3 / tp if worst.last else 0.0
+    gib = 2**30
+    parts = {
+        "states": states / gib,
+        "fsdp_working_set": working / gib,
+        "activations": activations / gib,
+        "logits": logits / gib,
+        "runtime": 0.0 if cuda else RUNTIME_GIB_CPU,
+    }
+    parts["total"] = sum(parts.values())
+    return parts

@@ -1,0 +1,286 @@
+"""The machine profile: what `python -m titan_exp.calibrate` measured on the target devices, as
+the performance model (perf.step) reads it. Compute costs are measured with every rank computing
+at once (as in a data-parallel step); `concurrency` says how that compares with fewer.
+
+One JSON file per (host kind, device, backend, world size, torch version, threads per rank), in
+`<cache>/perf/`. Every cost is a `Line`, latency + size x per-unit cost, fitted to a few
+measured sizes, so the model can ask for sizes that were not measured:
+
+    gemm[dtype]                 seconds of one matmul  by FLOPs    (the model's own GEMM shapes)
+    blocks[shape][tp].fwd       seconds of one transformer block's forward, by sequences
+    blocks[shape][tp].fwd_bwd   ... forward + backward, its compute (in the real model)
+    blocks[shape][tp].head      the rest of the model per microbatch: embedding, final norm,
+                                output projection, loss, forward + backward
+    blocks[shape][tp].tp_comm   what a real TP + SP block adds to the plain sharded one (tp > 1)
+    blocks[shape][1].cp_extra   what a real context-parallel block adds, by cp degree
+    collectives[op][group size] seconds by bytes, every group of that size running at once
+    concurrency                 how many ranks compute at full speed at the same time (2 on a
+                                2-core CPU at 1 thread per rank; the world size on GPUs)
+    overlap                     the share of a collective that hides behind concurrent compute
+    optimizer_s_per_param       AdamW step, per local parameter
+    step_overhead_s             the fixed cost of a step (Python, data, logging): not measured by
+                                calibration; refit from real runs (autotune)
+
+`corrections` are scale factors fitted to measured runs (`refit`): the next plan on the same
+machine applies them. A profile made without measuring anything (`defaults`) says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+from titan_exp.cache import cache_dir
+from titan_exp.files import atomic_write
+
+FORMAT = 1
+COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+
+
+@dataclass
+class Line:
+    """seconds = latency_s + size x per_unit_s."""
+
+    latency_s: float
+    per_unit_s: float
+
+    def __call__(self, size: float) -> float:
+        return self.latency_s + size * self.per_unit_s
+
+    @classmethod
+    def fit(cls, sizes: Sequence[float], seconds: Sequence[float]) -> "Line":
+        """Least squares, with neither term negative (a negative latency is noise at small sizes:
+        then the line goes through the origin)."""
+        n = len(sizes)
+        if n == 1 or len(set(sizes)) == 1:
+            return cls(0.0, statistics.fmean(seconds) / max(sizes[0], 1e-30))
+        mx, my = statistics.fmean(sizes), statistics.fmean(seconds)
+        sxx = sum((x - mx) ** 2 for x in sizes)
+        slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / sxx
+        latency = my - slope * mx
+        if slope <= 0:
+            return cls(max(my, 0.0), 0.0)
+        if latency < 0:
+            return cls(0.0, sum(x * y for x, y in zip(sizes, seconds)) / sum(x * x for x in sizes))
+        return cls(latency, slope)
+
+    def to_list(self) -> list[float]:
+        return [self.latency_s, self.per_unit_s]
+
+    @classmethod
+    def of(cls, value: Sequence[float]) -> "Line":
+        return cls(float(value[0]), float(value[1]))
+
+
+@dataclass
+class BlockCost:
+    """One transformer block and the model's head at one TP degree, by sequences of seq_len."""
+
+    fwd: Line
+    fwd_bwd: Line
+    head: Line  # the rest of the model: embedding, final norm, output projection and loss
+    # tp > 1: a real TP + SP block (DTensor, its all-gathers and reduce-scatters) minus its
+    # compute, forward + backward: what tensor parallel adds per block, measured.
+    tp_comm: Optional[Line] = None
+    # tp = 1, by cp degree: a real context-parallel block (its K/V all-gather, masked attention over
+    # the whole sequence) minus the plain block on 1/cp of the sequence: what CP adds per block.
+    cp_extra: dict[int, Line] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"fwd": self.fwd.to_list(), "fwd_bwd": self.fwd_bwd.to_list(), "head": self.head.to_list()}
+        if self.tp_comm:
+            out["tp_comm"] = self.tp_comm.to_list()
+        if self.cp_extra:
+            out["cp_extra"] = {str(cp): line.to_list() for cp, line in self.cp_extra.items()}
+        return out
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> "BlockCost":
+        return cls(Line.of(d["fwd"]), Line.of(d["fwd_bwd"]), Line.of(d["head"]),
+                   Line.of(d["tp_comm"]) if "tp_comm" in d else None,
+                   {int(cp): Line.of(v) for cp, v in d.get("cp_extra", {}).items()})
+
+
+@dataclass
+class Corrections:
+    """Scale factors fitted to measured runs: step = compute x compute + communication x comm
+    + overhead_s (seconds added to every step)."""
+
+    compute: float = 1.0
+    communication: float = 1.0
+    overhead_s: float = 0.0
+    measurements: int = 0
+    median_error_before: Optional[float] = None  # |predicted / measured - 1| of the runs fitted to
+    median_error_after: Optional[float] = None
+
+
+def shape_key(dim: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, vocab: int, seq_len: int) -> str:
+    """Block measurements are per model shape and sequence length."""
+    return f"dim{dim}-h{n_heads}-kv{n_kv_heads}-ffn{ffn_hidden}-v{vocab}-seq{seq_len}"
+
+
+def machine_key(device: str, backend: str, world: int, threads_per_rank: int) -> dict[str, Any]:
+    import torch
+
+    return {"host": f"{platform.machine()}-{os.cpu_count()}cpu", "device": device, "backend": backend,
+            "world": world, "threads_per_rank": threads_per_rank, "torch": torch.__version__.split("+")[0]}
+
+
+@dataclass
+class MachineProfile:
+    key: dict[str, Any]
+    source: str = "calibrated"  # or "defaults": nothing was measured
+    created: str = ""
+    calibration_s: float = 0.0
+    concurrency: float = 1.0
+    overlap: float = 0.0
+    gemm: dict[str, Line] = field(default_factory=dict)  # dtype -> seconds by FLOPs
+    gemm_shapes: dict[str, list[list[float]]] = field(default_factory=dict)  # dtype -> [m, k, n, seconds]
+    blocks: dict[str, dict[int, BlockCost]] = field(default_factory=dict)  # shape key -> tp -> costs
+    collectives: dict[str, dict[int, Line]] = field(default_factory=dict)  # op -> group size -> by bytes
+    optimizer_s_per_param: float = 0.0
+    step_overhead_s: float = 0.0
+    compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
+    corrections: Corrections = field(default_factory=Corrections)
+    notes: list[str] = field(default_factory=list)
+
+    # -- the file -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "key": self.key, "source": self.source, "created": self.created,
+            "calibration_s": self.calibration_s, "concurrency": self.concurrency, "overlap": self.overlap,
+            "gemm": {k: v.to_list() for k, v in self.gemm.items()}, "gemm_shapes": self.gemm_shapes,
+            "blocks": {s: {str(tp): c.to_dict() for tp, c in by_tp.items()} for s, by_tp in self.blocks.items()},
+            "collectives": {op: {str(g): line.to_list() for g, line in by_g.items()}
+                            for op, by_g in self.collectives.items()},
+            "optimizer_s_per_param": self.optimizer_s_per_param, "step_overhead_s": self.step_overhead_s,
+            "compile_speedup": self.compile_speedup, "corrections": dataclasses.asdict(self.corrections), "notes": self.notes,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "MachineProfile":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"machine profile format {d.get('format')!r}, expected {FORMAT}: "
+                             "recalibrate with python -m titan_exp.calibrate --refresh")
+        return cls(
+            key=d["key"], source=d["source"], created=d["created"], calibration_s=d["calibration_s"],
+            concurrency=d["concurrency"], overlap=d["overlap"],
+            gemm={k: Line.of(v) for k, v in d["gemm"].items()}, gemm_shapes=d["gemm_shapes"],
+            blocks={s: {int(tp): BlockCost.of(c) for tp, c in by_tp.items()} for s, by_tp in d["blocks"].items()},
+            collectives={op: {int(g): Line.of(v) for g, v in by_g.items()} for op, by_g in d["collectives"].items()},
+            optimizer_s_per_param=d["optimizer_s_per_param"], step_overhead_s=d["step_overhead_s"],
+            compile_speedup=d.get("compile_speedup"), corrections=Corrections(**d["corrections"]), notes=d.get("notes", []),
+        )
+
+    @property
+    def name(self) -> str:
+        k = self.key
+        device = "".join(c if c.isalnum() else "_" for c in k["device"]).strip("_")
+        return f"{k['host']}-{device}-{k['backend']}-w{k['world']}-t{k['threads_per_rank']}-torch{k['torch']}"
+
+    def path(self, folder: Path | None = None) -> Path:
+        return (folder or profiles_dir()) / f"{self.name}.json"
+
+    def save(self, folder: Path | None = None) -> Path:
+        out = self.path(folder)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(out, json.dumps(self.to_dict(), indent=1))
+        return out
+
+    # -- what the model asks ---------------------------------------------------------------
+    def block(self, shape: str, tp: int) -> BlockCost | None:
+        return self.blocks.get(shape, {}).get(tp)
+
+    def collective(self, op: str, group: int) -> Line:
+        """The measured line for `op` on groups of `group` ranks; a group size that was not
+        measured takes the nearest measured one, scaled by the ring factor (g-1)/g."""
+        by_g = self.collectives.get(op) or self.collectives.get("all_reduce") or {}
+        if not by_g:
+            return DEFAULT_COLLECTIVE
+        if group in by_g:
+            return by_g[group]
+        near = min(by_g, key=lambda g: abs(math.log(g / group)))
+        scale = ((group - 1) / group) / ((near - 1) / near)
+        return Line(by_g[near].latency_s * math.log2(group) / max(math.log2(near), 1), by_g[near].per_unit_s * scale)
+
+
+DEFAULT_COLLECTIVE = Line(300e-6, 1 / 2e9)
+
+
+def profiles_dir() -> Path:
+    return cache_dir() / "perf"
+
+
+def find(device: str, backend: str, world: int, threads_per_rank: int, folder: Path | None = None) -> MachineProfile | None:
+    """The calibrated profile of this machine kind at this world size, if one was made."""
+    probe = MachineProfile(key=machine_key(device, backend, world, threads_per_rank))
+    path = probe.path(folder)
+    if not path.exists():
+        return None
+    try:
+        return MachineProfile.from_dict(json.loads(path.read_text()))
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return None  # an old or broken file: as if never calibrated (calibrate --refresh rewrites it)
+
+
+def defaults(device: str, backend: str, world: int, threads_per_rank: int, cores: int | None = None) -> MachineProfile:
+    """What the model assumes with nothing measured: a round-number GPU (bf16 400 TFLOP/s, 200 GB/s
+    collectives) or a CPU core (80 GFLOP/s fp32 per thread, gloo over loopback at 2 GB/s).
+    Blocks are then estimated from their FLOPs (perf.step)."""
+    cuda = device != "cpu"
+    cores = cores or os.cpu_count() or 1
+    if cuda:
+        gemm = {"float32": Line(10e-6, 1 / 60e12), "bfloat16": Line(10e-6, 1 / 400e12), "float8": Line(10e-6, 1 / 700e12)}
+        coll = Line(20e-6, 1 / 200e9)
+    else:
+        rate = 80e9 * threads_per_rank
+        gemm = {"float32": Line(20e-6, 1 / rate), "bfloat16": Line(20e-6, 1 / (rate * 0.8))}
+        coll = DEFAULT_COLLECTIVE
+    return MachineProfile(
+        key=machine_key(device, backend, world, threads_per_rank), source="defaults",
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        concurrency=float(world) if cuda else max(1.0, min(world, cores / threads_per_rank)),
+        overlap=0.8 if cuda else 0.0, gemm=gemm,
+        collectives={op: {world: coll} for op in COLLECTIVES},
+        optimizer_s_per_param=1e-10 if cuda else 5e-9, step_overhead_s=1e-3 if cuda else 5e-3,
+    )
+
+
+def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int | None = None,
+                 folder: Path | None = None) -> MachineProfile:
+    """The calibrated profile for `world` ranks on this machine, else the defaults."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    device = torch.cuda.get_device_name(0) if cuda and torch.cuda.is_available() else ("cuda" if cuda else "cpu")
+    backend = "nccl" if cuda else "gloo"
+    if threads_per_rank is None:
+        from titan_exp.cluster.local import threads_per_rank as split
+
+        threads_per_rank = 1 if cuda else split(world)
+    return find(device, backend, world, threads_per_rank, folder) or defaults(device, backend, world, threads_per_rank)
+
+
+# -- how wrong the defaults were: kept so `plan` can say so when it falls back to them --------
+def record_accuracy(profile: MachineProfile, median_abs_error: float, runs: int, folder: Path | None = None) -> None:
+    path = (folder or profiles_dir()) / "accuracy.json"
+    known = json.loads(path.read_text()) if path.exists() else {}
+    known[profile.source if profile.source == "defaults" else profile.name] = {
+        "median_abs_error": median_abs_error, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(known, indent=1))
+
+
+def last_accuracy(profile: MachineProfile, folder: Path | None = None) -> dict[str, Any] | None:
+    path = (folder or profiles_dir()) / "accuracy.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text()).get(profile.source if profile.source == "defaults" else profile.name)

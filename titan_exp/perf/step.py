@@ -1,0 +1,224 @@
+"""The performance model: seconds per step and tokens/s per device of one layout, from a machine
+profile (perf.profile), by part, so a report can say where the time goes.
+
+Compute. A rank's work per microbatch is its blocks' measured forward + backward (at its TP
+degree, on sequences of seq_len / cp) plus the head on the last stage, scaled for the precision
+(the GEMM share of the block at the dtype's measured matmul rate), for compile (when its
+speed-up was calibrated) and by the profile's fitted correction. Activation checkpointing adds a
+forward per block (full), the non-matmul part of a forward (selective per op), or a forward every
+Nth block.
+
+Ranks share the machine. Costs were measured with every rank computing at once, and the profile
+says how many ranks compute at full speed at once (S). If on average `active` ranks compute, each
+runs max(1, active / S) / max(1, world / S) times the measured time: every rank of a
+data/tensor-parallel layout is busy all step (1x), while pipeline ranks idle in the bubble and
+leave the cores to the others, which is why pp4 does well on a 2-core CPU and not on 4 GPUs.
+
+Pipeline. The critical path of a schedule is (microbatches + b x (pp - 1) / v) x the slowest
+rank's time per microbatch, with v stages per rank and b = 1, or 1/2 for the zero-bubble
+schedules (backward split into input and weight gradients fills part of the bubble).
+
+Communication, from the measured latency + bytes / bandwidth of each collective at its group size:
+  FSDP   all-gather per block forward (and again in backward when resharded after forward;
+         once per step under PP, whose stages keep parameters gathered), reduce-scatter per block;
+         hidden behind compute by the measured overlap only on GPUs (FSDP2 prefetches on a
+         separate stream; on a CPU there is none).
+  HSDP   + an all-reduce of each block's gradient shard over the replicas.
+  DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
+  TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
+         (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
+         reduce-scatters of the activations (+2 each with full AC); plus the embedding's and output's.
+  CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
+         sequence (calibrated: the K/V all-gather and the masked attention over the whole sequence);
+         else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
+  PP     a send and a receive per stage and microbatch, forward and backward.
+Then the optimizer step (AdamW on the local shard) and a fixed per-step overhead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from titan_exp.config import ACMode, JobConfig
+from titan_exp.models.llama import flops_per_token
+from titan_exp.parallel.pipeline import rank_loads
+from titan_exp.perf.calibrate import model_shape
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile
+from titan_exp.validation import resolve
+
+# Extra bubble a schedule leaves, as a share of 1F1B's.
+BUBBLE = {"GPipe": 1.0, "1F1B": 1.0, "Interleaved1F1B": 1.0, "LoopedBFS": 1.0,
+          "InterleavedZeroBubble": 0.5, "ZBVZeroBubble": 0.5, "DualPipeV": 0.5}
+DDP_BUCKET_BYTES = 25 * 2**20
+NONMATMUL = 1.3  # a block's time over its matmuls' when no block was measured (estimate)
+
+# How the parts add up into the report's breakdown.
+COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p")
+BREAKDOWN = {"compute": ("compute", "optimizer", "overhead"), "exposed_comm": COMM_PARTS,
+             "bubble": ("bubble",), "recompute": ("recompute",)}
+
+
+@dataclass
+class StepPrediction:
+    step_s: float
+    tokens_per_s_per_device: float
+    parts: dict[str, float]  # seconds per step by part (COMM_PARTS are exposed seconds)
+    profile: str  # the profile's name, or "defaults"
+    notes: list[str] = field(default_factory=list)
+    mfu: float | None = None
+
+    def breakdown(self) -> dict[str, float]:
+        """compute / exposed_comm / bubble / recompute, seconds per step."""
+        return {k: sum(self.parts.get(p, 0.0) for p in parts) for k, parts in BREAKDOWN.items()}
+
+
+def estimated_block(job: JobConfig, tp: int, profile: MachineProfile) -> BlockCost:
+    """A block not calibrated: its FLOPs at the fp32 matmul rate, times NONMATMUL."""
+    m, seq = job.model, job.training.seq_len
+    gemm = profile.gemm.get("float32") or Line(20e-6, 1 / 80e9)
+    fwd_flops = 2 * m.block_params / tp * seq + 4 * m.dim / tp * seq * seq
+    fwd = Line(4 * gemm.latency_s, gemm.per_unit_s * fwd_flops * NONMATMUL)
+    fwd_bwd = Line(3 * fwd.latency_s, 3 * fwd.per_unit_s)
+    head = Line(3 * gemm.latency_s, gemm.per_unit_s * 6 * m.dim * m.vocab_size / tp * seq * NONMATMUL)
+    return BlockCost(fwd, fwd_bwd, head)
+
+
+def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s: float, notes: list[str]) -> float:
+    """Block time at the job's matmul dtype over its fp32 time: only the GEMM share changes."""
+    pr = job.precision
+    dtype = "float8" if pr.converter != "none" else ("bfloat16" if pr.param_dtype == "bfloat16" else "float32")
+    if dtype == "float32":
+        return 1.0
+    fp32 = profile.gemm.get("float32")
+    if dtype not in profile.gemm and dtype == "float8":
+        notes.append("float8 matmuls not measured on this device (emulated on CPU): modelled as bf16")
+        dtype = "bfloat16"
+    if fp32 is None or dtype not in profile.gemm:
+        return 1.0
+    share = min(1.0, fp32(flops) / max(block_s, 1e-12))
+    return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
+
+
+def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None) -> StepPrediction:
+    if job.parallelism.data_parallel_shard_degree == -1:
+        job = resolve(job)
+    p, t, m = job.parallelism, job.training, job.model
+    cuda = profile.key.get("device", "cpu") != "cpu" if cuda is None else cuda
+    pp, rep, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_replicate_degree,
+                            p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree)
+    world = pp * rep * dps * cp * tp
+    notes: list[str] = []
+    dp = rep * dps
+    local = t.local_batch_size
+    accumulation = max(1, t.global_batch_size // (local * dp))
+    mb = p.pipeline_parallel_microbatch_size if pp > 1 else local
+    n_mb = max(1, local // mb)
+    seqs = mb / cp  # sequences of full length this rank's block work equals, per microbatch
+
+    cost = profile.block(model_shape(job), tp)
+    if cost is None:
+        notes.append(f"block {model_shape(job)} at tp={tp} not calibrated: estimated from FLOPs "
+                     f"(python -m titan_exp.calibrate model={m.flavor} training.seq_len={t.seq_len})")
+        cost = estimated_block(job, tp, profile)
+    gemm32 = profile.gemm.get("float32")
+    block_fwd_flops = 2 * m.block_params / tp * mb * t.seq_len / cp
+    scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
+    if job.compile.enable:
+        if profile.compile_speedup:
+            scale /= profile.compile_speedup
+        else:
+            notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
+    block = cost.fwd_bwd(seqs) * scale
+    fwd = cost.fwd(seqs) * scale
+    head = cost.head(seqs) * scale
+    ac = job.activation_checkpoint
+    if ac.mode == ACMode.full:
+        recompute = fwd
+    elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
+        matmul = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd
+        recompute = max(0.0, fwd - matmul)
+    elif ac.mode == ACMode.selective:
+        recompute = fwd / int(ac.selective_ac_option)
+    else:
+        recompute = 0.0
+
+    # Compute, the bubble, and the machine's ranks competing for its cores.
+    loads = rank_loads(p, m.n_layers)
+    per_mb = [r.blocks * (block + recompute) + r.last * head for r in loads]
+    slowest = max(range(len(loads)), key=lambda i: per_mb[i])
+    v = loads[0].stages
+    critical = (n_mb + (BUBBLE[p.pipeline_parallel_schedule] * (pp - 1) / v if pp > 1 else 0)) * per_mb[slowest]
+    # Costs were measured with all `world` ranks computing; fewer at a time run faster.
+    active = world / pp * sum(n_mb * c for c in per_mb) / critical
+    slowdown = max(1.0, active / profile.concurrency) / max(1.0, world / profile.concurrency)
+    busy = n_mb * per_mb[slowest]
+    share_recompute = loads[slowest].blocks * recompute / per_mb[slowest] if per_mb[slowest] else 0.0
+    parts = {
+        "compute": accumulation * busy * (1 - share_recompute) * slowdown,
+        "recompute": accumulation * busy * share_recompute * slowdown,
+        "bubble": accumulation * (critical - busy) * slowdown,
+    }
+
+    # Communication of the most loaded rank.
+    worst = loads[slowest]
+    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
+    act_bytes = mb * t.seq_len / cp * m.dim * 4
+    units = [m.block_params] * worst.blocks + ([m.embedding_params] if worst.first else []) + (
+        [m.output_params] if worst.last else [])
+    compute_window = parts["compute"] + parts["recompute"]
+    shard = dps * cp
+    if shard > 1:
+        ag, rs = profile.collective("all_gather", shard), profile.collective("reduce_scatter", shard)
+        mode = p.fsdp_reshard_after_forward
+        per_step = pp > 1 and mode == "default"  # PP stages keep their parameters gathered
+        gathers = 1 if per_step or mode == "never" else 2
+        rounds = 1 if per_step else accumulation
+        comm = rounds * sum(gathers * ag(u / tp * param_bytes) + rs(u / tp * 4) for u in units)
+        hidden = profile.overlap * min(comm, compute_window) if cuda else 0.0
+        parts["fsdp"] = comm - hidden
+        if rep > 1:
+            ar = profile.collective("all_reduce", rep)
+            parts["hsdp"] = sum(ar(u / (tp * shard) * 4) for u in units)
+    elif rep > 1:
+        ar = profile.collective("all_reduce", rep)
+        grad_bytes = sum(units) / tp * 4
+        buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
+        comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
+        parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
+    full = 1 if ac.mode == ACMode.full else 0
+    if tp > 1:
+        ag, rs = profile.collective("all_gather", tp), profile.collective("reduce_scatter", tp)
+        ar = profile.collective("all_reduce", tp)
+        if cost.tp_comm is not None:
+            # Measured on a real TP block (a recomputed forward repeats a third of it); the
+            # embedding's and output's collectives are in the measured rest of the model (head).
+            per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
+        else:
+            per_block = (4 + 2 * full) * (ag(act_bytes) + rs(act_bytes))
+            ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
+        parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
+    if cp > 1:
+        base = profile.block(model_shape(job), 1)
+        if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
+            per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
+        else:
+            ag, rs = profile.collective("all_gather", cp), profile.collective("reduce_scatter", cp)
+            kv_bytes = mb * t.seq_len * m.kv_heads * m.head_dim * 4 / tp
+            per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
+        parts["cp"] = accumulation * n_mb * worst.blocks * per_block
+    if pp > 1:
+        sr = profile.collective("send_recv", 2)
+        parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
+    for part in COMM_PARTS:
+        if part in parts:
+            parts[part] = max(0.0, parts[part]) * profile.corrections.communication
+    local_params = sum(units) / (shard * tp)
+    parts["optimizer"] = local_params * profile.optimizer_s_per_param * profile.corrections.compute
+    parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
+    step = sum(parts.values())
+    tokens = t.global_batch_size * t.seq_len
+    tps = tokens / step / world
+    peak = 1 / gemm32.per_unit_s if gemm32 and gemm32.per_unit_s else None
+    return StepPrediction(step, tps, parts, profile.name if profile.source != "defaults" else "defaults", notes,
+                          mfu=100 * tps * flops_per_token(m, t.seq_len) / peak if peak else None)

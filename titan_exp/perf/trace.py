@@ -1,0 +1,51 @@
+"""A step's time split from a torch.profiler trace (profiling.enable_profiling).
+
+On the thread that ran the step (the one with the `ProfilerStep#N` range), time inside
+collectives (`c10d::...` ops: the time the step waited for them, whatever ran them) is exposed
+communication; inside point-to-point ops (send/recv) it is the pipeline's transfers and its
+bubble, which a trace cannot tell apart; the rest is compute. Recomputation runs the same ops as
+the forward, so a trace does not separate it either: the report takes it from the model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+P2P = re.compile(r"send|recv", re.IGNORECASE)
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def step_breakdown(trace: Path) -> dict[str, float] | None:
+    """Seconds of the traced step: step_s, compute, exposed_comm, p2p_and_bubble; None if the
+    file holds no profiler step."""
+    events = [e for e in json.loads(Path(trace).read_text()).get("traceEvents", []) if e.get("ph") == "X"]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    if not steps:
+        return None
+    step = max(steps, key=lambda e: e["ts"])
+    start, end, tid = step["ts"], step["ts"] + step["dur"], step["tid"]
+    inside = [e for e in events if e["tid"] == tid and start <= e["ts"] < end and e["name"].startswith("c10d::")]
+    comm = [(e["ts"], min(end, e["ts"] + e["dur"])) for e in inside if not P2P.search(e["name"])]
+    p2p = [(e["ts"], min(end, e["ts"] + e["dur"])) for e in inside if P2P.search(e["name"])]
+    comm_s, p2p_s = _union(comm) / 1e6, _union(p2p) / 1e6
+    step_s = step["dur"] / 1e6
+    return {"step_s": step_s, "compute": max(0.0, step_s - comm_s - p2p_s), "exposed_comm": comm_s,
+            "p2p_and_bubble": p2p_s}
+
+
+def latest_trace(run_dir: Path, folder: str = "profile_traces", rank: int = 0) -> Path | None:
+    """The last traced step's trace of `rank` in a run dir."""
+    found = sorted((Path(run_dir) / folder).glob(f"iteration_*/rank{rank}_trace.json"),
+                   key=lambda p: int(p.parent.name.split("_")[1]))
+    return found[-1] if found else None
