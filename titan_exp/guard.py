@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -43,7 +44,8 @@ def _presets(group: str, folders: list[Path]) -> list[str]:
     return sorted({p.stem for folder in [*places, *(f / group for f in folders)] for p in folder.glob("*.yaml")})
 
 
-def _groups(folders: list[Path]) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _groups(folders: tuple[Path, ...]) -> set[str]:
     return set(sweep_groups()) | {d.name for f in folders if f.is_dir() for d in f.iterdir()
                                   if d.is_dir() and not d.name.startswith(".") and any(d.glob("*.yaml"))}
 
@@ -55,7 +57,7 @@ def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CON
     top = {f.name: f for f in dataclasses.fields(JobConfig)}
     if parts[0].split("/")[0] == "hydra":
         return []
-    groups = _groups(list(folders))
+    groups = _groups(tuple(folders))
     if len(parts) == 1 and parts[0] in groups:  # a group: the value names a preset
         presets = _presets(parts[0], list(folders))
         if presets and isinstance(value, str) and value not in presets:

@@ -51,7 +51,6 @@ class Plan:
     parts_gib: dict[str, float]
     step: StepPrediction
     fits: bool = True
-    job: JobConfig | None = None
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,8 +105,7 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
         parts = predict_memory(candidate, cuda=cuda)
         plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, layout_overrides(candidate),
                           parts["total"], {k: v for k, v in parts.items() if k != "total"},
-                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
-                          job=candidate))
+                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 
 

@@ -87,12 +87,13 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
     recompute from the model, which a trace cannot separate), else from the model."""
     if not run_dir.config.exists():
         return {}
-    from titan_exp.config import Executor, load_job_config
+    from titan_exp.config import load_job_config
     from titan_exp.perf.step import predict_step
     from titan_exp.perf.trace import latest_trace, step_breakdown
+    from titan_exp.validation import ranks_have_gpus
 
     job = load_job_config(run_dir.config)
-    cuda = job.cluster.gpus_per_node > 0 if job.cluster.executor == Executor.slurm else _cuda()
+    cuda = ranks_have_gpus(job)
     step = predict_step(job, _profile(job.world_size, cuda), cuda=cuda)
     parts, source = step.breakdown(), "model"
     trace = latest_trace(run_dir.path, job.profiling.save_traces_folder)
@@ -109,12 +110,6 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
         **{f"{k}_share": parts[k] / total for k in SHARES},
         "breakdown_source": source,
     }
-
-
-def _cuda() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def distinguishing(rows: list[dict[str, Any]]) -> None:

@@ -22,12 +22,12 @@ from titan_exp.data import sources as data
 from titan_exp.models import llama
 from titan_exp.parallel import activation_checkpoint, context, dims, fsdp, pipeline, tensor
 from titan_exp.perf import autotune
-from titan_exp.train import optim, trainer
+from titan_exp.train import optim, profiling, trainer
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
 CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check, autotune.check,
-          record.check)
+          record.check, profiling.check)
 LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check)
 
 
@@ -49,15 +49,19 @@ def bound_errors(job: JobConfig) -> list[str]:
     return errors
 
 
-def validate(job: JobConfig, *, cuda: bool | None = None) -> list[str]:
-    """Every error in `job`. `cuda`: whether the ranks will have GPUs; by default SLURM's
-    gpus_per_node for cluster=slurm (the nodes', not the submitting machine's), else this machine."""
-    if cuda is None and job.cluster.executor == Executor.slurm:
-        cuda = job.cluster.gpus_per_node > 0
-    elif cuda is None:
-        import torch
+def ranks_have_gpus(job: JobConfig) -> bool:
+    """Whether the job's ranks get GPUs: SLURM's gpus_per_node for cluster=slurm (the nodes', not
+    the submitting machine's), else this machine."""
+    if job.cluster.executor == Executor.slurm:
+        return job.cluster.gpus_per_node > 0
+    import torch
 
-        cuda = torch.cuda.is_available()
+    return torch.cuda.is_available()
+
+
+def validate(job: JobConfig, *, cuda: bool | None = None) -> list[str]:
+    """Every error in `job`. `cuda`: whether the ranks will have GPUs (default: ranks_have_gpus)."""
+    cuda = ranks_have_gpus(job) if cuda is None else cuda
     errors = bound_errors(job)
     if errors:
         return errors  # the rules below divide by these

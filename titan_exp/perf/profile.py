@@ -231,12 +231,12 @@ def find(device: str, backend: str, world: int, threads_per_rank: int, folder: P
         return None  # an old or broken file: as if never calibrated (calibrate --refresh rewrites it)
 
 
-def defaults(device: str, backend: str, world: int, threads_per_rank: int, cores: int | None = None) -> MachineProfile:
+def defaults(device: str, backend: str, world: int, threads_per_rank: int) -> MachineProfile:
     """What the model assumes with nothing measured: a round-number GPU (bf16 400 TFLOP/s, 200 GB/s
     collectives) or a CPU core (80 GFLOP/s fp32 per thread, gloo over loopback at 2 GB/s).
     Blocks are then estimated from their FLOPs (perf.step)."""
     cuda = device != "cpu"
-    cores = cores or os.cpu_count() or 1
+    cores = os.cpu_count() or 1
     if cuda:
         gemm = {"float32": Line(10e-6, 1 / 60e12), "bfloat16": Line(10e-6, 1 / 400e12), "float8": Line(10e-6, 1 / 700e12)}
         coll = Line(20e-6, 1 / 200e9)

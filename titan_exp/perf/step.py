@@ -41,7 +41,6 @@ import math
 from dataclasses import dataclass, field
 
 from titan_exp.config import ACMode, JobConfig
-from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
@@ -64,9 +63,7 @@ class StepPrediction:
     step_s: float
     tokens_per_s_per_device: float
     parts: dict[str, float]  # seconds per step by part (COMM_PARTS are exposed seconds)
-    profile: str  # the profile's name, or "defaults"
     notes: list[str] = field(default_factory=list)
-    mfu: float | None = None
 
     def breakdown(self) -> dict[str, float]:
         """compute / exposed_comm / bubble / recompute, seconds per step."""
@@ -218,7 +215,4 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
     step = sum(parts.values())
     tokens = t.global_batch_size * t.seq_len
-    tps = tokens / step / world
-    peak = 1 / gemm32.per_unit_s if gemm32 and gemm32.per_unit_s else None
-    return StepPrediction(step, tps, parts, profile.name if profile.source != "defaults" else "defaults", notes,
-                          mfu=100 * tps * flops_per_token(m, t.seq_len) / peak if peak else None)
+    return StepPrediction(step, tokens / step / world, parts, notes)

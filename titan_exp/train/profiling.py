@@ -23,10 +23,20 @@ from typing import Iterator
 
 import torch
 
-from titan_exp.config import JobConfig
+from titan_exp.config import JobConfig, problem
 from titan_exp.files import atomic_write
 
 logger = logging.getLogger("titan_exp")
+
+
+def check(job: JobConfig, cuda: bool) -> list[str]:
+    """The output folders are names inside the run dir."""
+    e = []
+    for name in ("save_traces_folder", "save_memory_snapshot_folder"):
+        folder = getattr(job.profiling, name)
+        if not folder or Path(folder).is_absolute() or ".." in Path(folder).parts:
+            e.append(problem(f"profiling.{name}", folder, "a folder name inside the run dir, e.g. profile_traces"))
+    return e
 
 
 def _rss_gib() -> float:
