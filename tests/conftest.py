@@ -34,10 +34,10 @@ def compose(overrides: list[str], *, with_hydra: bool = False):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
-    from titan_exp.config import register_configs
+    from titan_exp.config import CONF, register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
 
 

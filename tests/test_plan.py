@@ -57,15 +57,16 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
     assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
     job = job_config(BASE)
     plans = plan.plan(job, 4, device_memory_gib=8)
-    out = plan.write_sweep(plans, "p4", 3, BASE, folder=tmp_path)
+    monkeypatch.setenv("TITAN_EXP_SWEEPS", str(tmp_path))  # the user's sweeps/, never the package
+    out = plan.write_sweep(plans, "p4", 3, BASE)
+    assert out == tmp_path / "p4.yaml"
     preset = yaml.safe_load(out.read_text())
     choices = preset["hydra"]["sweeper"]["params"]["+plan_layout"].split(",")
     assert choices == ["p4_0", "p4_1", "p4_2"]
-    # Registered like the presets in sweeps/, the written layouts compose into valid jobs.
-    from titan_exp.config import compose as config_compose
+    # Registered like the package's named sweeps, the written layouts compose into valid jobs.
+    from titan_exp.config import register_configs
 
-    monkeypatch.setattr(config_compose, "SWEEPS", tmp_path)
-    config_compose.register_configs()
+    register_configs()
     assert compose(["+sweep=p4"], with_hydra=True).hydra.sweeper.params["+plan_layout"] == "p4_0,p4_1,p4_2"
     for choice, expected in zip(choices, plans):
         job = job_config([*BASE, f"+plan_layout={choice}"])

@@ -7,7 +7,8 @@
   - `_target_` may only name an allow-listed callable. Hydra instantiates whatever a `_target_`
     names (its callbacks, for one), so a config or an override must not be able to say
     `_target_: os.system`. Checked in the overrides and in every config file Hydra would read
-    (conf/, --config-dir, hydra.searchpath), before Hydra instantiates anything.
+    (conf/, --config-dir, hydra.searchpath), before Hydra instantiates anything; the user adds
+    their own modules with `allowed_targets` (titan_exp.targets says which may not be added).
   - hydra.run.dir / hydra.sweep.dir must be writable (Hydra would fail with a traceback).
   - hydra/launcher=submitit_*: it would start a member as one process; cluster=slurm is the way.
 """
@@ -22,12 +23,16 @@ from typing import Any, Iterator
 
 import yaml
 
+from titan_exp import targets
 from titan_exp.config import CONF, JobConfig, sweep_groups
 from titan_exp.config.compose import choice_enum
 from titan_exp.files import unwritable
 
-# Hydra's own callbacks, not hydra.utils (whose call/instantiate would run anything).
-ALLOWED_TARGETS = ("titan_exp.", "torch.optim.", "torch.nn.", "hydra.experimental.callbacks.")
+# Ours, and Hydra's own callbacks (not hydra.utils, whose call/instantiate would run anything);
+# the user adds modules with allowed_targets=[...] on the command line or in their config.
+ALLOWED_TARGETS = (*targets.BUILTIN_PREFIXES, "hydra.experimental.callbacks")
+# Keys that were renamed: what to type now.
+RENAMED = {"optimizer.name": "optimizer._target_ names the class now, e.g. optimizer._target_=torch.optim.Adam"}
 
 
 def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
@@ -40,7 +45,7 @@ def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
 def _presets(group: str, folders: list[Path]) -> list[str]:
     """A group's presets in every config folder Hydra will search (ours, --config-dir,
     hydra.searchpath), and the named sweeps."""
-    places = [sweep_groups()[group]] if group in sweep_groups() else []
+    places = sweep_groups().get(group, [])
     return sorted({p.stem for folder in [*places, *(f / group for f in folders)] for p in folder.glob("*.yaml")})
 
 
@@ -65,9 +70,11 @@ def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CON
                 "conf" if f == CONF else str(f) for f in folders)
             return [f"{'+' if is_add else ''}{key}={value}: no such preset{where}; {_did_you_mean(value, presets)}"]
         return []
+    if key in RENAMED:
+        return [f"{key}: renamed; {RENAMED[key]}"]
     if parts[0] not in top:
         return [f"{key}: unknown key; {_did_you_mean(parts[0], sorted(set(top) | groups))}"]
-    if len(parts) == 1:
+    if len(parts) == 1 or not dataclasses.is_dataclass(top[parts[0]].default_factory):
         return []
     fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
     if parts[1] not in fields:
@@ -92,25 +99,39 @@ def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:
             yield from _targets(v, f"{where}[{i}]")
 
 
-def target_errors(node: Any, where: str) -> list[str]:
-    """Each `_target_` in `node` (found at `where`) that is outside the allow-list."""
+def target_errors(node: Any, where: str, extra: list[str] = ()) -> list[str]:
+    """Each `_target_` in `node` (found at `where`) outside the allow-list and the user's `extra`."""
+    allowed = (*ALLOWED_TARGETS, *extra)
     return [f"{place}: _target_ {value!r} is not allowed; a config may only instantiate "
-            f"{', '.join(p + '*' for p in ALLOWED_TARGETS)}"
-            for place, value in _targets(node, where) if not str(value).startswith(ALLOWED_TARGETS)]
+            f"{', '.join(p + '.*' for p in allowed)}; add your own module with allowed_targets=[{str(value).split('.')[0]}]"
+            for place, value in _targets(node, where) if not any(targets.allowed(str(value), [p]) for p in allowed)]
 
 
-def config_file_errors(folders: list[Path]) -> list[str]:
-    errors = []
+def _config_files(folders: list[Path]) -> Iterator[tuple[Path, Any]]:
+    """Every config file Hydra could read from these folders, parsed."""
     for folder in folders:
         for path in sorted(folder.rglob("*.yaml")):
             if ".hydra" in path.relative_to(folder).parts:
                 continue  # a run's record of what Hydra composed (its own launcher's _target_), not a config
             try:
-                node = yaml.safe_load(path.read_text())
+                yield path, yaml.safe_load(path.read_text())
             except (OSError, yaml.YAMLError):
                 continue  # Hydra reports an unreadable file itself
-            errors += [f"{path}: {e}" for e in target_errors(node, "")]
-    return errors
+
+
+def allowed_prefixes(folders: list[Path], overrides: list[Any]) -> tuple[list[str], list[str]]:
+    """The modules the user added with `allowed_targets` (command line and their config files),
+    and an error for each that may not be added."""
+    added = [str(p) for o in overrides if o.key_or_group == "allowed_targets" and not o.is_delete()
+             for p in (o.value() if isinstance(o.value(), list) else [o.value()])]
+    added += [str(p) for _, node in _config_files(folders) if isinstance(node, dict)
+              for p in (node.get("allowed_targets") or [])]
+    errors = [f"allowed_targets: {p!r} {why}" for p in added if (why := targets.prefix_problem(p))]
+    return [p for p in added if not targets.prefix_problem(p)], errors
+
+
+def config_file_errors(folders: list[Path], extra: list[str] = ()) -> list[str]:
+    return [f"{path}: {e}" for path, node in _config_files(folders) for e in target_errors(node, "", extra)]
 
 
 def check_argv(argv: list[str]) -> list[str]:
@@ -124,11 +145,11 @@ def check_argv(argv: list[str]) -> list[str]:
         overrides = OverridesParser.create().parse_overrides(args.overrides)
     except HydraException:
         return []  # Hydra's own message about its syntax is better than ours
-    errors: list[str] = []
     folders = [CONF] + ([Path(args.config_dir)] if args.config_dir else [])
     for o in overrides:  # hydra.searchpath adds folders, wherever it stands on the line
         if o.key_or_group == "hydra.searchpath":
             folders += [Path(str(p).removeprefix("file://")) for p in (o.value() or []) if str(p).startswith("file://")]
+    extra, errors = allowed_prefixes(folders, overrides)
     for o in overrides:
         key = o.key_or_group + (f"@{o.package}" if o.package else "")
         if o.is_sweep_override() and not (o.is_discrete_sweep() or o.is_range_sweep()):
@@ -139,9 +160,9 @@ def check_argv(argv: list[str]) -> list[str]:
         for value in values:
             parent, _, leaf = o.key_or_group.rpartition(".")
             if leaf == "_target_":
-                errors += target_errors({"_target_": value}, parent)
+                errors += target_errors({"_target_": value}, parent, extra)
             else:
-                errors += target_errors(value, key)
+                errors += target_errors(value, key, extra)
             if not o.is_delete():
                 errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add(), folders=folders)
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and isinstance(o.value(), str):
@@ -151,4 +172,4 @@ def check_argv(argv: list[str]) -> list[str]:
             errors.append(f"hydra/launcher={o.value()}: Hydra's submitit launcher would start each member as one "
                           "process, not as this toolkit's ranks; use cluster=slurm (a multirun's members go out as "
                           "job arrays) or cluster=local")
-    return list(dict.fromkeys(errors + config_file_errors(folders)))
+    return list(dict.fromkeys(errors + config_file_errors(folders, extra)))

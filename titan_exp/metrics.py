@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from titan_exp import extras
 from titan_exp.cache import cache_dir
 from titan_exp.config import JobConfig, problem, to_plain
 from titan_exp.files import atomic_write
@@ -27,6 +28,9 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("metrics.warmup_steps", m.warmup_steps, "must be >= 0"))
     if m.peak_tflops is not None and not m.peak_tflops > 0:
         e.append(problem("metrics.peak_tflops", m.peak_tflops, "must be > 0, or null to measure/look up"))
+    for on, module in ((m.enable_wandb, "wandb"), (m.enable_tensorboard, "tensorboard")):
+        if on and (why := extras.missing(module)):
+            e.append(problem(f"metrics.enable_{module}", True, f"{why}; or set it to false"))
     return e
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, SWEEPS, JobConfig, layout_label
+from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, last_accuracy, this_machine
 from titan_exp.perf.step import StepPrediction, predict_step
@@ -137,9 +137,11 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str], folder: Path = SWEEPS) -> Path:
+def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str], folder: Path | None = None) -> Path:
     """The top-k layouts that fit, as a sweep preset: `python launch.py -m +sweep=NAME`. Each
-    layout is one value of a `+layout` choice, so the sweep runs exactly those layouts."""
+    layout is one value of a `+layout` choice, so the sweep runs exactly those layouts. Written to
+    the user's sweeps/ (config.user_sweeps), never into the package."""
+    folder = folder or user_sweeps()
     chosen = [pl for pl in plans if pl.fits][:top]
     layouts = {f"{name}_{i}": pl.overrides for i, pl in enumerate(chosen)}
     preset = {
@@ -189,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan for GPUs (default: whether this machine has one)")
     parser.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
     parser.add_argument("--top", type=int, default=10)
-    parser.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as sweeps/NAME.yaml")
+    parser.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as ./sweeps/NAME.yaml "
+                        "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
     args = parser.parse_args(argv)
     job = compose_job(args.overrides)
     memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)

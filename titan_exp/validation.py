@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from titan_exp import cluster, metrics, precision, record, watchdog
+from titan_exp import cluster, metrics, precision, record, targets, watchdog
 from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.cluster.slurm import preflight as slurm
 from titan_exp.config import Executor, JobConfig, problem
@@ -27,7 +27,7 @@ from titan_exp.train import optim, profiling, trainer
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
 CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check, autotune.check,
-          record.check, profiling.check)
+          record.check, profiling.check, targets.check)
 LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check)
 
 
@@ -42,6 +42,8 @@ def bound_errors(job: JobConfig) -> list[str]:
     errors = []
     for group in dataclasses.fields(job):
         node = getattr(job, group.name)
+        if not dataclasses.is_dataclass(node):
+            continue  # allowed_targets
         for f in dataclasses.fields(node):
             low = f.metadata.get("min")
             if low is not None and getattr(node, f.name) < low:

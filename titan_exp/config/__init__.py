@@ -12,6 +12,7 @@ from titan_exp.config.compose import (
     to_job_config,
     to_plain,
     to_yaml,
+    user_sweeps,
 )
 from titan_exp.config.schema import (
     ACMode,
@@ -44,7 +45,6 @@ from titan_exp.config.schema import (
     ModelFamily,
     OnNonfinite,
     OptimizerConfig,
-    OptimizerName,
     ParallelismConfig,
     PipelineSchedule,
     PrecisionConfig,
@@ -91,7 +91,6 @@ __all__ = [
     "ModelFamily",
     "OnNonfinite",
     "OptimizerConfig",
-    "OptimizerName",
     "ParallelismConfig",
     "PipelineSchedule",
     "PrecisionConfig",
@@ -113,4 +112,5 @@ __all__ = [
     "to_job_config",
     "to_plain",
     "to_yaml",
+    "user_sweeps",
 ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import os
 import typing
 from pathlib import Path
 
@@ -13,13 +14,24 @@ from omegaconf import DictConfig, OmegaConf
 
 from titan_exp.config.schema import JobConfig
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-SWEEPS = Path(__file__).resolve().parents[2] / "sweeps"
+# Inside the package, so an installed titan_exp (a wheel, not only a checkout) has them: Hydra
+# reads conf/ as pkg://titan_exp/conf.
+CONF = Path(__file__).resolve().parents[1] / "conf"
+SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 
 
-def sweep_groups() -> dict[str, Path]:
-    """Groups selected with `+group=name`: named sweeps, the ladder's rungs, the planner's layouts."""
-    return {"sweep": SWEEPS, "rung": SWEEPS / "rung", "plan_layout": SWEEPS / "plan_layout"}
+def user_sweeps() -> Path:
+    """The user's own named sweeps (what `titan_exp.plan --write-sweep` writes): `sweeps/` in the
+    working directory, beside Hydra's `outputs/`, or $TITAN_EXP_SWEEPS. Never the package."""
+    return Path(os.environ.get("TITAN_EXP_SWEEPS", "sweeps")).resolve()
+
+
+def sweep_groups() -> dict[str, list[Path]]:
+    """Groups selected with `+group=name`: named sweeps, the ladder's rungs, the planner's
+    layouts; each from the package's sweeps/ and then the user's (a user's preset of the same
+    name wins)."""
+    subfolders = {"sweep": "", "rung": "rung", "plan_layout": "plan_layout"}
+    return {group: [SWEEPS / sub, user_sweeps() / sub] for group, sub in subfolders.items()}
 
 
 def to_job_config(cfg: DictConfig | dict) -> JobConfig:
@@ -60,6 +72,9 @@ def help_text() -> str:
     `launch.py --help`."""
     lines = []
     for top in dataclasses.fields(JobConfig):
+        if not dataclasses.is_dataclass(top.default_factory):  # a plain top-level field (allowed_targets)
+            lines.append(f"{top.name} = {top.default_factory()!r}\n    {top.metadata.get('doc', '')}")
+            continue
         lines.append(f"{top.name}:")
         for f in dataclasses.fields(top.default_factory):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -95,16 +110,17 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
-    # layouts (titan_exp.plan --write-sweep), from sweeps/.
-    for group, folder in sweep_groups().items():
-        for preset in sorted(folder.glob("*.yaml")):
+    # layouts (titan_exp.plan --write-sweep), from the package's sweeps/ and the user's.
+    for group, folders in sweep_groups().items():
+        for preset in sorted(p for folder in folders for p in folder.glob("*.yaml")):
             cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")
     template = (
         "== titan_exp ==\n"
         "Train Llama-family models with N-D parallelism.\n"
-        "  python launch.py [group=option ...] [key=value ...]   e.g. parallelism=fsdp cluster.nproc_per_node=2\n"
-        "  python launch.py --cfg job                            print the composed config\n"
-        "  python launch.py -m key=a,b                           sweep (Hydra multirun)\n\n"
+        "  titan-exp [group=option ...] [key=value ...]   e.g. parallelism=fsdp cluster.nproc_per_node=2\n"
+        "  titan-exp --cfg job                            print the composed config\n"
+        "  titan-exp -m key=a,b                           sweep (Hydra multirun)\n"
+        "  (python -m titan_exp, or python launch.py in a checkout, are the same)\n\n"
         "== Config groups ==\n$APP_CONFIG_GROUPS\n\n"
         "== Fields (default, doc) ==\n" + help_text().replace("$", "$$") + "\n\n"
         "Hydra's own options: python launch.py --hydra-help\n"

@@ -54,7 +54,6 @@ ExportFormat = choices("ExportFormat", "safetensors pt")
 SaveReplicas = choices("SaveReplicas", "all first")
 Executor = choices("Executor", "local slurm debug")
 OnNonfinite = choices("OnNonfinite", "stop skip")
-OptimizerName = choices("OptimizerName", "AdamW Adam")
 DecayType = choices("DecayType", "linear sqrt cosine")
 WandbMode = choices("WandbMode", "online offline disabled")
 
@@ -72,6 +71,15 @@ def doc(default: Any, text: str, *, min: int | None = None) -> Any:  # noqa: A00
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+def target(default: str, called_with: str) -> Any:
+    """A node's `_target_` (what titan_exp.targets builds from it) and its `kwargs`, as two fields."""
+    return doc(default, f"class or function built by hydra.utils.instantiate; called with {called_with}")
+
+
+def target_kwargs() -> Any:
+    return doc({}, "extra keyword arguments for _target_, e.g. +optimizer.kwargs.momentum=0.9")
 
 
 def problem(field_name: str, value: Any, text: str) -> str:
@@ -92,6 +100,8 @@ def layout_label(degrees: Mapping[str, int] | None) -> str:
 class ModelConfig:
     """Llama 3 shapes. Presets in conf/model/ carry the published shapes of each flavor."""
 
+    _target_: str = target("titan_exp.models.llama.Transformer", "(this node); must be shaped like it")
+    kwargs: Dict[str, Any] = target_kwargs()
     name: ModelFamily = doc(ModelFamily.llama3, "model family")
     flavor: str = doc("debugmodel", "preset name, recorded in the run summary")
     dim: int = doc(256, "hidden size", min=1)
@@ -265,6 +275,8 @@ class ClusterConfig:
 
 @dataclass
 class DataConfig:
+    _target_: str = target("titan_exp.data.loader.PackedLoader", "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
+    kwargs: Dict[str, Any] = target_kwargs()
     dataset: str = doc("pydoc_topics", "pydoc_topics (bundled) | text | json | c4 | any hub id")
     path: Optional[str] = doc(None, "local file or glob for text/json; resolved at launch for pydoc_topics")
     text_field: str = doc("text", "field holding the document text (json and hub data sets)")
@@ -274,6 +286,8 @@ class DataConfig:
 
 @dataclass
 class TrainingConfig:
+    _target_: str = target("titan_exp.train.trainer.Trainer", "(job, run_dir, device); a subclass plugs in")
+    kwargs: Dict[str, Any] = target_kwargs()
     steps: int = doc(40, "optimizer steps", min=1)
     local_batch_size: int = doc(8, "sequences per rank per forward/backward (micro) batch", min=1)
     global_batch_size: int = doc(-1, "sequences per step across data parallel ranks; -1 = local x dp")
@@ -299,7 +313,8 @@ class CommConfig:
 
 @dataclass
 class OptimizerConfig:
-    name: OptimizerName = doc(OptimizerName.AdamW, "optimizer class")
+    _target_: str = target("torch.optim.AdamW", "(params, lr=, betas=, eps=, weight_decay=, foreach=) where it takes them")
+    kwargs: Dict[str, Any] = target_kwargs()
     lr: float = doc(8e-4, "peak learning rate")
     beta1: float = doc(0.9, "Adam beta1")
     beta2: float = doc(0.95, "Adam beta2")
@@ -309,7 +324,11 @@ class OptimizerConfig:
 
 @dataclass
 class LRSchedulerConfig:
-    """Warmup-stable-decay: linear warmup, flat, then decay over the last decay_ratio of steps."""
+    """Warmup-stable-decay: linear warmup, flat, then decay over the last decay_ratio of steps
+    (the lr_lambda offered to _target_; another scheduler takes its own kwargs)."""
+
+    _target_: str = target("torch.optim.lr_scheduler.LambdaLR", "(optimizer, lr_lambda=, total_steps=) where it takes them")
+    kwargs: Dict[str, Any] = target_kwargs()
 
     warmup_steps: int = doc(2, "linear warmup steps")
     decay_ratio: Optional[float] = doc(None, "fraction of steps spent decaying; null = decay after warmup")
@@ -381,7 +400,7 @@ class SweepConfig:
 
 @dataclass
 class JobConfig:
-    """The whole job: one node per group."""
+    """The whole job: one node per group, and the modules a `_target_` may name."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -399,6 +418,8 @@ class JobConfig:
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     autotune: AutotuneConfig = field(default_factory=AutotuneConfig)
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    allowed_targets: List[str] = doc([], "modules whose classes a _target_ may name besides titan_exp, torch.optim "
+                                         "and torch.nn, e.g. allowed_targets=[mylab]")
 
     @property
     def world_size(self) -> int:

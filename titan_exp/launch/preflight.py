@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from titan_exp import targets
 from titan_exp.config import Executor, JobConfig
 from titan_exp.record import RunDir
 from titan_exp.validation import resolve, validate
@@ -85,10 +86,8 @@ def resolved(p: Pending) -> tuple[Pending, list[str]]:
 
 def model_shapes(job: JobConfig) -> dict[str, torch.Size]:
     """Parameter shapes of the configured model, from a meta-device instance (no memory)."""
-    from titan_exp.models.llama import Transformer
-
     with torch.device("meta"):
-        return {k: v.shape for k, v in Transformer(job.model).state_dict().items()}
+        return {k: v.shape for k, v in targets.build(job, "model", job.model).state_dict().items()}
 
 
 def checkpoint(p: Pending) -> tuple[Pending, list[str]]:

@@ -6,10 +6,8 @@ import math
 
 import torch
 
-from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, OptimizerConfig, problem
-
-OPTIMIZERS = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam}
-
+from titan_exp import targets
+from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, problem
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
     e: list[str] = []
@@ -58,16 +56,18 @@ def lr_lambda(cfg: LRSchedulerConfig, steps: int):
     return factor
 
 
-def build_optimizers(model_parts: list[torch.nn.Module], o: OptimizerConfig, schedule: LRSchedulerConfig,
-                     steps: int) -> tuple[list[torch.optim.Optimizer], list[torch.optim.lr_scheduler.LRScheduler]]:
+def build_optimizers(model_parts: list[torch.nn.Module], job: JobConfig
+                     ) -> tuple[list[torch.optim.Optimizer], list[torch.optim.lr_scheduler.LRScheduler]]:
     """One optimizer (and lr schedule) per model part, as TorchTitan does: each part's optimizer
     state is then keyed by that part's FQNs, which are the unsplit model's, so checkpoints move
     between pipeline and non-pipeline layouts. The update is elementwise, so this gives the same
-    numbers as one optimizer over every parameter."""
+    numbers as one optimizer over every parameter. Both are built from their `_target_`
+    (titan_exp.targets), offered the typed fields."""
+    o, steps = job.optimizer, job.training.steps
     optimizers = [
-        OPTIMIZERS[o.name](part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                           weight_decay=o.weight_decay, foreach=True)
+        targets.build(job, "optimizer", part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                      weight_decay=o.weight_decay, foreach=True)
         for part in model_parts
     ]
-    factor = lr_lambda(schedule, steps)
-    return optimizers, [torch.optim.lr_scheduler.LambdaLR(opt, factor) for opt in optimizers]
+    factor = lr_lambda(job.lr_scheduler, steps)
+    return optimizers, [targets.build(job, "lr_scheduler", opt, lr_lambda=factor, total_steps=steps) for opt in optimizers]

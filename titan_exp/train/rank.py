@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler, record
 
-from titan_exp import faults
+from titan_exp import faults, targets
 from titan_exp.config import JobConfig, load_job_config
 from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, RunSummary, Status
@@ -67,13 +67,12 @@ def failure_status(exc: BaseException) -> Status:
 def run(job: JobConfig, run_dir: RunDir) -> dict:
     """Train on this rank; the RunSummary fields of a finished run."""
     from titan_exp.parallel.compile import graph_cache_counts, use_compile_cache
-    from titan_exp.train.trainer import Trainer
 
     torch.use_deterministic_algorithms(job.training.deterministic)
     cache = use_compile_cache(job) if job.compile.enable else {}  # before anything compiles
     logger.info("titan_exp from %s", Path(__file__).parent)  # under SLURM: the run dir's snapshot
     device = init_distributed(job.comm.init_timeout_seconds)
-    result = Trainer(job, run_dir, device).train()
+    result = targets.build(job, "training", job, run_dir, device).train()  # a Trainer, or the user's subclass
     if job.compile.enable:
         counts = graph_cache_counts()
         hits, misses = counts["fx_graph_cache_hits"], counts["fx_graph_cache_misses"]

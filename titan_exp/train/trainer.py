@@ -17,16 +17,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from titan_exp import faults, signals
+from titan_exp import faults, signals, targets
 from titan_exp.checkpoint import states
 from titan_exp.checkpoint.manager import Checkpointer
 from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
 from titan_exp.config import JobConfig, OnNonfinite, problem
 from titan_exp.data.corpus import Tokenizer
-from titan_exp.data.loader import PackedLoader
 from titan_exp.data.sources import open_dataset
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
-from titan_exp.models.llama import Transformer, flops_per_token
+from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
@@ -122,7 +121,7 @@ class Trainer:
         parallelized, materialized and initialised (`_prepare`)."""
         job, t = self.job, self.job.training
         with torch.device("meta"):
-            model = Transformer(job.model)
+            model = targets.build(job, "model", job.model)
         if job.precision.full_bf16:
             model.to(torch.bfloat16)
         apply_converter(model, job.precision)
@@ -159,12 +158,13 @@ class Trainer:
 
     def _build_optimizer(self) -> None:
         self.params = [p for part in self.model_parts for p in part.parameters()]
-        self.optimizers, self.schedulers = build_optimizers(
-            self.model_parts, self.job.optimizer, self.job.lr_scheduler, self.job.training.steps)
+        self.optimizers, self.schedulers = build_optimizers(self.model_parts, self.job)
 
     def _build_data(self) -> None:
         t = self.job.training
-        self.loader = PackedLoader(
+        self.loader = targets.build(
+            self.job,
+            "data",
             open_dataset(self.job.data),
             Tokenizer(self.run_dir.tokenizer),
             text_field=self.job.data.text_field,

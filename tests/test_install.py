@@ -1,0 +1,78 @@
+"""The installed tool: a wheel built from this checkout, installed into a fresh virtual
+environment, runs `titan-exp` from a directory with no checkout in it; optional extras say what
+to install when missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, SMALL, job_config
+from titan_exp.validation import validate
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """A venv holding titan_exp from its wheel. It sees this interpreter's packages
+    (--system-site-packages) for torch and the other dependencies, which are not what is under
+    test and are too big to install again, so the wheel goes in with --no-deps."""
+    root = tmp_path_factory.mktemp("install")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(root / "dist"), str(REPO)], check=True, capture_output=True, timeout=300)
+    wheel = next((root / "dist").glob("titan_exp-*.whl"))
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    bin_dir = root / "venv" / "bin"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--no-deps",
+                    "--no-index", "-q", str(wheel)], check=True, capture_output=True, timeout=300)
+    return bin_dir
+
+
+def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
+    work = tmp_path / "elsewhere"  # no checkout here: configs must come from the package
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(installed / args[0]), *args[1:]], cwd=work, env=env, capture_output=True,
+                              text=True, timeout=300)
+
+    where = run("python", "-c", "import titan_exp; print(titan_exp.__file__)")
+    assert where.stdout.startswith(str(installed.parent)), where  # the wheel's copy, not the checkout
+    # A preset from the package's conf/, and a run whose rank is a real process of the venv's python.
+    out = run("titan-exp", *SMALL, "training.steps=2", "model=debugmodel", "hydra.run.dir=run")
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((work / "run" / "summary.json").read_text())
+    assert summary["status"] == "ok" and len(summary["losses"]) == 2
+    # Named sweeps come from the package; the planner writes the user's into ./sweeps.
+    assert "parallelism: fsdp,ddp,tp,pp,cp" in run("titan-exp", "+sweep=layouts_2", "--cfg", "hydra").stdout
+    planned = run("python", "-m", "titan_exp.plan", "--world", "2", "--top", "2", "--write-sweep", "mine")
+    assert planned.returncode == 0 and (work / "sweeps" / "mine.yaml").exists(), planned.stderr[-2000:]
+    assert "+plan_layout: mine_0,mine_1" in run("titan-exp", "+sweep=mine", "--cfg", "hydra").stdout
+    # The guard and --help work the same from the console script.
+    refused = run("titan-exp", "parallelism=fsdpp")
+    assert refused.returncode == 2 and "parallelism=fsdpp: no such preset in parallelism/ of conf; did you mean fsdp" in refused.stderr
+    assert "titan-exp --cfg job" in run("titan-exp", "--help").stdout
+
+
+@pytest.mark.parametrize("field, module, extra", [
+    ("metrics.enable_wandb", "wandb", "wandb"),
+    ("metrics.enable_tensorboard", "tensorboard", "tensorboard"),
+])
+def test_a_feature_whose_extra_is_missing_says_what_to_install(field, module, extra, monkeypatch):
+    monkeypatch.setitem(sys.modules, module, None)  # Python's own way of making a module unimportable
+    errors = validate(job_config([f"{field}=true"]), cuda=False)
+    assert f"{field} = True: {module} is not installed; pip install 'titan_exp[{extra}]'; or set it to false" in errors
+
+
+def test_the_notebook_says_which_extra_brings_pandas(monkeypatch):
+    from titan_exp.extras import require
+
+    monkeypatch.setitem(sys.modules, "pandas", None)
+    with pytest.raises(ImportError, match=r"this notebook: pandas is not installed; pip install 'titan_exp\[notebooks\]'"):
+        require("pandas", "this notebook")
