@@ -1,6 +1,7 @@
 """titan_exp vs a bare PyTorch loop: same model, batch, steps, threads and process.
 
-    python benchmarks/bench_overhead.py [--flavor llama3_100m] [--steps 8] [--rounds 2]
+    python benchmarks/bench_overhead.py [--flavor llama3_100m] [--steps 8] [--rounds 2] [titan_exp overrides]
+    python benchmarks/bench_overhead.py --flavor debugmodel data.pretokenize=true   # the token store's loader
 
 The bare loop is what a user would write by hand: the same Transformer, AdamW, clipping, a
 fixed batch of token ids, nothing else. titan_exp runs the same job through the launcher with
@@ -70,17 +71,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("overrides", nargs="*", help="more overrides for the titan_exp runs (e.g. data.pretokenize=true)")
     args = parser.parse_args()
     overrides = [f"model={args.flavor}", f"training.local_batch_size={args.batch}", f"training.seq_len={args.seq_len}"]
     bare, ours = [], []
     for _ in range(args.rounds):
         bare.append(bare_loop(overrides, args.steps, args.warmup))
-        ours.append(titan_exp(overrides, args.steps, args.warmup))
+        ours.append(titan_exp([*overrides, *args.overrides], args.steps, args.warmup))
     job = job_config(overrides)
     fpt = flops_per_token(job.model, args.seq_len)
     peak = measure_cpu_peak_tflops(torch.float32) * 1e12
     b, o = max(bare), max(ours)
-    print(f"{args.flavor}, batch {args.batch} x {args.seq_len}, {torch.get_num_threads()} threads, "
+    print(f"{args.flavor} {' '.join(args.overrides)}, batch {args.batch} x {args.seq_len}, {torch.get_num_threads()} threads, "
           f"{args.steps} steps ({args.warmup} warm-up), best of {args.rounds} alternating rounds")
     print(f"bare PyTorch loop : {b:10.1f} tokens/s   MFU {100 * b * fpt / peak:5.1f}%   rounds {[round(x) for x in bare]}")
     print(f"titan_exp         : {o:10.1f} tokens/s   MFU {100 * o * fpt / peak:5.1f}%   rounds {[round(x) for x in ours]}")

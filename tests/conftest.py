@@ -20,6 +20,9 @@ SMALL = [
     "metrics.log_freq=1",
 ]
 
+# The held-out loss at the last step of SMALL, on one global batch of the bundled validation set.
+VALIDATION = ["validation.enable=true", "validation.freq=5", "validation.steps=1"]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def titan_cache(tmp_path_factory):
@@ -86,7 +89,8 @@ def losses_by_step(run_dir: Path) -> list[float]:
 
 @pytest.fixture(scope="session")
 def reference(tmp_path_factory):
-    """The fp32 single-process run of SMALL that every layout and feature is compared with."""
-    code, summary = run_job(SMALL, tmp_path_factory.mktemp("reference"))
+    """The fp32 single-process run of SMALL (with its held-out loss) that every layout and
+    feature is compared with."""
+    code, summary = run_job([*SMALL, *VALIDATION], tmp_path_factory.mktemp("reference"))
     assert code == 0, summary
     return summary

@@ -236,7 +236,7 @@ def launch_errors(overrides, run_dir) -> str:
 
     pending = preflight.Pending(to_job_config(compose(overrides)), RunDir(run_dir))
     job = preflight.data(pending)[0].job
-    errors = checkpoint.preflight(job.checkpoint, Path(run_dir), preflight.model_shapes(job))
+    errors = checkpoint.preflight(job.checkpoint, Path(run_dir), preflight.model_shapes(job), job.model)
     assert errors, "expected the config to be refused"
     code, _ = run_job(overrides, run_dir)
     assert code == 2

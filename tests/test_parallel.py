@@ -1,5 +1,5 @@
-"""Every layout computes the same model: per-step losses and grad norms of real multi-process
-runs (gloo) against one process, fp32, deterministic, same seed and global batch.
+"""Every layout computes the same model: per-step losses, grad norms and the held-out loss of
+real multi-process runs (gloo) against one process, fp32, deterministic, same seed and global batch.
 
 Measured spread on this machine: <= 1e-6 in loss. Grad norms of every distributed layout agree
 with each other and differ from one process by 4e-5..8.4e-5 relative: the float32 sum of
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SMALL, run_job
+from conftest import SMALL, VALIDATION, run_job
 
 slow = pytest.mark.slow
 
@@ -61,11 +61,14 @@ DEFAULT = {"fsdp4", "hsdp2x2", "pp2_fsdp2_tp2"}
 )
 def test_layout_matches_single_process(name, reference, tmp_path):
     overrides, world = LAYOUTS[name]
-    code, summary = run_job([*SMALL, *overrides], tmp_path)
+    code, summary = run_job([*SMALL, *VALIDATION, *overrides], tmp_path)
     assert code == 0 and summary["status"] == "ok", summary.get("error")
     assert summary["world_size"] == world
     assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5)
     assert summary["grad_norms"] == pytest.approx(reference["grad_norms"], rel=2e-4)
+    # The held-out loss too: the forward alone (a whole step for the V-shaped pipelines).
+    assert summary["val_losses"] == pytest.approx(reference["val_losses"], abs=1e-5)
+    assert reference["val_losses"]["5"] != pytest.approx(reference["losses"][-1], abs=1e-3)  # another data set
 
 
 @pytest.mark.parametrize("layout", [[], ["parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=4"]],

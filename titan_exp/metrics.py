@@ -205,9 +205,10 @@ class MetricSinks:
                 self.tb.add_scalar(key, value, step)
         self._wandb("log", metrics, step=step)
         logger.info(
-            "step %4d | loss %.4f | grad_norm %.3f | lr %.2e | tps/device %8.1f | mfu %5.1f%% | mem %.2f GiB",
+            "step %4d | loss %.4f | grad_norm %.3f | lr %.2e | tps/device %8.1f | mfu %5.1f%% | mem %.2f GiB%s",
             step, metrics["loss"], metrics["grad_norm"], metrics["lr"],
             metrics["tps_per_device"], metrics["mfu"], metrics["peak_memory_gib"],
+            f" | val_loss {metrics['val_loss']:.4f} | val_ppl {metrics['val_perplexity']:.1f}" if "val_loss" in metrics else "",
         )
 
     def close(self) -> None:

@@ -64,6 +64,8 @@ class RunSummary:
     steps: Optional[int] = None
     final_loss: Optional[float] = None
     losses: Optional[list[float]] = None
+    final_val_loss: Optional[float] = None  # validation.enable: the held-out loss at the last validation
+    val_losses: Optional[dict[str, float]] = None  # step (as JSON spells it) -> held-out loss
     grad_norms: Optional[list[float]] = None
     skipped_steps: Optional[list[int]] = None
     tokens_per_second_per_device: Optional[float] = None

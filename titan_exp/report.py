@@ -31,7 +31,7 @@ from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 logger = logging.getLogger("titan_exp.report")
 
 COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
-           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "status", "reason",
+           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss", "status", "reason",
            "predicted_tokens_per_second_per_device", "prediction_error", "compute_share", "exposed_comm_share",
            "bubble_share", "recompute_share", "breakdown_source")
 SHARES = ("compute", "exposed_comm", "bubble", "recompute")
@@ -67,6 +67,7 @@ def row(path: Path) -> dict[str, Any]:
         "mfu": summary.mfu,
         "peak_memory_gib": summary.peak_memory_gib,
         "final_loss": summary.final_loss,
+        "final_val_loss": summary.final_val_loss,
         "status": summary.status.value,
         "reason": error.splitlines()[0][:300] if error else "",
         "losses": summary.losses or [],
@@ -147,15 +148,15 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
     lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
              "(steady state, warm-up steps excluded).", "",
              "| rank | member | overrides | layout | precision | compile | AC | world | tokens/s/device | MFU % "
-             "| peak GiB/device | final loss | status | reason | predicted tokens/s (error) "
+             "| peak GiB/device | final loss | val loss | status | reason | predicted tokens/s (error) "
              "| step: compute / comm / bubble / recompute % (from) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["status"] == "ok" else ""
         lines.append("| " + " | ".join([
             rank, r["member"], r["overrides"], r["layout"], r["precision"], _fmt(r["compile"]),
             _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
-            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), r["status"],
+            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4), r["status"],
             r["reason"].replace("|", "/"), _predicted(r), _shares(r),
         ]) + " |")
     lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "

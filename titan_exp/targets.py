@@ -10,7 +10,8 @@ What each `_target_` is called with (the typed schema stays the one source of ev
     optimizer._target_     (params, lr=, betas=, eps=, weight_decay=, foreach=)   -> a torch Optimizer
     lr_scheduler._target_  (optimizer, lr_lambda=, total_steps=)  -> a torch LRScheduler
     data._target_          (dataset, tokenizer, text_field=, seq_len=, global_batch_size=,
-                            local_batch_size=, dp_rank=, dp_degree=)  -> a loader like data.loader.PackedLoader
+                            local_batch_size=, dp_rank=, dp_degree=, prefetch=)
+                                                                  -> a loader like data.loader.PackedLoader
 
 A keyword argument is offered, not forced: the target gets those its signature names (all of
 them when it takes **kwargs), so torch.optim.SGD simply goes without `betas`. The node's `kwargs`

@@ -1,5 +1,6 @@
-"""Export: a checkpoint's model alone, in one file (safetensors or torch's format), as a library
-call and as `python -m titan_exp.checkpoint export RUN`."""
+"""Export: a checkpoint's model alone, in one file (safetensors or torch's format) or as a
+Hugging Face Llama directory that `transformers` loads, as a library call and as
+`python -m titan_exp.checkpoint export RUN [--format safetensors|pt|hf]`."""
 
 from __future__ import annotations
 
@@ -24,21 +25,31 @@ from titan_exp.checkpoint.store import (
     step_dir,
     verify,
 )
+from titan_exp.config import ModelConfig, load_job_config
+from titan_exp.models import hf
 
 logger = logging.getLogger("titan_exp.checkpoint")
 
 
-def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensors") -> Path:
-    """Consolidate the model of checkpoint `path` into one file (no process group needed):
-    safetensors, or torch's format (a plain dict of tensors, loadable with weights_only=True)."""
+def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensors", *,
+           model: ModelConfig | None = None) -> Path:
+    """Consolidate the model of checkpoint `path` (no process group needed): one safetensors
+    file, torch's format (a plain dict of tensors, loadable with weights_only=True), or (hf, which
+    needs the `model` shapes) a Hugging Face Llama directory."""
     if (problem := verify(path)) is not None:
         raise CheckpointError(problem)
     saved = read_metadata(path).state_dict_metadata
-    model = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in saved.items()
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in saved.items()
              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    dcp.load(model, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
-    tensors = {k.removeprefix("model."): v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in model.items()}
+    dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
+    tensors = {k.removeprefix("model."): v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in state.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
+    if fmt == "hf":
+        if model is None:
+            raise CheckpointError("a Hugging Face export needs the model's shapes (its run's config.yaml)")
+        hf.save(tensors, model, out, dtype)
+        logger.info("exported %d tensors of %s to %s (Hugging Face Llama, %s)", len(tensors), path, out, dtype)
+        return out
     tmp = out.with_name(f".{out.name}.tmp")
     if fmt == "safetensors":
         from safetensors.torch import save_file
@@ -52,13 +63,16 @@ def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensor
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.checkpoint", description="Export a checkpoint's model as one file.")
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.checkpoint",
+                                     description="Export a checkpoint's model as one file or a Hugging Face directory.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a checkpoint's model as one safetensors / torch file")
     ex.add_argument("checkpoint", type=Path, help="a step-N dir, or a run dir / folder (its latest complete checkpoint)")
     ex.add_argument("--out", type=Path, help="output file (default: <checkpoint>/../../export/model.<format>)")
     ex.add_argument("--dtype", choices=list(EXPORT_DTYPES), default="float32")
-    ex.add_argument("--format", choices=list(EXPORT_FORMATS), default="safetensors")
+    ex.add_argument("--format", choices=list(EXPORT_FORMATS), default="safetensors",
+                    help="hf: a Hugging Face Llama directory (config.json + model.safetensors) for transformers")
+    ex.add_argument("--config", type=Path, help="hf: the run's config.yaml (default: the nearest one above the checkpoint)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = args.checkpoint
@@ -69,8 +83,14 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{path} holds no complete checkpoint (a step-N dir with {MARKER})")
         path = step_dir(folder, max(steps))
     out = args.out or path.parent.parent / "export" / EXPORT_FORMATS[args.format]
+    model = None
+    if args.format == "hf":
+        config = args.config or next((d / "config.yaml" for d in path.resolve().parents if (d / "config.yaml").is_file()), None)
+        if config is None:
+            parser.error(f"no config.yaml above {path}: give the run's with --config, for the model's shapes")
+        model = load_job_config(config).model
     try:
-        export(path, out, args.dtype, args.format)
+        export(path, out, args.dtype, args.format, model=model)
     except CheckpointError as exc:
         parser.error(str(exc))
     return 0

@@ -37,7 +37,8 @@ from titan_exp.checkpoint.store import (
     step_dir,
     verify,
 )
-from titan_exp.config import AsyncMode, CheckpointConfig, JobConfig, SaveReplicas, problem
+from titan_exp.config import AsyncMode, CheckpointConfig, JobConfig, ModelConfig, SaveReplicas, problem
+from titan_exp.models import hf
 from titan_exp.files import atomic_write, unwritable
 
 logger = logging.getLogger("titan_exp.checkpoint")
@@ -59,11 +60,17 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("checkpoint.folder", k.folder, "give a folder (relative paths are inside the run dir)"))
     if not k.enable:
         needs = {"export_format": k.export_format is not None, "create_seed_checkpoint": k.create_seed_checkpoint,
-                 "last_save_model_only": k.last_save_model_only, "initial_load_path": k.initial_load_path is not None}
+                 "last_save_model_only": k.last_save_model_only, "initial_load_path": k.initial_load_path is not None,
+                 "last_save_in_hf": k.last_save_in_hf}
         for name, used in needs.items():
             if used:
                 e.append(problem(f"checkpoint.{name}", getattr(k, name),
                                  "needs checkpoint.enable=true (or checkpoint=default)"))
+    if k.initial_load_in_hf and not k.initial_load_path:
+        e.append(problem("checkpoint.initial_load_in_hf", True, "needs checkpoint.initial_load_path=<a Hugging Face model directory>"))
+    elif k.initial_load_in_hf and not k.initial_load_model_only:
+        e.append(problem("checkpoint.initial_load_model_only", False,
+                         "a Hugging Face directory holds weights only; set it to true (the default)"))
     return e
 
 
@@ -97,7 +104,12 @@ def load_source(cfg: CheckpointConfig, folder: Path) -> tuple[Path | None, tuple
     return None, ()
 
 
-def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size]) -> list[str]:
+def from_hf(cfg: CheckpointConfig, path: Path) -> bool:
+    """Whether the run starts from `path` as a Hugging Face directory (checkpoint.initial_load_in_hf)."""
+    return cfg.initial_load_in_hf and cfg.initial_load_path is not None and path == Path(cfg.initial_load_path).expanduser()
+
+
+def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size], model: ModelConfig) -> list[str]:
     """What the launcher can know before starting a process: the folder is writable, the
     checkpoint the run would load exists, is whole and fits the model."""
     if not cfg.enable:
@@ -114,6 +126,13 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
     if path is None:
         return errors
     field = "checkpoint.initial_load_path" if cfg.initial_load_path and path == Path(cfg.initial_load_path).expanduser() else "checkpoint.folder"
+    if from_hf(cfg, path):
+        try:
+            wrong = hf.shape_errors(path, model, model_shapes)
+        except (OSError, ValueError) as exc:
+            return errors + [f"{field} = {str(path)!r}: not a Hugging Face model directory ({exc})"]
+        return errors + [f"{field}: {w}; the model's shapes must match (model.hf_config={path} takes them from its config.json)"
+                         for w in wrong[:5]]
     if (problem := verify(path)) is not None:
         return errors + [f"{field}: {problem}; delete that step dir or choose another checkpoint"]
     model = {f"model.{k}": v for k, v in model_shapes.items()}
@@ -127,10 +146,11 @@ class Checkpointer:
     With `enable=false` every method does nothing, so the training loop reads the same either way."""
 
     def __init__(self, cfg: CheckpointConfig, run_dir: Path, states: dict[str, Stateful], *,
-                 replica_ranks: list[int] | None = None):
+                 replica_ranks: list[int] | None = None, model: ModelConfig | None = None):
         """`replica_ranks`: the global ranks of the first data-parallel replica (HSDP/DDP), for
-        `hsdp_save_replicas=first`; None when there is one replica."""
-        self.cfg, self.states = cfg, states
+        `hsdp_save_replicas=first`; None when there is one replica. `model`: the shapes, for a
+        Hugging Face initial load."""
+        self.cfg, self.states, self.model = cfg, states, model
         self.folder = checkpoint_folder(cfg, run_dir)
         self.rank = dist.get_rank()
         self.pending: tuple[int, Future] | None = None  # an async save in flight: step, its future
@@ -163,6 +183,11 @@ class Checkpointer:
             return 0
         path, parts = load_source(self.cfg, self.folder)
         if path is None:
+            return 0
+        if from_hf(self.cfg, path):
+            start = time.perf_counter()
+            hf.load_into(self.states["model"].parts, path, self.model)
+            logger.info("loaded the Hugging Face model %s in %.2f s", path, time.perf_counter() - start)
             return 0
         error = verify(path) if self.rank == 0 else None
         errors = [error]

@@ -34,7 +34,7 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 # dtypes of model-only checkpoints and exports (checkpoint.export_dtype)
 EXPORT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # file names of exports (checkpoint.export_format)
-EXPORT_FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt"}
+EXPORT_FORMATS = {"safetensors": "model.safetensors", "pt": "model.pt", "hf": "hf"}  # hf: a directory
 
 
 class CheckpointError(RuntimeError):

@@ -41,7 +41,10 @@ def to_job_config(cfg: DictConfig | dict) -> JobConfig:
     plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
              for k in cfg if k != "hydra"}
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
-    return OmegaConf.to_object(merged)
+    job = OmegaConf.to_object(merged)
+    from titan_exp.models.hf import with_hf_config  # model.hf_config: its config.json sets the shapes
+
+    return dataclasses.replace(job, model=with_hf_config(job.model))
 
 
 def compose_job(overrides: list[str]) -> JobConfig:

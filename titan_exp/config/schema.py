@@ -115,6 +115,10 @@ class ModelConfig:
     rope_theta: float = doc(500000.0, "RoPE base frequency")
     max_seq_len: int = doc(2048, "longest sequence the model accepts (RoPE table size)", min=1)
     tie_word_embeddings: bool = doc(False, "share the embedding and output matrices (Llama 3.2 1B/3B)")
+    intermediate_size: Optional[int] = doc(None, "SwiGLU hidden size; null = Llama's rule from dim, multiple_of "
+                                                 "and ffn_dim_multiplier")
+    hf_config: Optional[str] = doc(None, "a Hugging Face Llama config.json, or its directory: its shapes replace "
+                                         "the fields above (titan_exp.models.hf)")
 
     @property
     def head_dim(self) -> int:
@@ -126,7 +130,9 @@ class ModelConfig:
 
     @property
     def ffn_hidden_dim(self) -> int:
-        """Llama's SwiGLU width: 2/3 of 4*dim, scaled, rounded up to `multiple_of`."""
+        """Llama's SwiGLU width: 2/3 of 4*dim, scaled, rounded up to `multiple_of` (or as given)."""
+        if self.intermediate_size is not None:
+            return self.intermediate_size
         hidden = int(2 * 4 * self.dim / 3)
         if self.ffn_dim_multiplier is not None:
             hidden = int(self.ffn_dim_multiplier * hidden)
@@ -229,6 +235,10 @@ class CheckpointConfig:
     exclude_from_loading: List[CheckpointPart] = doc([], "parts not restored")
     initial_load_path: Optional[str] = doc(None, "a step-N checkpoint to start from when the run dir has none of its own")
     initial_load_model_only: bool = doc(True, "take only the model weights from initial_load_path")
+    initial_load_in_hf: bool = doc(False, "initial_load_path is a Hugging Face Llama directory (config.json and "
+                                          "safetensors, sharded or not): its weights, into any layout")
+    last_save_in_hf: bool = doc(False, "after training, also write <run dir>/export/hf: a Hugging Face Llama "
+                                       "directory that transformers loads (in export_dtype)")
     last_save_model_only: bool = doc(False, "the checkpoint at the last step holds the model alone, in export_dtype")
     export_dtype: ExportDType = doc(ExportDType.float32, "dtype of model-only checkpoints and exports")
     export_format: Optional[ExportFormat] = doc(None, "after training, write <run dir>/export/model.<ext>; null = no export")
@@ -275,13 +285,37 @@ class ClusterConfig:
 
 @dataclass
 class DataConfig:
-    _target_: str = target("titan_exp.data.loader.PackedLoader", "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
+    _target_: str = target("titan_exp.data.loader.build_loader", "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
     kwargs: Dict[str, Any] = target_kwargs()
-    dataset: str = doc("pydoc_topics", "pydoc_topics (bundled) | text | json | c4 | any hub id")
-    path: Optional[str] = doc(None, "local file or glob for text/json; resolved at launch for pydoc_topics")
-    text_field: str = doc("text", "field holding the document text (json and hub data sets)")
-    tokenizer_path: Optional[str] = doc(None, "a tokenizers JSON file; null = BPE trained on the default corpus")
+    dataset: str = doc("pydoc_topics", "pydoc_topics (bundled) | json | text | parquet | csv | arrow (local files, "
+                                       "through datasets) | tokens (a store made by python -m titan_exp.data.prepare) "
+                                       "| c4 | any Hugging Face hub id")
+    path: Optional[str] = doc(None, "local builders: a file, a glob, or a directory whose files are named by split "
+                                    "(train.jsonl, validation.parquet, ...); set at launch for pydoc_topics")
+    name: Optional[str] = doc(None, "hub data sets: the subset (configuration), e.g. en for allenai/c4")
+    split: str = doc("train", "the split to train on (a directory's files or the hub's splits)")
+    pretokenize: bool = doc(False, "tokenize the data once into a token store in the cache (keyed by data and "
+                                   "tokenizer) and train from it: each rank reads only its own rows")
+    text_field: str = doc("text", "field holding the document text (the text builder's is always text)")
+    tokenizer_path: Optional[str] = doc(None, "a tokenizer.json, or a directory holding one (the Hugging Face / Llama 3 "
+                                              "layout, whose tokenizer_config.json names BOS/EOS); null = BPE trained "
+                                              "on the default corpus")
     tokenizer_vocab_size: int = doc(2048, "vocabulary of the trained BPE when tokenizer_path is null")
+
+
+@dataclass
+class ValidationConfig:
+    """Held-out loss every `freq` steps (TorchTitan's names), in every layout, with training's
+    batch shapes; its data is the data node with these fields changed."""
+
+    enable: bool = doc(False, "compute the validation loss and perplexity every freq steps and at the last step")
+    freq: int = doc(10, "steps between validations", min=1)
+    steps: int = doc(2, "global batches per validation (the same batches every time)", min=1)
+    dataset: Optional[str] = doc(None, "null = data.dataset")
+    path: Optional[str] = doc(None, "held-out files (a file, glob or directory); null = data.path, whose directory "
+                                    "(or hub data set) then needs this split")
+    name: Optional[str] = doc(None, "null = data.name")
+    split: str = doc("validation", "the held-out split (of a directory or a hub data set; files given in path are read whole)")
 
 
 @dataclass
@@ -411,6 +445,7 @@ class JobConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     comm: CommConfig = field(default_factory=CommConfig)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from titan_exp.cache import cache_dir
 from titan_exp.files import atomic_write
@@ -24,17 +25,45 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+# Standard-library modules whose docstrings are the bundled held-out set: text like the
+# training corpus (Python's documentation), never in it.
+HELD_OUT_MODULES = ("builtins", "collections", "itertools", "functools", "re", "json", "pathlib", "string",
+                    "textwrap", "random", "statistics", "heapq", "bisect", "math", "os", "shutil", "typing",
+                    "dataclasses", "enum", "argparse", "logging", "datetime", "decimal", "fractions")
+
+
+def _held_out_docs() -> list[dict]:
+    import importlib
+    import inspect
+
+    docs = []
+    for name in HELD_OUT_MODULES:
+        module = importlib.import_module(name)
+        parts = [inspect.getdoc(module) or ""]
+        for attr in sorted(vars(module)):
+            obj = getattr(module, attr)
+            if not attr.startswith("_") and getattr(obj, "__module__", None) == name and (doc := inspect.getdoc(obj)):
+                parts.append(f"{attr}\n{doc}")
+        docs.append({"title": name, "text": "\n\n".join(p for p in parts if p)})
+    return docs
+
+
 def default_corpus() -> Path:
-    """The documentation topics as one JSON document per line, in a fixed shuffled order."""
+    """The bundled data set's training file: Python's documentation topics as one JSON document
+    per line, in a fixed shuffled order. Beside it, validation.jsonl holds the docstrings of some
+    standard-library modules, held out; the folder is what `data.dataset=pydoc_topics` reads."""
     from pydoc_data.topics import topics
 
     docs = [{"title": k, "text": v} for k, v in sorted(topics.items())]
     random.Random(0).shuffle(docs)
-    payload = "".join(json.dumps(d) + "\n" for d in docs)
-    path = cache_dir() / f"pydoc_topics-{_digest(payload)}.jsonl"
-    if not path.exists():
-        atomic_write(path, payload)
-    return path
+    train = "".join(json.dumps(d) + "\n" for d in docs)
+    validation = "".join(json.dumps(d) + "\n" for d in _held_out_docs())
+    folder = cache_dir() / f"pydoc_topics-{_digest(train + validation)}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, payload in (("validation.jsonl", validation), ("train.jsonl", train)):  # train last: it marks the folder done
+        if not (folder / name).exists():
+            atomic_write(folder / name, payload)
+    return folder / "train.jsonl"
 
 
 def trained_tokenizer(corpus: Path, vocab_size: int) -> Path:
@@ -60,16 +89,54 @@ def trained_tokenizer(corpus: Path, vocab_size: int) -> Path:
     return path
 
 
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def assets(d) -> tuple[Any, Path]:
+    """The data node with the bundled corpus's folder filled in (data.dataset=pydoc_topics), and
+    the tokenizer file the run uses: data.tokenizer_path's, or the BPE trained on the corpus."""
+    import dataclasses
+
+    corpus = default_corpus() if d.dataset == "pydoc_topics" or not d.tokenizer_path else None
+    if d.dataset == "pydoc_topics":
+        d = dataclasses.replace(d, path=str(corpus.parent))  # its train and validation files
+    return d, tokenizer_file(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(corpus, d.tokenizer_vocab_size)
+
+
+def tokenizer_file(path: str | Path) -> Path:
+    """The tokenizer.json a `data.tokenizer_path` names: the file, or the one in a directory
+    (the Hugging Face / Llama 3 layout)."""
+    path = Path(path)
+    return path / "tokenizer.json" if path.is_dir() else path
+
+
+def named_specials(config: Path) -> dict[str, str]:
+    """BOS/EOS as a Hugging Face tokenizer_config.json names them (a string, or {"content": ...})."""
+    if not config.is_file():
+        return {}
+    raw = json.loads(config.read_text())
+    names = {}
+    for key in ("bos", "eos"):
+        token = raw.get(f"{key}_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            names[key] = token
+    return names
+
+
 class Tokenizer:
-    """A `tokenizers` tokenizer with the BOS/EOS conventions the loader needs."""
+    """A `tokenizers` tokenizer with the BOS/EOS conventions the loader needs: those its
+    tokenizer_config.json names when it has one beside it, else the usual spellings."""
 
     def __init__(self, path: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
 
-        self._tok = HFTokenizer.from_file(str(path))
+        file = tokenizer_file(path)
+        self._tok = HFTokenizer.from_file(str(file))
         self.vocab_size = self._tok.get_vocab_size()
-        self.bos_id = self._special(BOS, ("<s>", "[BOS]"))
-        self.eos_id = self._special(EOS, ("</s>", "[EOS]", "<|endoftext|>"))
+        named = named_specials(file.parent / TOKENIZER_CONFIG)
+        self.bos_id = self._special(named.get("bos", BOS), ("<s>", "[BOS]", BOS))
+        self.eos_id = self._special(named.get("eos", EOS), ("</s>", "[EOS]", "<|endoftext|>", EOS))
 
     def _special(self, name: str, fallbacks: tuple[str, ...]) -> int | None:
         for candidate in (name, *fallbacks):

@@ -8,20 +8,31 @@ tokens (inputs are the first seq_len, labels the last seq_len). Each optimizer s
 Why every rank reads the whole stream rather than every dp-th document: the global batch is then
 the same for every layout (1 rank, FSDP 2, HSDP 2x2, ...), so losses are comparable across
 layouts to float tolerance, and a checkpoint can resume under another data-parallel degree
-without skipping or repeating data. The cost is dp-fold tokenization, which is small next to a
-training step of any model worth sharding.
+without skipping or repeating data. The cost is dp-fold tokenization; a token store
+(titan_exp.data.tokens, `data.pretokenize=true`) gives the same batches at O(rows per rank).
 """
 
 from __future__ import annotations
 
+import copy
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import torch
 
 from titan_exp.data.corpus import Tokenizer
+from titan_exp.data.tokens import TokenLoader, TokenStore
 
 logger = logging.getLogger(__name__)
+
+
+def build_loader(dataset, tokenizer: Tokenizer, **kwargs: Any):
+    """data._target_'s default: a TokenLoader for a token store (data.dataset=tokens), else a
+    PackedLoader that tokenizes the documents as it goes. Both give the same batches."""
+    if isinstance(dataset, TokenStore):
+        return TokenLoader(dataset, **kwargs)
+    return PackedLoader(dataset, tokenizer, **kwargs)
 
 class PackedLoader:
     def __init__(
@@ -35,6 +46,7 @@ class PackedLoader:
         local_batch_size: int,
         dp_rank: int,
         dp_degree: int,
+        prefetch: bool = True,
     ):
         self.dataset = dataset
         self.tokenizer = tokenizer
@@ -50,6 +62,12 @@ class PackedLoader:
         self.buffer: list[int] = []
         self._docs: Iterator[dict] | None = None
         self._loaded: dict | None = None  # the dataset state last loaded, until a document is read
+        # Prefetch: the next batch is cut (documents read and tokenized) by a background thread
+        # while the step runs; the position handed out is the one after the batch returned.
+        self.prefetch = prefetch
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: Future | None = None
+        self._state: dict[str, Any] | None = None
 
     def _next_doc(self) -> dict:
         if self._docs is None:
@@ -75,18 +93,36 @@ class PackedLoader:
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's share of the next global batch, as (inputs, labels) microbatches."""
+        batch, self._state = self._ahead.result() if self._ahead is not None else self._cut()
+        self._ahead = None
+        if self.prefetch:
+            self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader-prefetch")
+            self._ahead = self._pool.submit(self._cut)
+        return batch
+
+    def _cut(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, Any]]:
+        """The next batch and the position after it."""
         rows = self._rows(self.global_batch_size)
         mine = rows[self.dp_rank * self.rows_per_rank : (self.dp_rank + 1) * self.rows_per_rank]
-        return [(mb[:, :-1], mb[:, 1:]) for mb in mine.split(self.local_batch_size)]
+        return [(mb[:, :-1], mb[:, 1:]) for mb in mine.split(self.local_batch_size)], self._position()
 
     def state_dict(self) -> dict[str, Any]:
+        """The position after the last batch returned (not after one being prefetched)."""
+        return self._state if self._state is not None else self._position()
+
+    def _position(self) -> dict[str, Any]:
         # Between load_state_dict and the first document read after it, a datasets
         # IterableDataset reports its initial state, not the loaded one; steps served from the
         # buffer alone read no document, so the loaded state is what is still true.
         dataset = self._loaded if self._loaded is not None else self.dataset.state_dict()
-        return {"dataset": dataset, "epoch": self.epoch, "buffer": list(self.buffer)}
+        # A copy: the prefetching thread moves on while this position waits for a checkpoint.
+        return {"dataset": copy.deepcopy(dataset), "epoch": self.epoch, "buffer": list(self.buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self._ahead is not None:  # a prefetched batch from the old position: finish, then drop it
+            self._ahead.result()
+            self._ahead = None
+        self._state = None
         self.epoch = state["epoch"]
         self.buffer = list(state["buffer"])
         self.dataset.set_epoch(self.epoch)

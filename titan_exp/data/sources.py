@@ -1,77 +1,209 @@
 """Where documents come from: the data set a config names, opened as a stream through
 `datasets` (local files need no network), and the checks on the data fields and files.
+
+`data.dataset` is one of `datasets`' packaged builders for local files (json, text, parquet,
+csv, arrow) reading `data.path` (a file, a glob, or a directory whose files are named by split),
+the bundled corpus (pydoc_topics: a json directory with train and validation files, made at
+launch), or a Hugging Face hub id (`data.name` its subset). The validation set is the same with
+the `validation.*` fields laid over it (`validation_source`).
 """
 
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import glob
 import json
 import os
+import socket
+from pathlib import Path
 
 from titan_exp.config import DataConfig, JobConfig, problem
 
-HUB_ALIASES = {"c4": ("allenai/c4", "en"), "c4_test": ("allenai/c4", "en")}
+BUILDERS = ("json", "text", "parquet", "csv", "arrow")  # datasets' packaged builders for local files
+TOKENS = "tokens"  # a token store (titan_exp.data.tokens)
+LOCAL = ("pydoc_topics", *BUILDERS, TOKENS)
+HUB_ALIASES = {"c4": ("allenai/c4", "en")}
+HUB_HOST = "huggingface.co"
+
+
+def load_arguments(cfg: DataConfig) -> tuple[tuple, dict]:
+    """The arguments `datasets.load_dataset` gets for this source (streaming aside)."""
+    if cfg.dataset in LOCAL:
+        builder = "json" if cfg.dataset == "pydoc_topics" else cfg.dataset
+        # A directory's files are split by their names; files given by name or glob are the split asked for.
+        files = {"data_dir": cfg.path} if os.path.isdir(cfg.path or "") else {"data_files": {cfg.split: cfg.path}}
+        extra = {"sample_by": "document"} if builder == "text" else {}  # a file is a document, not a line
+        return (builder,), {**files, **extra, "split": cfg.split}
+    hub_id, subset = HUB_ALIASES.get(cfg.dataset, (cfg.dataset, None))
+    return (hub_id, cfg.name or subset), {"split": cfg.split}
 
 
 def open_dataset(cfg: DataConfig):
-    """A streaming `datasets.IterableDataset` of documents; local files need no network."""
+    """A streaming `datasets.IterableDataset` of documents (local files need no network), or
+    for data.dataset=tokens the token store, opened."""
+    if cfg.dataset == TOKENS:
+        from titan_exp.data.tokens import TokenStore
+
+        return TokenStore.open(cfg.path)
     import datasets
 
-    if cfg.dataset in ("pydoc_topics", "json"):
-        return datasets.load_dataset("json", data_files=cfg.path, split="train", streaming=True)
-    if cfg.dataset == "text":
-        return datasets.load_dataset(
-            "text", data_files=cfg.path, split="train", streaming=True, sample_by="document"
-        )
-    name, subset = HUB_ALIASES.get(cfg.dataset, (cfg.dataset, None))
-    return datasets.load_dataset(name, subset, split="train", streaming=True)
+    args, kwargs = load_arguments(cfg)
+    return datasets.load_dataset(*args, streaming=True, **kwargs)
+
+
+def validation_source(job: JobConfig) -> DataConfig:
+    """The validation set: the data node with the validation.* fields laid over it."""
+    v, d = job.validation, job.data
+    return dataclasses.replace(d, dataset=v.dataset or d.dataset, path=v.path if v.path is not None else d.path,
+                               name=v.name if v.name is not None else d.name, split=v.split)
+
+
+def local_files(path: str) -> list[str]:
+    """The files a local path names: itself, a glob's matches, or a directory's files."""
+    if os.path.isdir(path):
+        return sorted(str(p) for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith("."))
+    return sorted(glob.glob(path))
+
+
+def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
+    """Fields of one source that are missing, or that would be ignored (named, with why)."""
+    e: list[str] = []
+    if cfg.dataset == TOKENS:
+        from titan_exp.data.tokens import problem_with
+
+        if not cfg.path or (why := problem_with(cfg.path)):
+            e.append(problem(f"{prefix}.path", cfg.path, f"not a token store: {why if cfg.path else 'give its folder'}"))
+    if cfg.dataset in BUILDERS and not cfg.path:
+        e.append(problem(f"{prefix}.path", cfg.path, f"data.dataset = {cfg.dataset!r} reads local files; give a file, glob or directory"))
+    elif cfg.dataset in BUILDERS and not local_files(cfg.path):
+        e.append(problem(f"{prefix}.path", cfg.path, "matches no file; check the path"))
+    if cfg.dataset not in LOCAL and cfg.path:
+        e.append(problem(f"{prefix}.path", cfg.path, f"would be ignored: {cfg.dataset!r} is a hub data set, which reads "
+                                                     f"its own files; for local files set data.dataset to one of {', '.join(BUILDERS)}"))
+    if cfg.dataset in LOCAL and cfg.name:
+        e.append(problem(f"{prefix}.name", cfg.name, f"would be ignored: local files ({cfg.dataset}) have no subsets; "
+                                                     "name is for hub data sets"))
+    if cfg.dataset == "text" and cfg.text_field != "text":
+        e.append(problem("data.text_field", cfg.text_field, "would be ignored: the text builder's field is always 'text'"))
+    return e
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
     """The fields (cheap: every rank runs it); `data_file_errors` reads the files, once, at launch."""
-    e: list[str] = []
     d = job.data
-    if d.dataset in ("text", "json") and not d.path:
-        e.append(problem("data.path", d.path, f"data.dataset = {d.dataset!r} reads local files; give a file or glob"))
-    elif d.dataset in ("text", "json") and not glob.glob(d.path):
-        e.append(problem("data.path", d.path, "matches no file; check the path"))
-    if d.tokenizer_path is not None and not os.path.isfile(d.tokenizer_path):
-        e.append(problem("data.tokenizer_path", d.tokenizer_path, "is not a file; give a tokenizers JSON file or null"))
+    e = source_errors(d, "data")
+    if job.validation.enable:
+        v = validation_source(job)
+        e += [x for x in source_errors(v, "validation") if x not in e]
+        same_files = v.path == d.path and (v.dataset == TOKENS or (v.dataset in BUILDERS and not os.path.isdir(v.path or "")))
+        if same_files:
+            e.append(problem("validation.path", job.validation.path,
+                             f"validation would read data.path ({d.path}), the files training reads; give held-out "
+                             "files in validation.path, or make data.path a directory of train and validation files"))
+    if d.tokenizer_path is not None and not (os.path.isfile(d.tokenizer_path)
+                                             or os.path.isfile(os.path.join(d.tokenizer_path, "tokenizer.json"))):
+        e.append(problem("data.tokenizer_path", d.tokenizer_path,
+                         "is neither a tokenizer.json file nor a directory holding one; give one of those, or null"))
     if d.tokenizer_path is None and d.tokenizer_vocab_size < 258:
         e.append(problem("data.tokenizer_vocab_size", d.tokenizer_vocab_size,
                          "a byte-level BPE needs >= 258 (256 bytes + BOS/EOS)"))
     return e
 
 
+def hub_errors(cfg: DataConfig, prefix: str) -> list[str]:
+    """A hub data set, asked about once at launch: that it exists with this subset and split,
+    and has the text field. Without a network it says so at once (offline mode reads the cache)."""
+    if cfg.dataset in LOCAL:
+        return []
+    hub_id, subset = HUB_ALIASES.get(cfg.dataset, (cfg.dataset, None))
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    if not offline:
+        try:
+            socket.getaddrinfo(HUB_HOST, 443)
+        except OSError as exc:
+            return [problem(f"{prefix}.dataset", cfg.dataset,
+                            f"is a hub data set and {HUB_HOST} cannot be reached from here ({exc.strerror or exc}); "
+                            "run where there is a network, set HF_DATASETS_OFFLINE=1 to use a cached copy, or train "
+                            f"on local files (data.dataset={'|'.join(BUILDERS)} data.path=...)")]
+    import datasets
+
+    try:
+        info = datasets.load_dataset_builder(hub_id, cfg.name or subset).info
+    except Exception as exc:  # noqa: BLE001 - the hub's own reason, whatever it is
+        return [problem(f"{prefix}.dataset", cfg.dataset, f"cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]})")]
+    e = []
+    if info.splits and cfg.split not in info.splits:
+        e.append(problem(f"{prefix}.split", cfg.split, f"is not a split of {hub_id}; choose from {', '.join(info.splits)}"))
+    if info.features and cfg.text_field not in info.features:
+        e.append(problem("data.text_field", cfg.text_field, f"{hub_id} has no such field; choose from {', '.join(info.features)}"))
+    return e
+
+
 HEAD_BYTES = 1 << 16
 
 
-def data_file_errors(d: DataConfig) -> list[str]:
-    """Local data files (data.dataset text/json) that cannot feed training: empty, not UTF-8
-    text, or (json) lines that are not objects with the text field. It reads the first 64 KiB of
-    every file, so the launcher's data step calls it once (`check`, which every rank and the
-    planner run too, only checks that data.path matches files)."""
+def store_errors(d: DataConfig, tokenizer: Path, vocab_size: int) -> list[str]:
+    """A token store made with another tokenizer, or a vocabulary the model cannot hold."""
+    from titan_exp.data.tokens import TokenStore, file_sha, problem_with
+
+    if d.dataset != TOKENS or problem_with(d.path):
+        return []
+    manifest = TokenStore.open(d.path).manifest
+    e = []
+    if manifest["tokenizer_sha"] != file_sha(tokenizer):
+        e.append(problem("data.tokenizer_path", d.tokenizer_path, f"is not the tokenizer {d.path} was prepared with "
+                                                                  f"(sha {manifest['tokenizer_sha']}); give that one"))
+    if manifest["vocab_size"] > vocab_size:
+        e.append(problem("model.vocab_size", vocab_size, f"smaller than the token store's vocabulary ({manifest['vocab_size']})"))
+    return e
+
+
+def data_file_errors(d: DataConfig, prefix: str = "data") -> list[str]:
+    """Local data files that cannot feed training: empty, not UTF-8 text, or (json) lines that
+    are not objects with the text field, read from the first 64 KiB of every named file; then,
+    for every builder and directory, the first record as `datasets` reads it must have the text
+    field. The launcher's data step calls it once (`check`, which every rank and the planner run
+    too, only checks that the path matches files)."""
+    if d.dataset not in BUILDERS or not d.path:
+        return []
+    e = _text_file_errors(d, prefix) if d.dataset in ("text", "json") and not os.path.isdir(d.path) else []
+    return e or _first_record_errors(d, prefix)
+
+
+def _first_record_errors(d: DataConfig, prefix: str) -> list[str]:
+    try:
+        record = next(iter(open_dataset(d)))
+    except StopIteration:
+        return [problem(f"{prefix}.path", d.path, f"holds no records for split {d.split!r}")]
+    except Exception as exc:  # noqa: BLE001 - datasets' own reason, whatever the format's reader raised
+        return [problem(f"{prefix}.path", d.path, f"cannot be read as {d.dataset} split {d.split!r} "
+                                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")]
+    if not isinstance(record.get(d.text_field), str):
+        return [problem("data.text_field", d.text_field, f"the records of {d.path} have no string field "
+                                                         f"{d.text_field!r}; choose from {', '.join(record)}")]
+    return []
+
+
+def _text_file_errors(d: DataConfig, prefix: str) -> list[str]:
     e: list[str] = []
-    if d.dataset not in ("text", "json") or not d.path:
-        return e
-    for path in sorted(glob.glob(d.path)):
+    for path in local_files(d.path):
         try:
             with open(path, "rb") as f:
                 head = f.read(HEAD_BYTES)
         except OSError as exc:
-            e.append(problem("data.path", d.path, f"{path} cannot be read ({exc.strerror})"))
+            e.append(problem(f"{prefix}.path", d.path, f"{path} cannot be read ({exc.strerror})"))
             continue
         if not head.strip():
-            e.append(problem("data.path", d.path, f"{path} is empty; remove it or point data.path elsewhere"))
+            e.append(problem(f"{prefix}.path", d.path, f"{path} is empty; remove it or point data.path elsewhere"))
             continue
         try:
             text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
         except UnicodeDecodeError as exc:
             text = None
-            e.append(problem("data.path", d.path, f"{path} is not UTF-8 text (byte {exc.start}); is it a binary or compressed file?"))
+            e.append(problem(f"{prefix}.path", d.path, f"{path} is not UTF-8 text (byte {exc.start}); is it a binary or compressed file?"))
         if text is not None and "\x00" in text:
-            e.append(problem("data.path", d.path, f"{path} holds NUL bytes: a binary file, not text"))
+            e.append(problem(f"{prefix}.path", d.path, f"{path} holds NUL bytes: a binary file, not text"))
         elif text is not None and d.dataset == "json":
             for number, line in enumerate(text.splitlines()[:-1] if len(head) == HEAD_BYTES else text.splitlines(), 1):
                 if not line.strip():
@@ -79,7 +211,7 @@ def data_file_errors(d: DataConfig) -> list[str]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    e.append(problem("data.path", d.path, f"{path} line {number} is not JSON ({exc.msg}); json data is one object per line"))
+                    e.append(problem(f"{prefix}.path", d.path, f"{path} line {number} is not JSON ({exc.msg}); json data is one object per line"))
                     break
                 if not isinstance(record, dict) or not isinstance(record.get(d.text_field), str):
                     e.append(problem("data.text_field", d.text_field,

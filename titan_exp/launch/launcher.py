@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from titan_exp.cluster import get_executor
 from titan_exp.config import to_job_config, to_yaml
+from titan_exp.data.corpus import TOKENIZER_CONFIG
 from titan_exp.launch.preflight import Pending, preflight
 from titan_exp.record import RunDir, RunSummary, Status
 
@@ -50,6 +51,9 @@ def write_record(pending: Pending) -> None:
     run_dir = pending.run_dir
     run_dir.path.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(pending.tokenizer, run_dir.tokenizer)
+    special = pending.tokenizer.parent / TOKENIZER_CONFIG  # a Hugging Face directory's BOS/EOS, kept beside it
+    if special.is_file():
+        shutil.copyfile(special, run_dir.path / TOKENIZER_CONFIG)
     data = dataclasses.replace(pending.job.data, tokenizer_path=str(run_dir.tokenizer))
     run_dir.config.write_text(to_yaml(dataclasses.replace(pending.job, data=data)))
 

@@ -66,18 +66,47 @@ def check(p: Pending) -> tuple[Pending, list[str]]:
 
 
 def data(p: Pending) -> tuple[Pending, list[str]]:
-    from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
-    from titan_exp.data.sources import data_file_errors
+    from titan_exp.data.corpus import Tokenizer, assets
+    from titan_exp.data.sources import data_file_errors, hub_errors, store_errors, validation_source
     from titan_exp.models.llama import check_vocab
 
-    d = p.job.data
-    corpus = default_corpus() if d.dataset == "pydoc_topics" or not d.tokenizer_path else None
-    if d.dataset == "pydoc_topics":
-        d = dataclasses.replace(d, path=str(corpus))
-    tokenizer = Path(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(corpus, d.tokenizer_vocab_size)
-    errors = check_vocab(p.job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d)
+    d, tokenizer = assets(p.job.data)
     job = dataclasses.replace(p.job, data=d)
+    errors = check_vocab(job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d) + hub_errors(d, "data")
+    if job.validation.enable:
+        v = validation_source(job)
+        errors += data_file_errors(v, "validation") + hub_errors(v, "validation")
+    if d.pretokenize and not errors:
+        job = pretokenized(job, tokenizer)
+    errors += store_errors(job.data, tokenizer, job.model.vocab_size)
     return dataclasses.replace(p, job=job, tokenizer=tokenizer), errors
+
+
+def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
+    """data.pretokenize: the job reading a token store of its data, made once into the cache
+    (keyed by the data, its files' sizes and times, and the tokenizer). Validation keeps reading
+    the documents (its own fields pinned to what data's were)."""
+    from titan_exp.cache import cache_dir
+    from titan_exp.data import tokens
+    from titan_exp.data.sources import LOCAL, TOKENS, local_files, open_dataset
+
+    d, v = job.data, job.validation
+    if d.dataset == TOKENS:
+        return job
+    files = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in local_files(d.path)] if d.dataset in LOCAL else []
+    source = {"dataset": d.dataset, "path": d.path, "name": d.name, "split": d.split, "text_field": d.text_field,
+              "files": files}
+    folder = cache_dir() / "tokens" / tokens.cache_key(source, tokenizer)
+    if tokens.problem_with(folder) is None:
+        logger.info("data: the token store %s (data.pretokenize) is ready", folder)
+    else:
+        logger.info("data: tokenizing %s once into %s (data.pretokenize)", d.dataset, folder)
+        tokens.prepare(iter(open_dataset(d)), d.text_field, tokenizer, folder, source=source,
+                       workers=tokens.default_workers(), progress=True)
+    validation = dataclasses.replace(v, dataset=v.dataset or d.dataset, path=v.path if v.path is not None else d.path,
+                                     name=v.name if v.name is not None else d.name)
+    return dataclasses.replace(job, data=dataclasses.replace(d, dataset=TOKENS, path=str(folder), pretokenize=False),
+                               validation=validation)
 
 
 def resolved(p: Pending) -> tuple[Pending, list[str]]:
@@ -95,7 +124,7 @@ def checkpoint(p: Pending) -> tuple[Pending, list[str]]:
         return p, []
     from titan_exp.checkpoint.manager import preflight
 
-    return p, preflight(p.job.checkpoint, p.run_dir.path, model_shapes(p.job))
+    return p, preflight(p.job.checkpoint, p.run_dir.path, model_shapes(p.job), p.job.model)
 
 
 def cluster(p: Pending) -> tuple[Pending, list[str]]:

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import JobConfig, ModelConfig, problem
+from titan_exp.models import hf
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -38,7 +39,9 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("model.ffn_dim_multiplier", m.ffn_dim_multiplier, "must be > 0, or null"))
     if job.training.seq_len > m.max_seq_len:
         e.append(problem("training.seq_len", job.training.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}"))
-    return e
+    if m.intermediate_size is not None and m.intermediate_size < 1:
+        e.append(problem("model.intermediate_size", m.intermediate_size, "must be >= 1, or null"))
+    return e + hf.config_errors(m)
 
 
 def check_vocab(cfg: ModelConfig, tokenizer_vocab: int) -> list[str]:

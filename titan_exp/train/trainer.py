@@ -1,7 +1,7 @@
 """The training loop. Construction builds, in order: mesh -> model (meta) -> parallelize ->
 weights -> optimizer and schedule -> data -> metrics -> checkpointer. `train()` resumes from
-the latest checkpoint if there is one, runs the steps, and returns the numbers the run summary
-records."""
+the latest checkpoint if there is one, runs the steps (and the held-out loss every
+validation.freq steps), and returns the numbers the run summary records."""
 
 from __future__ import annotations
 
@@ -23,13 +23,13 @@ from titan_exp.checkpoint.manager import Checkpointer
 from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
 from titan_exp.config import JobConfig, OnNonfinite, problem
 from titan_exp.data.corpus import Tokenizer
-from titan_exp.data.sources import open_dataset
+from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
-from titan_exp.parallel.pipeline import build_pipeline, stages_per_rank
+from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
 from titan_exp.train.optim import build_optimizers
@@ -161,18 +161,25 @@ class Trainer:
         self.optimizers, self.schedulers = build_optimizers(self.model_parts, self.job)
 
     def _build_data(self) -> None:
+        self.tokenizer = Tokenizer(self.run_dir.tokenizer)
+        self.loader = self._loader(self.job.data)
+
+    def _loader(self, source, prefetch: bool = True):
+        """A loader of `source` (the data node, or the validation set's) from data._target_;
+        `prefetch`: cut the next batch in the background while the step runs."""
         t = self.job.training
-        self.loader = targets.build(
+        return targets.build(
             self.job,
             "data",
-            open_dataset(self.job.data),
-            Tokenizer(self.run_dir.tokenizer),
-            text_field=self.job.data.text_field,
+            open_dataset(source),
+            self.tokenizer,
+            text_field=source.text_field,
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             local_batch_size=t.local_batch_size,
             dp_rank=self.dims.local_rank("batch"),
             dp_degree=self.dims.dp,
+            prefetch=prefetch,
         )
 
     def _build_metrics(self) -> None:
@@ -201,7 +208,8 @@ class Trainer:
             "rng": states.RNGState(),
         }
         self.checkpointer = Checkpointer(
-            self.job.checkpoint, self.run_dir.path, parts, replica_ranks=self.dims.first_replica_ranks()
+            self.job.checkpoint, self.run_dir.path, parts, replica_ranks=self.dims.first_replica_ranks(),
+            model=self.job.model,
         )
 
     def _prepare(self, part: torch.nn.Module) -> None:
@@ -240,8 +248,23 @@ class Trainer:
         with self.profiler.phase("optimizer"):
             return self._update(loss)
 
-    def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """This rank's summed loss over its microbatches; gradients accumulate."""
+    def held_out_loss(self) -> float:
+        """The held-out loss: the mean over validation.steps global batches, read from the start
+        of the validation set every time (so the numbers compare across steps and layouts).
+        torch's forward-only pipeline `eval` cannot run the V-shaped schedules (it trips on their
+        backward actions), so those take a whole step, whose gradients the next step's zero_grad
+        discards; the loss is the same, the cost that of a training step."""
+        loader = self._loader(validation_source(self.job), prefetch=False)  # a few batches, then dropped
+        by_step = self.schedule is not None and self.job.parallelism.pipeline_parallel_schedule.value in V_SHAPED
+        total = 0.0
+        with contextlib.nullcontext() if by_step else torch.no_grad():
+            for _ in range(self.job.validation.steps):
+                total += self._global_loss(self._forward_backward(loader.next_batch(), backward=by_step)).item()
+        return total / self.job.validation.steps
+
+    def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], backward: bool = True) -> torch.Tensor:
+        """This rank's summed loss over its microbatches; gradients accumulate (unless `backward`
+        is off: the forward alone, for validation)."""
         loss = torch.zeros((), device=self.device)
         for inputs, labels in microbatches:
             if self.cp_positions is not None:
@@ -250,24 +273,31 @@ class Trainer:
             with self._loss_context(), self._autocast():
                 if self.schedule is None:
                     mb_loss = self._loss(self.model_parts[0](inputs), labels)
-                    mb_loss.backward()
+                    if backward:
+                        mb_loss.backward()
                     loss += _plain(mb_loss)
                 else:
                     losses: list[torch.Tensor] = []
                     args = (inputs,) if self.has_first else ()
                     target = labels if self.has_last else None
-                    self.schedule.step(*args, target=target, losses=losses if self.has_last else None)
+                    run = self.schedule.step if backward else self.schedule.eval
+                    run(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
         return loss
 
-    def _update(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global loss and gradient norm, and the optimizer step if both are finite."""
-        # Only the last pipeline stage has the loss; sum over stages, average over data ranks.
+    def _global_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """This rank's loss made the step's global mean: only the last pipeline stage has it, so
+        sum over stages, then average over the ranks whose losses differ (data parallel)."""
         if self.pp_group is not None:
             dist.all_reduce(loss, group=self.pp_group)
         if self.loss_group is not None:
             dist.all_reduce(loss, group=self.loss_group)
             loss /= self.loss_ranks
+        return loss
+
+    def _update(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global loss and gradient norm, and the optimizer step if both are finite."""
+        loss = self._global_loss(loss)
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))  # both global: every rank agrees
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
@@ -291,6 +321,7 @@ class Trainer:
         step_times: list[float] = []
         interrupted: dict[str, Any] = {}
         nonfinite: list[int] = []  # steps whose update was not made
+        val_losses: dict[str, float] = {}  # step -> held-out loss
         start = time.perf_counter()
         try:
             with self.profiler:  # traces and memory records, when profiling.* asks
@@ -312,8 +343,13 @@ class Trainer:
                     if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
                         nonfinite.append(step)
                         self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
-                    if step % self.job.metrics.log_freq == 0 or step == t.steps:
-                        self._log(step, loss_value, grad_norms[-1])
+                    val = {}
+                    if self.job.validation.enable and (step % self.job.validation.freq == 0 or step == t.steps):
+                        val_loss = self.held_out_loss()
+                        val_losses[str(step)] = val_loss  # JSON's keys are strings
+                        val = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 700))}
+                    if val or step % self.job.metrics.log_freq == 0 or step == t.steps:
+                        self._log(step, loss_value, grad_norms[-1], val)
                     faults.inject("step", step)
                     stop = signals.stop_requested()
                     self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
@@ -328,6 +364,8 @@ class Trainer:
         resumed = {"start_step": first, **interrupted, **({} if interrupted else self._export())}
         if nonfinite:
             resumed["skipped_steps"] = nonfinite
+        if val_losses:
+            resumed |= {"val_losses": val_losses, "final_val_loss": list(val_losses.values())[-1]}
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
             if interrupted:
@@ -361,9 +399,10 @@ class Trainer:
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
 
-    def _log(self, step: int, loss: float, grad_norm: float) -> None:
+    def _log(self, step: int, loss: float, grad_norm: float, val: dict[str, float]) -> None:
         self.sinks.log(step, {
             "loss": loss,
+            **val,
             "grad_norm": grad_norm,
             "lr": self.schedulers[0].get_last_lr()[0],
             **self.throughput.window(),
@@ -386,15 +425,19 @@ class Trainer:
                                  "Lower optimizer.lr or training.max_norm, or set training.on_nonfinite=skip")
 
     def _export(self) -> dict[str, str]:
-        """The last checkpoint's model as one file, written by rank 0 (`checkpoint.export_format`)."""
+        """The last checkpoint's model as one file (`checkpoint.export_format`) and as a Hugging
+        Face directory (`checkpoint.last_save_in_hf`), written by rank 0."""
         ckpt = self.job.checkpoint
-        if not ckpt.enable or ckpt.export_format is None:
+        formats = [*([ckpt.export_format.value] if ckpt.export_format is not None else []),
+                   *(["hf"] if ckpt.last_save_in_hf else [])]
+        if not ckpt.enable or not formats:
             return {}
         from titan_exp.checkpoint.export import export
 
-        out = self.run_dir.path / "export" / EXPORT_FORMATS[ckpt.export_format]
+        outs = [self.run_dir.path / "export" / EXPORT_FORMATS[f] for f in formats]
         if self.rank == 0:
             last = step_dir(checkpoint_folder(ckpt, self.run_dir.path), self.job.training.steps)
-            export(last, out, ckpt.export_dtype.value, ckpt.export_format.value)
+            for fmt, out in zip(formats, outs):
+                export(last, out, ckpt.export_dtype.value, fmt, model=self.job.model)
         dist.barrier()
-        return {"export": str(out)}
+        return {"export": str(outs[0])}

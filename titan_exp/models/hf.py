@@ -1,0 +1,281 @@
+"""Hugging Face Llama interop: a `config.json` as our ModelConfig, our parameter names and RoPE
+layout as theirs and back, and reading / writing a Hugging Face model directory.
+
+Two differences besides the names. Our attention rotates consecutive pairs (x[2i], x[2i+1]), as
+Meta's Llama does; `transformers` rotates the two halves of each head (rotate_half). The same
+model therefore has the rows of each q/k head in another order: `to_hf` and `from_hf` permute
+them (the permutation of transformers' own convert_llama_weights_to_hf). And a tied model has no
+`lm_head.weight` in Hugging Face's files.
+
+Loading goes tensor by tensor, the way `Transformer.init_weights` does: every rank reads the
+full tensors of its own parameters from the (memory-mapped) safetensors files, converts them and
+keeps its shard, so it works for every layout, pipeline stages included.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from titan_exp.config import ModelConfig
+
+if TYPE_CHECKING:  # torch is imported where tensors are handled: config.json alone does not need it
+    import torch
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+WEIGHTS = "model.safetensors"
+
+# ours -> theirs; {i} is the block number.
+_NAMES = {
+    "tok_embeddings.weight": "model.embed_tokens.weight",
+    "norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "layers.{i}.attention.wq.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "layers.{i}.attention.wk.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "layers.{i}.attention.wv.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "layers.{i}.attention.wo.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "layers.{i}.feed_forward.w1.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "layers.{i}.feed_forward.w3.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "layers.{i}.feed_forward.w2.weight": "model.layers.{i}.mlp.down_proj.weight",
+    "layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+}
+
+
+def _pattern(template: str) -> re.Pattern:
+    return re.compile("^" + re.escape(template).replace(re.escape("{i}"), r"(\d+)") + "$")
+
+
+_TO_HF = [(_pattern(ours), theirs) for ours, theirs in _NAMES.items()]
+_FROM_HF = [(_pattern(theirs), ours) for ours, theirs in _NAMES.items()]
+
+
+def _rename(name: str, table: list[tuple[re.Pattern, str]]) -> str:
+    for pattern, template in table:
+        if m := pattern.match(name):
+            return template.replace("{i}", m.group(1)) if m.groups() else template
+    raise KeyError(f"{name!r} has no Hugging Face Llama counterpart")
+
+
+def hf_name(name: str) -> str:
+    return _rename(name, _TO_HF)
+
+
+def our_name(name: str) -> str:
+    return _rename(name, _FROM_HF)
+
+
+def _heads(name: str, cfg: ModelConfig) -> int | None:
+    """Heads of a q/k projection (whose rows RoPE pairs up), None for every other tensor."""
+    if name.endswith("attention.wq.weight"):
+        return cfg.n_heads
+    if name.endswith("attention.wk.weight"):
+        return cfg.kv_heads
+    return None
+
+
+def to_hf(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Our tensor `name` in Hugging Face's layout: q/k rows of each head from pairs to halves."""
+    if (heads := _heads(name, cfg)) is None:
+        return t
+    return t.reshape(heads, cfg.head_dim // 2, 2, -1).transpose(1, 2).reshape(t.shape)
+
+
+def from_hf(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """The inverse of `to_hf` (`name` is ours)."""
+    if (heads := _heads(name, cfg)) is None:
+        return t
+    return t.reshape(heads, 2, cfg.head_dim // 2, -1).transpose(1, 2).reshape(t.shape)
+
+
+# config.json <-> ModelConfig
+
+def config_file(path: str | Path) -> Path:
+    path = Path(path).expanduser()
+    return path / CONFIG if path.is_dir() else path
+
+
+def model_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for what our
+    Llama does not implement (biases, RoPE scaling, a head_dim other than dim / heads)."""
+    unsupported = [k for k in ("attention_bias", "mlp_bias") if config.get(k)]
+    if config.get("rope_scaling"):
+        unsupported.append(f"rope_scaling {config['rope_scaling']}")
+    dim, heads = config["hidden_size"], config["num_attention_heads"]
+    if config.get("head_dim") not in (None, dim // heads):
+        unsupported.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
+    if config.get("hidden_act", "silu") != "silu":
+        unsupported.append(f"hidden_act {config['hidden_act']}")
+    if unsupported:
+        raise ValueError(f"this Llama has {', '.join(unsupported)}, which titan_exp's Llama does not implement")
+    return {
+        "dim": dim,
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": heads,
+        "n_kv_heads": config.get("num_key_value_heads") or heads,
+        "vocab_size": config["vocab_size"],
+        "intermediate_size": config["intermediate_size"],
+        "norm_eps": config.get("rms_norm_eps", 1e-6),
+        "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "max_seq_len": config.get("max_position_embeddings", 2048),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
+    }
+
+
+def with_hf_config(model: ModelConfig) -> ModelConfig:
+    """`model` with the shapes of its `hf_config` (unchanged when there is none, or it cannot be
+    read: the check says why)."""
+    import dataclasses
+
+    if model.hf_config is None or not config_file(model.hf_config).is_file():
+        return model
+    try:
+        fields = model_fields(json.loads(config_file(model.hf_config).read_text()))
+    except (ValueError, KeyError, json.JSONDecodeError):
+        return model
+    return dataclasses.replace(model, **fields)
+
+
+def config_errors(model: ModelConfig) -> list[str]:
+    """What is wrong with model.hf_config (for validation)."""
+    from titan_exp.config import problem
+
+    if model.hf_config is None:
+        return []
+    path = config_file(model.hf_config)
+    if not path.is_file():
+        return [problem("model.hf_config", model.hf_config, f"no {CONFIG} there; give a Hugging Face model directory or its config.json")]
+    try:
+        model_fields(json.loads(path.read_text()))
+    except json.JSONDecodeError as exc:
+        return [problem("model.hf_config", model.hf_config, f"{path} is not JSON ({exc.msg})")]
+    except KeyError as exc:
+        return [problem("model.hf_config", model.hf_config, f"{path} has no {exc}; is it a Llama config?")]
+    except ValueError as exc:
+        return [problem("model.hf_config", model.hf_config, str(exc))]
+    return []
+
+
+def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
+    """A LlamaConfig for `cfg`, as transformers writes config.json."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.ffn_hidden_dim,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_seq_len,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "torch_dtype": dtype,
+    }
+
+
+# Reading and writing a Hugging Face model directory.
+
+class HFWeights:
+    """The tensors of a Hugging Face model directory, by Hugging Face name, read lazily from its
+    safetensors file(s) (one, or shards listed in model.safetensors.index.json)."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder).expanduser()
+        if (self.folder / INDEX).is_file():
+            self.where = json.loads((self.folder / INDEX).read_text())["weight_map"]
+        elif (self.folder / WEIGHTS).is_file():
+            from safetensors import safe_open
+
+            with safe_open(self.folder / WEIGHTS, framework="pt") as f:
+                self.where = {k: WEIGHTS for k in f.keys()}
+        else:
+            raise FileNotFoundError(f"{self.folder} has neither {WEIGHTS} nor {INDEX}")
+        self._open: dict[str, Any] = {}
+
+    def _file(self, name: str):
+        from safetensors import safe_open
+
+        file = self.where[name]
+        if file not in self._open:
+            self._open[file] = safe_open(self.folder / file, framework="pt")
+        return self._open[file]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._file(name).get_slice(name).get_shape())
+
+    def get(self, name: str) -> torch.Tensor:
+        return self._file(name).get_tensor(name)
+
+
+def _source(name: str, cfg: ModelConfig, weights: HFWeights) -> str:
+    """The Hugging Face tensor our parameter `name` comes from (a tied output is the embedding)."""
+    theirs = hf_name(name)
+    if name == "output.weight" and cfg.tie_word_embeddings and theirs not in weights.where:
+        return hf_name("tok_embeddings.weight")
+    return theirs
+
+
+def shape_errors(folder: str | Path, cfg: ModelConfig, shapes: dict[str, torch.Size]) -> list[str]:
+    """Our parameters (name -> shape) that the directory lacks or holds in another shape, each named."""
+    weights = HFWeights(folder)
+    errors = []
+    for name, shape in shapes.items():
+        theirs = _source(name, cfg, weights)
+        if theirs not in weights.where:
+            errors.append(f"{theirs} (our {name}) is not in {weights.folder}")
+        elif weights.shape(theirs) != tuple(shape):
+            errors.append(f"{theirs} (our {name}) is {list(weights.shape(theirs))} there, {list(shape)} in this model")
+    return errors
+
+
+def load_into(parts: list[torch.nn.Module], folder: str | Path, cfg: ModelConfig) -> None:
+    """Every parameter of these model parts from a Hugging Face directory, each cut to this
+    rank's shard (as init_weights cuts its draws)."""
+    import torch
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from titan_exp.models.llama import canonical_name
+
+    weights = HFWeights(folder)
+    with torch.no_grad():
+        for part in parts:
+            for name, param in part.named_parameters():
+                name = canonical_name(name)
+                full = from_hf(name, weights.get(_source(name, cfg, weights)), cfg).to(param.dtype)
+                if isinstance(param, DTensor):
+                    full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                param.copy_(full)
+
+
+def save(tensors: dict[str, torch.Tensor], cfg: ModelConfig, out: Path, dtype: str) -> Path:
+    """Our full state dict as a Hugging Face Llama directory (config.json + model.safetensors),
+    written to a temporary folder and renamed into place."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    theirs = {hf_name(k): to_hf(k, v, cfg).contiguous() for k, v in _untied(tensors, cfg)}
+    tmp = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(theirs, tmp / WEIGHTS, metadata={"format": "pt"})
+    (tmp / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    return out
+
+
+def _untied(tensors: dict[str, torch.Tensor], cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors Hugging Face stores: a tied model's output is its embedding, not stored twice."""
+    for k, v in tensors.items():
+        if not (k == "output.weight" and cfg.tie_word_embeddings):
+            yield k, v
