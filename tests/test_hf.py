@@ -101,6 +101,18 @@ def test_train_from_hf_in_tensor_parallel_and_export_back(tmp_path):
         ours, _ = ours_from(run_dir / "export" / "hf")
         assert loss(exported(inputs).logits) == pytest.approx(loss(ours(inputs)), abs=1e-5)
         assert loss(exported(inputs).logits) != pytest.approx(summary["losses"][0], abs=1e-3)  # it trained
+    # The same from the command line, for any checkpoint of a run: the model's shapes come from its config.yaml.
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, "-m", "titan_exp.checkpoint", "export", str(run_dir), "--format", "hf",
+                          "--out", str(tmp_path / "cli_hf")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    again = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "cli_hf").eval()
+    with torch.no_grad():
+        assert torch.equal(again(inputs).logits, exported(inputs).logits)
 
 
 @pytest.mark.parametrize("config, message", [
