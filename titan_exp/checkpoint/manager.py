@@ -38,8 +38,8 @@ from titan_exp.checkpoint.store import (
     verify,
 )
 from titan_exp.config import AsyncMode, CheckpointConfig, JobConfig, ModelConfig, SaveReplicas, problem
-from titan_exp.models import hf
 from titan_exp.files import atomic_write, unwritable
+from titan_exp.models import hf
 
 logger = logging.getLogger("titan_exp.checkpoint")
 
@@ -109,7 +109,7 @@ def from_hf(cfg: CheckpointConfig, path: Path) -> bool:
     return cfg.initial_load_in_hf and cfg.initial_load_path is not None and path == Path(cfg.initial_load_path).expanduser()
 
 
-def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size], model: ModelConfig) -> list[str]:
+def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size], model_cfg: ModelConfig) -> list[str]:
     """What the launcher can know before starting a process: the folder is writable, the
     checkpoint the run would load exists, is whole and fits the model."""
     if not cfg.enable:
@@ -128,7 +128,7 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
     field = "checkpoint.initial_load_path" if cfg.initial_load_path and path == Path(cfg.initial_load_path).expanduser() else "checkpoint.folder"
     if from_hf(cfg, path):
         try:
-            wrong = hf.shape_errors(path, model, model_shapes)
+            wrong = hf.shape_errors(path, model_cfg, model_shapes)
         except (OSError, ValueError) as exc:
             return errors + [f"{field} = {str(path)!r}: not a Hugging Face model directory ({exc})"]
         return errors + [f"{field}: {w}; the model's shapes must match (model.hf_config={path} takes them from its config.json)"

@@ -13,9 +13,8 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any
-
 from titan_exp.cache import cache_dir
+from titan_exp.config import DataConfig
 from titan_exp.files import atomic_write
 
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -92,7 +91,7 @@ def trained_tokenizer(corpus: Path, vocab_size: int) -> Path:
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
-def assets(d) -> tuple[Any, Path]:
+def assets(d: DataConfig) -> tuple[DataConfig, Path]:
     """The data node with the bundled corpus's folder filled in (data.dataset=pydoc_topics), and
     the tokenizer file the run uses: data.tokenizer_path's, or the BPE trained on the corpus."""
     import dataclasses

@@ -34,6 +34,7 @@ def build_loader(dataset, tokenizer: Tokenizer, **kwargs: Any):
         return TokenLoader(dataset, **kwargs)
     return PackedLoader(dataset, tokenizer, **kwargs)
 
+
 class PackedLoader:
     def __init__(
         self,
