@@ -78,6 +78,9 @@ def test_the_guard_takes_allowed_targets_from_the_users_config(tmp_path):
      "model._target_ = 'plugins.broken.Model': its module fails to import (RuntimeError: this module needs a driver"),
     (["allowed_targets=[subprocess]"], "allowed_targets = 'subprocess': would allow subprocess.*"),
     (["model._target_=torch.nn.init"], "model._target_ = 'torch.nn.init': is not a class or function"),
+    # A keyword the target does not take is caught here, not as a TypeError inside every rank.
+    (["+optimizer.kwargs.momentum=0.9"], "optimizer.kwargs.momentum = 0.9: torch.optim.AdamW takes no argument "
+                                          "'momentum'; it takes params, lr, betas"),
 ])
 def test_validation_names_a_target_that_cannot_be_built(overrides, message):
     errors = validate(job_config(overrides), cuda=False)

@@ -84,18 +84,30 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
             continue
         if not callable(obj):
             errors.append(problem(field, target, "is not a class or function"))
+            continue
+        takes = _parameters(obj)
+        for key, value in getattr(job, name).kwargs.items():
+            if takes is not None and key not in takes:
+                errors.append(problem(f"{name}.kwargs.{key}", value, f"{target} takes no argument {key!r}; it takes "
+                                                                     f"{', '.join(takes)}"))
     return errors
+
+
+def _parameters(target: Any) -> list[str] | None:
+    """The keyword arguments `target` names, or None when it takes any (**kwargs) or has no signature."""
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+        return None
+    return [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _accepted(target: Any, offered: dict[str, Any]) -> dict[str, Any]:
     """The offered keyword arguments `target`'s signature takes (all, when it takes **kwargs)."""
-    try:
-        params = inspect.signature(target).parameters
-    except (TypeError, ValueError):  # no signature to read (some builtins): offer nothing
-        return {}
-    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return dict(offered)
-    return {k: v for k, v in offered.items() if k in params}
+    takes = _parameters(target)
+    return dict(offered) if takes is None else {k: v for k, v in offered.items() if k in takes}
 
 
 def build(job: JobConfig, name: str, *args: Any, **offered: Any) -> Any:

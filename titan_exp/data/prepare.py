@@ -11,7 +11,7 @@ from pathlib import Path
 from titan_exp.config import compose_job
 from titan_exp.data import tokens
 from titan_exp.data.corpus import assets
-from titan_exp.data.sources import TOKENS, data_file_errors, open_dataset, source_errors
+from titan_exp.data.sources import TOKENS, data_file_errors, hub_errors, open_dataset, source_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     d, tokenizer = assets(compose_job(args.overrides).data)
     if d.dataset == TOKENS:
         parser.error("data.dataset=tokens is already a token store; name the documents to tokenize")
-    errors = source_errors(d, "data") or data_file_errors(d)
+    errors = source_errors(d, "data") or data_file_errors(d) or hub_errors(d, "data")
     if errors:
         print("python -m titan_exp.data.prepare: refused:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 2

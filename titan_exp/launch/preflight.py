@@ -72,10 +72,12 @@ def data(p: Pending) -> tuple[Pending, list[str]]:
 
     d, tokenizer = assets(p.job.data)
     job = dataclasses.replace(p.job, data=d)
-    errors = check_vocab(job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d) + hub_errors(d, "data")
+    hub = hub_errors(d, "data")
+    errors = check_vocab(job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d) + hub
     if job.validation.enable:
         v = validation_source(job)
-        errors += data_file_errors(v, "validation") + hub_errors(v, "validation")
+        same_hub = hub and v.dataset == d.dataset  # already said: unreachable, or no such data set
+        errors += data_file_errors(v, "validation") + ([] if same_hub else hub_errors(v, "validation"))
     if d.pretokenize and not errors:
         job = pretokenized(job, tokenizer)
     errors += store_errors(job.data, tokenizer, job.model.vocab_size)
