@@ -108,7 +108,7 @@ def target_errors(node: Any, where: str, extra: list[str] = ()) -> list[str]:
 
 
 def _config_files(folders: list[Path]) -> Iterator[tuple[Path, Any]]:
-    """Every config file Hydra could read from these folders, parsed."""
+    """Every config file Hydra could read from these folders, parsed (check_argv reads them once)."""
     for folder in folders:
         for path in sorted(folder.rglob("*.yaml")):
             if ".hydra" in path.relative_to(folder).parts:
@@ -119,19 +119,20 @@ def _config_files(folders: list[Path]) -> Iterator[tuple[Path, Any]]:
                 continue  # Hydra reports an unreadable file itself
 
 
-def allowed_prefixes(folders: list[Path], overrides: list[Any]) -> tuple[list[str], list[str]]:
+def allowed_prefixes(files: list[tuple[Path, Any]], overrides: list[Any]) -> tuple[list[str], list[str]]:
     """The modules the user added with `allowed_targets` (command line and their config files),
     and an error for each that may not be added."""
     added = [str(p) for o in overrides if o.key_or_group == "allowed_targets" and not o.is_delete()
              for p in (o.value() if isinstance(o.value(), list) else [o.value()])]
-    added += [str(p) for _, node in _config_files(folders) if isinstance(node, dict)
+    added += [str(p) for _, node in files if isinstance(node, dict)
               for p in (node.get("allowed_targets") or [])]
     errors = [f"allowed_targets: {p!r} {why}" for p in added if (why := targets.prefix_problem(p))]
     return [p for p in added if not targets.prefix_problem(p)], errors
 
 
-def config_file_errors(folders: list[Path], extra: list[str] = ()) -> list[str]:
-    return [f"{path}: {e}" for path, node in _config_files(folders) for e in target_errors(node, "", extra)]
+def config_file_errors(folders: list[Path], extra: list[str] = (), files: list[tuple[Path, Any]] | None = None) -> list[str]:
+    files = list(_config_files(folders)) if files is None else files
+    return [f"{path}: {e}" for path, node in files for e in target_errors(node, "", extra)]
 
 
 def check_argv(argv: list[str]) -> list[str]:
@@ -149,7 +150,8 @@ def check_argv(argv: list[str]) -> list[str]:
     for o in overrides:  # hydra.searchpath adds folders, wherever it stands on the line
         if o.key_or_group == "hydra.searchpath":
             folders += [Path(str(p).removeprefix("file://")) for p in (o.value() or []) if str(p).startswith("file://")]
-    extra, errors = allowed_prefixes(folders, overrides)
+    files = list(_config_files(folders))
+    extra, errors = allowed_prefixes(files, overrides)
     for o in overrides:
         key = o.key_or_group + (f"@{o.package}" if o.package else "")
         if o.is_sweep_override() and not (o.is_discrete_sweep() or o.is_range_sweep()):
@@ -172,4 +174,4 @@ def check_argv(argv: list[str]) -> list[str]:
             errors.append(f"hydra/launcher={o.value()}: Hydra's submitit launcher would start each member as one "
                           "process, not as this toolkit's ranks; use cluster=slurm (a multirun's members go out as "
                           "job arrays) or cluster=local")
-    return list(dict.fromkeys(errors + config_file_errors(folders, extra)))
+    return list(dict.fromkeys(errors + config_file_errors(folders, extra, files)))

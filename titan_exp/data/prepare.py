@@ -11,7 +11,7 @@ from pathlib import Path
 from titan_exp.config import compose_job
 from titan_exp.data import tokens
 from titan_exp.data.corpus import assets
-from titan_exp.data.sources import TOKENS, data_file_errors, hub_errors, open_dataset, source_errors
+from titan_exp.data.sources import TOKENS, data_file_errors, describe, hub_errors, open_dataset, source_errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,17 +28,11 @@ def main(argv: list[str] | None = None) -> int:
         print("python -m titan_exp.data.prepare: refused:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 2
     store = tokens.prepare(iter(open_dataset(d)), d.text_field, tokenizer, args.out, workers=args.workers,
-                           progress=True, source=to_plain_data(d))
+                           progress=True, source=describe(d))
     m = store.manifest
     print(f"wrote {args.out}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}); train on it with "
           f"data.dataset=tokens data.path={args.out}" + (f" data.tokenizer_path={tokenizer}" if d.tokenizer_path else ""))
     return 0
-
-
-def to_plain_data(d) -> dict:
-    from dataclasses import asdict
-
-    return {k: v for k, v in asdict(d).items() if k in ("dataset", "path", "name", "split", "text_field")}
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import os
 import socket
 from pathlib import Path
+from typing import Iterator
 
 from titan_exp.config import DataConfig, JobConfig, problem
 
@@ -59,11 +60,23 @@ def validation_source(job: JobConfig) -> DataConfig:
                                name=v.name if v.name is not None else d.name, split=v.split)
 
 
+def _files(path: str) -> Iterator[str]:
+    if os.path.isdir(path):
+        return (str(p) for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith("."))
+    return glob.iglob(path)
+
+
 def local_files(path: str) -> list[str]:
     """The files a local path names: itself, a glob's matches, or a directory's files."""
-    if os.path.isdir(path):
-        return sorted(str(p) for p in Path(path).rglob("*") if p.is_file() and not p.name.startswith("."))
-    return sorted(glob.glob(path))
+    return sorted(_files(path))
+
+
+def describe(d: DataConfig) -> dict:
+    """What a token store was made from: the source's fields and, for local files, each file's
+    size and time (so changed files make another store)."""
+    files = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in local_files(d.path)] if d.dataset in LOCAL and d.path else []
+    return {"dataset": d.dataset, "path": d.path, "name": d.name, "split": d.split, "text_field": d.text_field,
+            "files": files}
 
 
 def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
@@ -76,7 +89,7 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
             e.append(problem(f"{prefix}.path", cfg.path, f"not a token store: {why if cfg.path else 'give its folder'}"))
     if cfg.dataset in BUILDERS and not cfg.path:
         e.append(problem(f"{prefix}.path", cfg.path, f"data.dataset = {cfg.dataset!r} reads local files; give a file, glob or directory"))
-    elif cfg.dataset in BUILDERS and not local_files(cfg.path):
+    elif cfg.dataset in BUILDERS and next(_files(cfg.path), None) is None:  # every rank: the first file, not a listing
         e.append(problem(f"{prefix}.path", cfg.path, "matches no file; check the path"))
     if cfg.dataset not in LOCAL and cfg.path:
         e.append(problem(f"{prefix}.path", cfg.path, f"would be ignored: {cfg.dataset!r} is a hub data set, which reads "

@@ -31,7 +31,7 @@ import torch
 
 from titan_exp.files import atomic_write
 
-TOKENS, DOCS, MANIFEST = "tokens.bin", "docs.bin", "manifest.json"
+TOKENS_FILE, DOCS_FILE, MANIFEST_FILE = "tokens.bin", "docs.bin", "manifest.json"
 FORMAT = 1
 
 
@@ -49,12 +49,12 @@ class TokenStore:
     @classmethod
     def open(cls, folder: str | Path) -> "TokenStore":
         folder = Path(folder)
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = json.loads((folder / MANIFEST_FILE).read_text())
         return cls(folder, manifest)
 
     @property
     def tokens(self) -> np.ndarray:
-        return np.memmap(self.folder / TOKENS, dtype=self.manifest["dtype"], mode="r")
+        return np.memmap(self.folder / TOKENS_FILE, dtype=self.manifest["dtype"], mode="r")
 
     @property
     def n_tokens(self) -> int:
@@ -64,14 +64,14 @@ class TokenStore:
 def problem_with(folder: str | Path) -> str | None:
     """Why `folder` is not a complete token store, or None."""
     folder = Path(folder)
-    if not (folder / MANIFEST).is_file():
-        return f"no {MANIFEST} there (a store being written, or not a store: python -m titan_exp.data.prepare makes one)"
-    manifest = json.loads((folder / MANIFEST).read_text())
+    if not (folder / MANIFEST_FILE).is_file():
+        return f"no {MANIFEST_FILE} there (a store being written, or not a store: python -m titan_exp.data.prepare makes one)"
+    manifest = json.loads((folder / MANIFEST_FILE).read_text())
     if manifest.get("format") != FORMAT:
         return f"its format {manifest.get('format')} is not {FORMAT}; prepare it again"
-    size = (folder / TOKENS).stat().st_size if (folder / TOKENS).is_file() else -1
+    size = (folder / TOKENS_FILE).stat().st_size if (folder / TOKENS_FILE).is_file() else -1
     if size != manifest["tokens"] * np.dtype(manifest["dtype"]).itemsize:
-        return f"{TOKENS} holds {size} bytes, not the {manifest['tokens']} tokens its manifest lists; prepare it again"
+        return f"{TOKENS_FILE} holds {size} bytes, not the {manifest['tokens']} tokens its manifest lists; prepare it again"
     if manifest["tokens"] < 2:
         return "it holds fewer than 2 tokens"
     return None
@@ -114,7 +114,7 @@ def prepare(docs: Iterator[dict], text_field: str, tokenizer_path: str | Path, o
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / MANIFEST).unlink(missing_ok=True)
+    (out / MANIFEST_FILE).unlink(missing_ok=True)
     vocab = Tokenizer(tokenizer_path).vocab_size
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.uint32
     n_tokens, offsets = 0, []
@@ -129,7 +129,7 @@ def prepare(docs: Iterator[dict], text_field: str, tokenizer_path: str | Path, o
     try:
         encoded = (pool.imap(_encode, _chunks(docs, text_field, chunk)) if pool is not None
                    else map(_encode, _chunks(docs, text_field, chunk)))
-        with open(out / TOKENS, "wb") as f:
+        with open(out / TOKENS_FILE, "wb") as f:
             for batch in encoded:
                 for ids in batch:
                     offsets.append(n_tokens)
@@ -143,10 +143,10 @@ def prepare(docs: Iterator[dict], text_field: str, tokenizer_path: str | Path, o
             pool.join()
         if bar is not None:
             bar.close()
-    np.asarray(offsets, dtype=np.uint64).tofile(out / DOCS)
+    np.asarray(offsets, dtype=np.uint64).tofile(out / DOCS_FILE)
     manifest = {"format": FORMAT, "source": source, "tokenizer_sha": file_sha(Path(tokenizer_path)),
                 "vocab_size": vocab, "dtype": np.dtype(dtype).name, "tokens": n_tokens, "documents": len(offsets)}
-    atomic_write(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    atomic_write(out / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
     return TokenStore.open(out)
 
 
@@ -194,4 +194,5 @@ def cache_key(source: dict[str, Any], tokenizer_path: str | Path) -> str:
 
 
 def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """The cores this process may use."""
+    return len(os.sched_getaffinity(0))

@@ -90,14 +90,12 @@ def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
     the documents (its own fields pinned to what data's were)."""
     from titan_exp.cache import cache_dir
     from titan_exp.data import tokens
-    from titan_exp.data.sources import LOCAL, TOKENS, local_files, open_dataset
+    from titan_exp.data.sources import TOKENS, describe, open_dataset, validation_source
 
-    d, v = job.data, job.validation
+    d = job.data
     if d.dataset == TOKENS:
         return job
-    files = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in local_files(d.path)] if d.dataset in LOCAL else []
-    source = {"dataset": d.dataset, "path": d.path, "name": d.name, "split": d.split, "text_field": d.text_field,
-              "files": files}
+    source = describe(d)
     folder = cache_dir() / "tokens" / tokens.cache_key(source, tokenizer)
     if tokens.problem_with(folder) is None:
         logger.info("data: the token store %s (data.pretokenize) is ready", folder)
@@ -105,8 +103,8 @@ def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
         logger.info("data: tokenizing %s once into %s (data.pretokenize)", d.dataset, folder)
         tokens.prepare(iter(open_dataset(d)), d.text_field, tokenizer, folder, source=source,
                        workers=tokens.default_workers(), progress=True)
-    validation = dataclasses.replace(v, dataset=v.dataset or d.dataset, path=v.path if v.path is not None else d.path,
-                                     name=v.name if v.name is not None else d.name)
+    held_out = validation_source(job)  # pinned before data's fields change
+    validation = dataclasses.replace(job.validation, dataset=held_out.dataset, path=held_out.path, name=held_out.name)
     return dataclasses.replace(job, data=dataclasses.replace(d, dataset=TOKENS, path=str(folder), pretokenize=False),
                                validation=validation)
 

@@ -163,6 +163,9 @@ class Trainer:
     def _build_data(self) -> None:
         self.tokenizer = Tokenizer(self.run_dir.tokenizer)
         self.loader = self._loader(self.job.data)
+        if self.job.validation.enable:  # opened once; every validation rewinds it to its start
+            self.val_loader = self._loader(validation_source(self.job), prefetch=False)
+            self.val_start = self.val_loader.state_dict()
 
     def _loader(self, source, prefetch: bool = True):
         """A loader of `source` (the data node, or the validation set's) from data._target_;
@@ -254,12 +257,12 @@ class Trainer:
         torch's forward-only pipeline `eval` cannot run the V-shaped schedules (it trips on their
         backward actions), so those take a whole step, whose gradients the next step's zero_grad
         discards; the loss is the same, the cost that of a training step."""
-        loader = self._loader(validation_source(self.job), prefetch=False)  # a few batches, then dropped
+        self.val_loader.load_state_dict(self.val_start)
         by_step = self.schedule is not None and self.job.parallelism.pipeline_parallel_schedule.value in V_SHAPED
         total = 0.0
         with contextlib.nullcontext() if by_step else torch.no_grad():
             for _ in range(self.job.validation.steps):
-                total += self._global_loss(self._forward_backward(loader.next_batch(), backward=by_step)).item()
+                total += self._global_loss(self._forward_backward(self.val_loader.next_batch(), backward=by_step)).item()
         return total / self.job.validation.steps
 
     def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], backward: bool = True) -> torch.Tensor:
