@@ -7,9 +7,13 @@
 2. per model: tokens/s, MFU and peak memory for bf16 eager and + compile, float8 tensorwise and
    rowwise (+ compile), activation checkpointing none / selective / full, and MXFP8 where the
    device has MX matmuls (compute capability >= 10.0; on Hopper the row says why it is skipped);
-3. the planner's predicted peak memory next to each measurement (`titan_exp.plan.predict_memory`;
-   predicted step time waits for the calibrated model, issue 13, and says so);
-4. compile cold vs warm: the bf16 + compile run again, on the cache the first one filled.
+3. the planner's predicted peak memory and step time next to each measurement
+   (`titan_exp.perf.memory.predict_memory`, `titan_exp.perf.step.predict_step` on a profile the
+   suite calibrates first: `python -m titan_exp.calibrate <model> --world 1 --compile`);
+4. compile cold vs warm: the bf16 + compile run again, on the cache the first one filled;
+5. what reading losses from the device every step costs: bf16 + compile with metrics.log_freq=1
+   (a host read, hence a device sync, every step) against the default, which reads only on log
+   steps (`titan_exp.metrics.StepHistory`).
 
 It writes DIR/gpu_suite.md (one table) and DIR/gpu_suite.json. Each configuration runs as a real
 launch (`titan_exp.launch`): one rank process per run on a GPU, so that peak memory is that run's
@@ -45,12 +49,14 @@ CONFIGS = {
     "bf16 + compile, AC selective": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=selective"],
     "bf16 + compile, AC full": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=full"],
     "mxfp8": ["precision=mxfp8", "precision.mx_recipe=mxfp8_rceil"],
+    "bf16 + compile, read every step": ["precision=bf16", *COMPILE, "metrics.log_freq=1"],
 }
 # One sequence batch per model that fits one 80 GB GPU with room (AC none).
 SHAPES = {"llama3_1b": (4, 2048), "llama3_3b": (2, 2048)}
 SMOKE_MODEL = ["model=debugmodel", "model.dim=64", "model.n_layers=2", "model.n_heads=4", "model.n_kv_heads=2",
                "model.multiple_of=32"]
 TARGETS = {"mfu_bf16_compile": 45.0, "float8_speedup": 1.2, "memory_error_pct": 10.0}
+FLAGS = ("training.steps", "metrics.", "compile.backend")  # run settings the calibration does not take
 
 
 def skip_reason(name: str, cuda: bool) -> str | None:
@@ -70,11 +76,26 @@ def overrides_for(model: str, steps: int, smoke: bool) -> list[str]:
             f"training.steps={steps}", "metrics.warmup_steps=5", f"metrics.log_freq={steps}"]
 
 
+def calibrate(base: list[str], smoke: bool) -> str:
+    """Measure this device for the performance model (one rank, the model's own shapes), so the
+    step-time predictions below come from a calibrated profile; returns how long it took."""
+    overrides = [o for o in base if not o.startswith(FLAGS)]
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", *overrides, "--world", "1",
+                          *(["--tiny"] if smoke else ["--compile"])], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    if out.returncode:
+        raise SystemExit(f"calibration failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    return f"calibrated in {time.perf_counter() - start:.0f} s"
+
+
 def measure(name: str, overrides: list[str], run_dir: Path, cuda: bool) -> dict:
-    """One configuration: its summary's numbers, and the planner's memory prediction beside them."""
+    """One configuration: its summary's numbers, and the planner's predictions beside them."""
     import torch
 
-    from titan_exp.plan import predict_memory
+    from titan_exp.perf.memory import predict_memory
+    from titan_exp.perf.profile import this_machine
+    from titan_exp.perf.step import predict_step
     from titan_exp.validation import resolve
 
     if reason := skip_reason(name, cuda):
@@ -83,7 +104,12 @@ def measure(name: str, overrides: list[str], run_dir: Path, cuda: bool) -> dict:
     start = time.perf_counter()
     code, summary = run_job(overrides, run_dir)
     summary = summary or {"status": "failed", "error": "no summary"}
-    predicted = predict_memory(resolve(job_config(overrides)), cuda=cuda)["total"]
+    job = resolve(job_config(overrides))
+    predicted = predict_memory(job, cuda=cuda)["total"]
+    profile = this_machine(1, cuda=cuda)
+    step = predict_step(job, profile, cuda=cuda)
+    measured_step = job.training.global_batch_size * job.training.seq_len / summary["tokens_per_second_per_device"] \
+        if summary.get("tokens_per_second_per_device") else None
     measured = summary.get("peak_memory_gib")
     low_precision = "float8" in name or "mx" in name
     return {
@@ -95,7 +121,9 @@ def measure(name: str, overrides: list[str], run_dir: Path, cuda: bool) -> dict:
         "peak_memory_gib": measured,
         "predicted_memory_gib": predicted,
         "memory_error_pct": 100 * (predicted - measured) / measured if measured else None,
-        "predicted_step_s": None,  # the calibrated performance model (issue 13) will fill this
+        "step_s": measured_step,
+        "predicted_step_s": step.step_s,
+        "step_profile": profile.source,
         "compile_s": summary.get("compile_s"),
         "compile_cache": summary.get("compile_cache"),
         "final_loss": summary.get("final_loss"),
@@ -122,6 +150,13 @@ def checks(rows: list[dict], cuda: bool) -> list[str]:
         ratio = by["float8 tensorwise + compile"]["tokens_per_second"] / by["bf16 + compile"]["tokens_per_second"]
         lines.append(f"float8 tensorwise + compile / bf16 + compile tokens/s = {ratio:.2f} "
                      f"(target >= {TARGETS['float8_speedup']}): {'met' if ratio >= TARGETS['float8_speedup'] else 'missed'}")
+    if "bf16 + compile, read every step" in by and "bf16 + compile" in by:
+        ratio = by["bf16 + compile"]["tokens_per_second"] / by["bf16 + compile, read every step"]["tokens_per_second"]
+        lines.append(f"reading the loss only on log steps / every step: tokens/s x {ratio:.3f}")
+    steps = [abs(r["predicted_step_s"] / r["step_s"] - 1) * 100 for r in by.values() if r.get("step_s")]
+    if steps:
+        lines.append(f"planner step time ({rows[0]['step_profile']} profile): median |error| "
+                     f"{sorted(steps)[len(steps) // 2]:.0f} %, worst {max(steps):.0f} % over {len(steps)} runs")
     errors = [abs(r["memory_error_pct"]) for r in by.values() if r["memory_error_pct"] is not None]
     if errors:
         worst = max(errors)
@@ -141,14 +176,15 @@ def to_markdown(results: dict) -> str:
              f"{results['date']}", "", f"CUDA-only tests: {results['cuda_tests']['summary']}", ""]
     for model, rows in results["models"].items():
         lines += [f"### {model}", "",
-                  "| config | status | tokens/s | MFU % | peak GiB | predicted GiB | error % | compile s | reason |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| config | status | tokens/s | MFU % | peak GiB | predicted GiB | error % | step s | predicted s "
+                  "| compile s | reason |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append("| " + " | ".join([
                 r["config"], r["status"], fmt(r.get("tokens_per_second")), fmt(r.get("mfu")),
                 fmt(r.get("peak_memory_gib"), 2), fmt(r.get("predicted_memory_gib"), 2), fmt(r.get("memory_error_pct")),
-                fmt(r.get("compile_s")), (r.get("reason") or "").replace("|", "/")]) + " |")
-        lines += [""] + [f"- {line}" for line in results["checks"][model]] + [""]
+                fmt(r.get("step_s"), 3), fmt(r.get("predicted_step_s"), 3), fmt(r.get("compile_s")), (r.get("reason") or "").replace("|", "/")]) + " |")
+        lines += ["", f"- {results['calibration'][model]}"] + [f"- {line}" for line in results["checks"][model]] + [""]
     return "\n".join(lines)
 
 
@@ -169,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {"device": torch.cuda.get_device_name() if cuda else "CPU", "smoke": args.smoke,
                "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M"), "cuda_tests": cuda_tests(),
-               "models": {}, "checks": {}}
+               "models": {}, "checks": {}, "calibration": {}}
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["TITAN_EXP_CACHE"] = str(Path(tmp) / "cache")  # compile starts cold
         for model in models:
             base = overrides_for(model, steps, args.smoke)
+            results["calibration"][model] = calibrate(base, args.smoke)
             rows = [measure(name, [*base, *extra], Path(tmp) / model / str(i), cuda)
                     for i, (name, extra) in enumerate(CONFIGS.items())]
             warm = measure("bf16 + compile", [*base, *CONFIGS["bf16 + compile"]], Path(tmp) / model / "warm", cuda)

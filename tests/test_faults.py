@@ -62,6 +62,21 @@ def test_nan_stops_before_the_update_and_keeps_the_last_checkpoint(tmp_path, mon
     assert sorted(complete_steps(tmp_path / "checkpoints")) == [1, 2]
 
 
+def test_nan_found_at_a_later_read_still_saves_nothing_after_it(tmp_path, monkeypatch):
+    """With on_nonfinite=stop the host reads losses only where it needs them (StepHistory): here
+    at the step-4 checkpoint, not at step 3. The NaN is found there, before step 4 is saved."""
+    from titan_exp.checkpoint import complete_steps
+
+    monkeypatch.setenv("TITAN_EXP_FAULT", "nan@3")
+    code, summary = run_job([*SMALL, "cluster=debug", "checkpoint=default", "checkpoint.interval=2",
+                             "metrics.log_freq=10"], tmp_path)
+    assert code == 1 and summary["status"] == "failed"
+    assert summary["error"].startswith("FloatingPointError: step 3: loss nan, gradient norm nan: not finite, "
+                                       "stopped at step 4's read of the device")
+    assert "the latest checkpoint stays step-2" in summary["error"]
+    assert sorted(complete_steps(tmp_path / "checkpoints")) == [2]
+
+
 def test_nan_on_one_rank_is_skipped_by_every_rank(tmp_path, monkeypatch):
     """training.on_nonfinite=skip: rank 1's NaN reaches every rank through the global gradient
     norm, so all skip the same update, and the run goes on with finite losses."""

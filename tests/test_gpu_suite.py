@@ -17,12 +17,15 @@ def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     results = json.loads((tmp_path / "gpu_suite.json").read_text())
     rows = {r["config"]: r for r in results["models"]["smoke"]}
     assert set(rows) >= {"bf16 eager", "bf16 + compile", "float8 tensorwise + compile", "float8 rowwise",
-                         "bf16 + compile, AC selective", "bf16 + compile, AC full", "mxfp8", "bf16 + compile, warm cache"}
+                         "bf16 + compile, AC selective", "bf16 + compile, AC full", "mxfp8", "bf16 + compile, warm cache",
+                         "bf16 + compile, read every step"}
     for name, r in rows.items():
         assert r["status"] == "ok", (name, r["reason"])
         assert r["tokens_per_second"] > 0 and r["peak_memory_gib"] > 0 and r["predicted_memory_gib"] > 0, name
+        assert r["predicted_step_s"] > 0 and r["step_s"] > 0 and r["step_profile"] == "calibrated", name
         assert (r["mfu"] is None) == ("float8" in name or "mx" in name), name
     assert rows["bf16 + compile"]["compile_s"] > 0
     assert "skipped" in results["cuda_tests"]["summary"]  # collected, and skipped without a GPU
     table = (tmp_path / "gpu_suite.md").read_text()
     assert "| bf16 + compile, AC full | ok |" in table and "planner memory" in table
+    assert "planner step time (calibrated profile)" in table and "reading the loss only on log steps" in table

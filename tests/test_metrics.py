@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from titan_exp.config import LRSchedulerConfig
-from titan_exp.metrics import Throughput, measure_cpu_peak_tflops
+from titan_exp.metrics import StepHistory, Throughput, measure_cpu_peak_tflops
 from titan_exp.train.optim import lr_lambda
 
 
@@ -20,6 +20,28 @@ def test_throughput_and_mfu():
     short = Throughput(flops_per_token=1, peak_tflops=1, world_size=1, warmup_steps=5)
     short.record(1, tokens=100, seconds=1.0)  # no step past warm-up: the whole run counts
     assert short.steady()["tps_per_device"] == pytest.approx(100)
+
+
+def test_step_history_reads_each_step_once_in_order():
+    import time
+
+    import torch
+
+    history = StepHistory(torch.device("cpu"))
+    for step, (loss, norm) in enumerate([(2.0, 0.5), (float("nan"), 1.5), (1.0, 0.25)], start=1):
+        history.start()
+        time.sleep(0.01 * step)
+        history.add(step, torch.tensor(loss), torch.tensor(norm, dtype=torch.float64))
+        if step == 2:
+            assert history.unread
+            first = history.read()
+    rest = history.read()
+    assert not history.unread and history.read() == []
+    assert [r[0] for r in first] == [1, 2] and [r[0] for r in rest] == [3]
+    assert first[0][1:3] == (2.0, 0.5) and first[1][1] != first[1][1] and rest[0][1:3] == (1.0, 0.25)
+    seconds = [r[3] for r in first + rest]
+    assert seconds == sorted(seconds) and seconds[0] >= 0.01  # each step its own time, not a window's mean
+    assert history.losses[2] == 1.0 and history.grad_norms == [0.5, 1.5, 0.25] and history.step_times == seconds
 
 
 def test_cpu_peak_is_measured_and_the_best_is_kept(monkeypatch, tmp_path):

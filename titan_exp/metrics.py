@@ -84,6 +84,61 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+class StepHistory:
+    """Each step's loss, gradient norm and time, held on the device until the host needs them.
+
+    Reading a GPU value (`.item()`) makes the host wait for the device, and a host that waits
+    every step cannot queue step n+1 while step n runs. So the trainer adds each step's tensors
+    here and reads them only where a value is needed: log, validation and checkpoint steps, the
+    first and last steps, a stop, and every step with training.on_nonfinite=skip (which decides
+    before each update). TorchTitan reads on log steps too. Step times come from CUDA events on a
+    GPU (read with the values, so timing adds no wait) and from the host clock on CPU, where the
+    host does the work itself."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.losses: list[float] = []
+        self.grad_norms: list[float] = []
+        self.step_times: list[float] = []
+        self._pending: list[tuple[int, torch.Tensor, torch.Tensor, object, object]] = []
+        self._start: object = None
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def add(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The step begun at `start()` has ended (on the host; on a GPU maybe not yet on the device)."""
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        else:
+            end = time.perf_counter()
+        self._pending.append((step, loss.detach(), grad_norm.detach(), self._start, end))
+
+    @property
+    def unread(self) -> bool:
+        return bool(self._pending)
+
+    def read(self) -> list[tuple[int, float, float, float]]:
+        """(step, loss, grad norm, seconds) of each step added since the last read: one host read."""
+        if not self._pending:
+            return []
+        values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, loss, norm, _, _ in self._pending]).tolist()
+        out = []
+        for (step, _, _, start, end), (loss, norm) in zip(self._pending, values):
+            seconds = start.elapsed_time(end) / 1e3 if self.cuda else end - start
+            out.append((step, loss, norm, seconds))
+            self.losses.append(loss)
+            self.grad_norms.append(norm)
+            self.step_times.append(seconds)
+        self._pending.clear()
+        return out
+
+
 class Throughput:
     """Tokens/s per device and MFU over the steps since the last report, and in steady state
     (every step after `warmup_steps`) for the summary."""

@@ -211,13 +211,17 @@ class Checkpointer:
 
     # Saving.
 
+    def due(self, step: int, last_step: int, *, force: bool = False) -> bool:
+        """Whether `maybe_save` saves at this step: every interval and the last step, or now (`force`)."""
+        return self.cfg.enable and (force or step % self.cfg.interval == 0 or step == last_step)
+
     def maybe_save(self, step: int, last_step: int, *, force: bool = False) -> None:
         """Save at every interval and the last step, or now (`force`: a run being stopped)."""
         if not self.cfg.enable:
             return
         start = time.perf_counter()
         self._poll()
-        if force or step % self.cfg.interval == 0 or step == last_step:
+        if self.due(step, last_step, force=force):
             self.save(step, model_only=step == last_step and self.cfg.last_save_model_only)
         self.blocking_s += time.perf_counter() - start
 

@@ -24,7 +24,7 @@ from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, comple
 from titan_exp.config import JobConfig, OnNonfinite, problem
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.sources import open_dataset, validation_source
-from titan_exp.metrics import MetricSinks, Throughput, peak_memory_gib, peak_tflops
+from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
@@ -299,10 +299,15 @@ class Trainer:
         return loss
 
     def _update(self, loss: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The global loss and gradient norm, and the optimizer step if both are finite."""
+        """The global loss and gradient norm, and the optimizer step. With
+        training.on_nonfinite=skip the step is made only if both are finite, which the host must
+        read first (a device sync every step). Otherwise the step is made without looking: a
+        non-finite step is found at the next read (`StepHistory`), before anything is saved, and
+        the run stops, so its update never leaves this process."""
         loss = self._global_loss(loss)
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
-        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss))  # both global: every rank agrees
+        skip = self.job.training.on_nonfinite == OnNonfinite.skip
+        finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss)) if skip else True  # global: all ranks agree
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             if finite:
                 optimizer.step()
@@ -319,11 +324,9 @@ class Trainer:
             return {"steps": 0, "losses": [], "seed_checkpoint": str(path)}
         first = self.checkpointer.load() + 1
         tokens_per_step = t.global_batch_size * t.seq_len
-        losses: list[float] = []
-        grad_norms: list[float] = []
-        step_times: list[float] = []
+        history = StepHistory(self.device)  # losses, gradient norms, step times
         interrupted: dict[str, Any] = {}
-        nonfinite: list[int] = []  # steps whose update was not made
+        nonfinite: list[int] = []  # steps whose update was skipped
         val_losses: dict[str, float] = {}  # step -> held-out loss
         start = time.perf_counter()
         try:
@@ -332,29 +335,27 @@ class Trainer:
                     watchdog.arm(step, step_deadline(self.job.comm, first=step == first))
                     faults.inject("hang", step)
                     self.poison_loss = faults.inject("nan", step)
-                    step_start = time.perf_counter()
+                    history.start()
                     loss, grad_norm = self.train_step(self.loader.next_batch())
-                    loss_value = loss.item()  # syncs the device, so the step time below is honest
-                    if step == first:
-                        set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
-                    step_times.append(time.perf_counter() - step_start)
+                    history.add(step, loss, grad_norm)
                     self.profiler.step(step)
                     self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
-                    self.throughput.record(step, tokens_per_step, step_times[-1])
-                    losses.append(loss_value)
-                    grad_norms.append(grad_norm.item())
-                    if not (math.isfinite(loss_value) and math.isfinite(grad_norms[-1])):
-                        nonfinite.append(step)
-                        self._nonfinite(step, loss_value, grad_norms[-1], nonfinite)
+                    stop = signals.stop_requested()
+                    validate = self.job.validation.enable and (step % self.job.validation.freq == 0 or step == t.steps)
+                    log = validate or step % self.job.metrics.log_freq == 0 or step == t.steps
+                    if (log or step == first or stop or t.on_nonfinite == OnNonfinite.skip
+                            or self.checkpointer.due(step, t.steps, force=bool(stop))):
+                        self._read(history, tokens_per_step, nonfinite, at=step)
+                    if step == first:
+                        set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
                     val = {}
-                    if self.job.validation.enable and (step % self.job.validation.freq == 0 or step == t.steps):
+                    if validate:
                         val_loss = self.held_out_loss()
                         val_losses[str(step)] = val_loss  # JSON's keys are strings
                         val = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 700))}
-                    if val or step % self.job.metrics.log_freq == 0 or step == t.steps:
-                        self._log(step, loss_value, grad_norms[-1], val)
+                    if log:
+                        self._log(step, history.losses[-1], history.grad_norms[-1], val)
                     faults.inject("step", step)
-                    stop = signals.stop_requested()
                     self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
                     if stop:
                         interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
@@ -373,21 +374,22 @@ class Trainer:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
             if interrupted:
                 resumed["checkpoint_at_stop"] = True  # maybe_save(force=True) above wrote it
-        if not losses:
+        if not history.losses:
             logger.info("nothing to train: the checkpoint is at step %d of %d", first - 1, t.steps)
             return {"steps": t.steps, "losses": [], **resumed}
         # Largest rank: memory limits are per device.
         peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizers)], dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         steady = self.throughput.steady()
+        step_times = history.step_times
         # What the first step cost beyond a typical one: with compile on, the compilation.
         first_step_overhead = max(0.0, step_times[0] - statistics.median(step_times[1:] or step_times))
         return {
             **resumed,
             "steps": t.steps,
-            "final_loss": losses[-1],
-            "losses": losses,
-            "grad_norms": grad_norms,
+            "final_loss": history.losses[-1],
+            "losses": history.losses,
+            "grad_norms": history.grad_norms,
             "tokens_per_second_per_device": steady["tps_per_device"],
             "mfu": steady["mfu"],
             "peak_memory_gib": peak[0].item(),
@@ -402,6 +404,15 @@ class Trainer:
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
 
+    def _read(self, history: StepHistory, tokens_per_step: int, nonfinite: list[int], at: int) -> None:
+        """Read the steps since the last read from the device (`StepHistory`), count their
+        tokens and time, and act on the first one that was not finite."""
+        for step, loss, grad_norm, seconds in history.read():
+            self.throughput.record(step, tokens_per_step, seconds)
+            if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+                nonfinite.append(step)
+                self._nonfinite(step, loss, grad_norm, nonfinite, found_at=at)
+
     def _log(self, step: int, loss: float, grad_norm: float, val: dict[str, float]) -> None:
         self.sinks.log(step, {
             "loss": loss,
@@ -412,10 +423,10 @@ class Trainer:
             "peak_memory_gib": peak_memory_gib(self.device),
         })
 
-    def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int]) -> None:
-        """A step whose loss or gradients are NaN/Inf got no update (train_step). Stop, naming the
-        step, or skip it (training.on_nonfinite); ten skips in a row stop too. Raising here comes
-        before this step's checkpoint, so the last good one stays the latest."""
+    def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int], found_at: int) -> None:
+        """A step whose loss or gradients are NaN/Inf: skip it (training.on_nonfinite=skip; its
+        update was not made) or stop, naming the step. Ten skips in a row stop too. Stopping
+        raises before this step's checkpoint, so the last good one stays the latest."""
         what = f"step {step}: loss {loss}, gradient norm {grad_norm}"
         in_a_row = len(nonfinite) >= 10 and nonfinite[-10] == step - 9
         if self.job.training.on_nonfinite == OnNonfinite.skip and not in_a_row:
@@ -424,8 +435,9 @@ class Trainer:
         latest = complete_steps(self.checkpointer.folder) if self.job.checkpoint.enable else {}
         kept = f"the latest checkpoint stays step-{max(latest)}" if latest else "no checkpoint was written"
         reason = "10 steps in a row were skipped" if in_a_row else "training.on_nonfinite=stop"
-        raise FloatingPointError(f"{what}: not finite, stopped before any update ({reason}); {kept}. "
-                                 "Lower optimizer.lr or training.max_norm, or set training.on_nonfinite=skip")
+        found = f" at step {found_at}'s read of the device" if found_at != step else ""
+        raise FloatingPointError(f"{what}: not finite, stopped{found} before saving any state it touched ({reason}); "
+                                 f"{kept}. Lower optimizer.lr or training.max_norm, or set training.on_nonfinite=skip")
 
     def _export(self) -> dict[str, str]:
         """The last checkpoint's model as one file (`checkpoint.export_format`) and as a Hugging
