@@ -15,7 +15,7 @@ from conftest import REPO, SMALL, job_config, launch_cli
 from titan_exp.perf import fit
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
-from titan_exp.perf.step import predict_step
+from titan_exp.perf.step import across_nodes, predict_step
 from titan_exp.plan import with_layout
 
 TINY = ["model.n_layers=4", "training.seq_len=64"]
@@ -85,6 +85,28 @@ def test_ranks_sharing_cores(base):
     pp = dataclasses.replace(pp, parallelism=dataclasses.replace(pp.parallelism, pipeline_parallel_microbatch_size=1))
     assert predict_step(fsdp, shared).parts["compute"] == pytest.approx(predict_step(fsdp, gpus).parts["compute"])
     assert predict_step(pp, shared).parts["compute"] < 0.8 * predict_step(pp, gpus).parts["compute"]
+
+
+def test_dims_across_nodes_pay_the_inter_node_costs(base):
+    """On 2 nodes of 2 ranks the mesh's outer dims span nodes and its inner ones stay inside
+    (tp innermost); a dim that spans nodes is costed with the profile's inter-node lines, one
+    that does not with the intra-node ones, and a one-node job never with the inter-node ones."""
+    two_nodes = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, nnodes=2))
+    hsdp, ddp_tp = layout(two_nodes, dp_replicate=2, dp_shard=2), layout(two_nodes, dp_replicate=2, tp=2)
+    assert across_nodes(hsdp) == {"dp_replicate"} and across_nodes(ddp_tp) == {"dp_replicate"}
+    assert across_nodes(layout(two_nodes, dp_shard=2, tp=2)) == {"dp_shard"}
+    assert across_nodes(layout(two_nodes, pp=2, cp=2)) == {"pp"}
+    assert across_nodes(layout(two_nodes, tp=4)) == {"tp"}
+    assert across_nodes(layout(base, dp_replicate=2, dp_shard=2)) == set()
+    flat = synthetic(base, 4)
+    slow = dataclasses.replace(flat, inter_node={op: {2: Line(1e-3, 1e-8)} for op in flat.collectives})
+    assert predict_step(hsdp, slow).parts["hsdp"] > 5 * predict_step(hsdp, flat).parts["hsdp"]
+    assert predict_step(hsdp, slow).parts["fsdp"] == pytest.approx(predict_step(hsdp, flat).parts["fsdp"])
+    assert predict_step(ddp_tp, slow).parts["tp"] == pytest.approx(predict_step(ddp_tp, flat).parts["tp"])
+    one_node = layout(base, dp_replicate=2, dp_shard=2)
+    assert predict_step(one_node, slow).parts["hsdp"] == pytest.approx(predict_step(one_node, flat).parts["hsdp"])
+    again = MachineProfile.from_dict(json.loads(json.dumps(slow.to_dict())))
+    assert again.inter_node == slow.inter_node and again.collective("all_reduce", 2, True) == Line(1e-3, 1e-8)
 
 
 def test_refit_recovers_a_scale(base):

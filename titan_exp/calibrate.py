@@ -55,11 +55,12 @@ def print_table(profile: MachineProfile, shape: str) -> None:
     for tp, cost in sorted(profile.blocks.get(shape, {}).items()):
         print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} "
               f"ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), head {cost.head.per_unit_s * 1e3:.2f} ms/seq")
-    for op, by_g in profile.collectives.items():
-        cells = ", ".join(f"{g} ranks {line.latency_s * 1e6:.0f} us"
-                          + (f" + {1 / line.per_unit_s / 1e9:.2f} GB/s" if line.per_unit_s > 0 else "")
-                          for g, line in sorted(by_g.items()))
-        print(f"  {op}: {cells}")
+    for where, table in (("", profile.collectives), (" across nodes", profile.inter_node)):
+        for op, by_g in table.items():
+            cells = ", ".join(f"{g} ranks {line.latency_s * 1e6:.0f} us"
+                              + (f" + {1 / line.per_unit_s / 1e9:.2f} GB/s" if line.per_unit_s > 0 else "")
+                              for g, line in sorted(by_g.items()))
+            print(f"  {op}{where}: {cells}")
     print(f"  AdamW: {profile.optimizer_s_per_param * 1e9:.2f} ns/param"
           + (f"; compiled block {profile.compile_speedup:.2f}x eager" if profile.compile_speedup else ""))
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if local and not args.refresh:  # this machine: reuse without starting any rank
         from titan_exp.cluster.local import threads_per_rank
 
-        known = this_machine(job.world_size, threads_per_rank=threads_per_rank(job.world_size), folder=folder)
+        known = this_machine(job.world_size, threads_per_rank=threads_per_rank(job.world_size), folder=folder,
+                             nodes=job.cluster.nnodes)
         if known.source == "calibrated" and shape in known.blocks and (known.compile_speedup or not args.compile):
             print(f"reusing {known.path(folder)} (--refresh measures again)")
             print_table(known, shape)

@@ -26,7 +26,7 @@ import yaml
 from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, last_accuracy, this_machine
-from titan_exp.perf.step import StepPrediction, predict_step
+from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
 from titan_exp.validation import resolve, validate
 
 __all__ = ["Plan", "plan", "predict_memory", "valid_layouts", "with_layout", "layout_overrides", "write_sweep"]
@@ -51,6 +51,7 @@ class Plan:
     parts_gib: dict[str, float]
     step: StepPrediction
     fits: bool = True
+    across_nodes: tuple[str, ...] = ()  # mesh dims whose groups span nodes (perf.step.across_nodes)
 
     @property
     def tokens_per_s(self) -> float:
@@ -71,10 +72,11 @@ def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> J
     while local > 1 and global_batch % (local * dp):
         local -= 1
     world = math.prod(degrees.values())
+    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1  # the job's nodes, when they divide
     return dataclasses.replace(
         job, parallelism=p,
         training=dataclasses.replace(job.training, local_batch_size=local, global_batch_size=global_batch),
-        cluster=dataclasses.replace(job.cluster, nnodes=1, nproc_per_node=world),
+        cluster=dataclasses.replace(job.cluster, nnodes=nodes, nproc_per_node=world // nodes),
     )
 
 
@@ -99,13 +101,15 @@ def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[Job
 def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
          profile: MachineProfile | None = None) -> list[Plan]:
     """Every valid layout, fastest first among those that fit, then those that do not."""
-    profile = profile or this_machine(world, cuda=cuda)
+    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
     plans = []
     for candidate in valid_layouts(job, world, cuda=cuda):
         parts = predict_memory(candidate, cuda=cuda)
         plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, layout_overrides(candidate),
                           parts["total"], {k: v for k, v in parts.items() if k != "total"},
-                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib))
+                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
+                          across_nodes=tuple(d for d in MESH_DIMS if d in across_nodes(candidate))))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 
 
@@ -124,16 +128,17 @@ def profile_line(profile: MachineProfile) -> str:
 
 def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
     """The plans as a table; times are seconds per step, by part (perf.step.BREAKDOWN)."""
+    nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
     lines = [f"{len(plans)} valid layouts on {world} devices ({device_memory_gib:g} GiB each), fastest first:", "",
              "| rank | layout | local batch | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
-             "| GiB/device | states | activations | fits |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nodes else "")]
     for i, pl in enumerate(plans, 1):
         b = pl.step.breakdown()
         lines.append(f"| {i} | {pl.name} | {pl.local_batch_size} | {pl.step.step_s:.3f} | {pl.tokens_per_s:,.0f} "
                      f"| {b['compute']:.3f} | {b['exposed_comm']:.3f} | {b['bubble']:.3f} | {b['recompute']:.3f} "
                      f"| {pl.memory_gib:.2f} | {pl.parts_gib['states']:.2f} | {pl.parts_gib['activations']:.2f} "
-                     f"| {'yes' if pl.fits else 'NO'} |")
+                     f"| {'yes' if pl.fits else 'NO'} |" + (f" {' '.join(pl.across_nodes) or '-'} |" if nodes else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -196,7 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     job = compose_job(args.overrides)
     memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
-    profile = this_machine(args.world, cuda=args.cuda, folder=Path(args.profile_dir) if args.profile_dir else None)
+    nodes = job.cluster.nnodes if args.world % job.cluster.nnodes == 0 else 1
+    profile = this_machine(args.world, cuda=args.cuda, folder=Path(args.profile_dir) if args.profile_dir else None,
+                           nodes=nodes)
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile)
     print(profile_line(profile))
     for note in sorted({n for pl in plans for n in pl.step.notes}):

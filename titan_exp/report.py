@@ -76,10 +76,10 @@ def row(path: Path) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=None)
-def _profile(world: int, cuda: bool):
+def _profile(world: int, cuda: bool, nodes: int):
     from titan_exp.perf.profile import this_machine
 
-    return this_machine(world, cuda=cuda)
+    return this_machine(world, cuda=cuda, nodes=nodes)
 
 
 def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
@@ -95,7 +95,7 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
 
     job = load_job_config(run_dir.config)
     cuda = ranks_have_gpus(job)
-    step = predict_step(job, _profile(job.world_size, cuda), cuda=cuda)
+    step = predict_step(job, _profile(job.world_size, cuda, job.cluster.nnodes), cuda=cuda)
     parts, source = step.breakdown(), "model"
     trace = latest_trace(run_dir.path, job.profiling.save_traces_folder)
     traced = step_breakdown(trace) if trace else None

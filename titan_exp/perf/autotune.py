@@ -187,7 +187,7 @@ class Autotune:
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.world = job.world_size
         self.arguments = list(arguments)
-        self.profile = profile or this_machine(self.world, cuda=self.cuda)
+        self.profile = profile or this_machine(self.world, cuda=self.cuda, nodes=job.cluster.nnodes)
         self.memory_gib = job.autotune.device_memory_gib or device_memory_gib(self.world, self.cuda)
         self.tokens_per_step = 0
         self.rounds: list[dict[str, Any]] = []

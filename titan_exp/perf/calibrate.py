@@ -269,46 +269,73 @@ def group_sizes(world: int) -> list[int]:
     return [g for g in range(2, world + 1) if world % g == 0]
 
 
-def measure_collectives(world: int, opts: Options, device: torch.device) -> dict[str, dict[int, Line]]:
-    rank = dist.get_rank()
-    out: dict[str, dict[int, Line]] = {}
-    for g in group_sizes(world):
-        mine = None
-        for start in range(0, world, g):  # every rank creates every group, in the same order
-            group = dist.new_group(list(range(start, start + g)))
-            if start <= rank < start + g:
-                mine = group
-        for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
-            seconds = []
-            for size in opts.comm_bytes:
-                n = size // 4 // g * g
-                full, part = torch.randn(n, device=device), torch.randn(n // g, device=device)
-                fn = {
-                    "all_gather": lambda: dist.all_gather_single(full, part, group=mine),
-                    "reduce_scatter": lambda: dist.reduce_scatter_single(part, full, group=mine),
-                    "all_reduce": lambda: dist.all_reduce(full, group=mine),
-                    "all_to_all": lambda: dist.all_to_all_single(full, full.clone(), group=mine),
-                }[op]
-                seconds.append(together(fn, opts.reps, device))
-            out.setdefault(op, {})[g] = Line.fit(opts.comm_bytes, seconds)
-    # send/recv between neighbours (pipeline stages): rank 2i <-> 2i+1, every pair at once.
-    if world >= 2 and world % 2 == 0:
-        peer = rank ^ 1
+def _collective_lines(groups: list[list[int]], opts: Options, device: torch.device) -> dict[str, Line]:
+    """Each collective over `groups` (disjoint, equal sizes, all running at once), by bytes.
+    Every rank creates every group, in the same order, as new_group requires."""
+    rank, g = dist.get_rank(), len(groups[0])
+    mine = None
+    for members in groups:
+        group = dist.new_group(members)
+        if rank in members:
+            mine = group
+    out = {}
+    for op in ("all_gather", "reduce_scatter", "all_reduce", "all_to_all"):
         seconds = []
         for size in opts.comm_bytes:
-            t = torch.randn(size // 4, device=device)
-
-            def ping_pong():
-                if rank % 2 == 0:
-                    dist.send(t, peer)
-                    dist.recv(t, peer)
-                else:
-                    dist.recv(t, peer)
-                    dist.send(t, peer)
-
-            seconds.append(together(ping_pong, opts.reps, device) / 2)
-        out["send_recv"] = {2: Line.fit(opts.comm_bytes, seconds)}
+            n = size // 4 // g * g
+            full, part = torch.randn(n, device=device), torch.randn(n // g, device=device)
+            fn = {
+                "all_gather": lambda: dist.all_gather_single(full, part, group=mine),
+                "reduce_scatter": lambda: dist.reduce_scatter_single(part, full, group=mine),
+                "all_reduce": lambda: dist.all_reduce(full, group=mine),
+                "all_to_all": lambda: dist.all_to_all_single(full, full.clone(), group=mine),
+            }[op]
+            seconds.append(together(fn, opts.reps, device))
+        out[op] = Line.fit(opts.comm_bytes, seconds)
     return out
+
+
+def _send_recv_line(peer: int, opts: Options, device: torch.device) -> Line:
+    """One message to `peer` and back, halved; every pair at once (pipeline stages' P2P)."""
+    rank, seconds = dist.get_rank(), []
+    for size in opts.comm_bytes:
+        t = torch.randn(size // 4, device=device)
+
+        def ping_pong():
+            first, second = (dist.send, dist.recv) if rank < peer else (dist.recv, dist.send)
+            first(t, peer)
+            second(t, peer)
+
+        seconds.append(together(ping_pong, opts.reps, device) / 2)
+    return Line.fit(opts.comm_bytes, seconds)
+
+
+def measure_collectives(world: int, opts: Options, device: torch.device,
+                        nodes: int = 1) -> tuple[dict[str, dict[int, Line]], dict[str, dict[int, Line]]]:
+    """(over groups of consecutive ranks, over groups of one rank per node). Ranks are numbered
+    node by node, so a group of consecutive ranks stays inside a node while it fits there; with
+    more than one node, the same collectives also run over groups that take one rank from each
+    of g nodes, and send/recv between ranks on different nodes: what a mesh dim that spans
+    nodes pays, which the model uses for those dims (perf.step.across_nodes)."""
+    out: dict[str, dict[int, Line]] = {}
+    for g in group_sizes(world):
+        for op, line in _collective_lines([list(range(s, s + g)) for s in range(0, world, g)], opts, device).items():
+            out.setdefault(op, {})[g] = line
+    rank = dist.get_rank()
+    if world >= 2 and world % 2 == 0:  # neighbours: rank 2i <-> 2i+1
+        out["send_recv"] = {2: _send_recv_line(rank ^ 1, opts, device)}
+    inter: dict[str, dict[int, Line]] = {}
+    per_node = world // nodes
+    if nodes > 1 and world % nodes == 0:
+        for g in group_sizes(nodes):  # g consecutive nodes, one rank of each: per_node x nodes/g groups
+            groups = [[start + i * per_node for i in range(g)]
+                      for base in range(0, world, g * per_node) for start in range(base, base + per_node)]
+            for op, line in _collective_lines(groups, opts, device).items():
+                inter.setdefault(op, {})[g] = line
+        if nodes % 2 == 0:  # the same local rank on nodes 2j and 2j+1
+            node = rank // per_node
+            inter["send_recv"] = {2: _send_recv_line(rank + per_node if node % 2 == 0 else rank - per_node, opts, device)}
+    return out, inter
 
 
 def measure_overlap(world: int, opts: Options, device: torch.device) -> float:
@@ -358,7 +385,8 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     backend = dist.get_backend()
     shape = model_shape(job)
     m, seq_len = job.model, job.training.seq_len
-    known = find(dev_name, backend, world, threads, folder)
+    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    known = find(dev_name, backend, world, threads, folder, nodes)
     if known is not None and known.source != "calibrated":
         known = None  # the defaults, refit by an autotune sweep: nothing measured to keep
     if known is not None and not opts.refresh and shape in known.blocks and (not opts.compile or known.compile_speedup):
@@ -368,7 +396,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     if keep_machine:
         profile = dataclasses.replace(known, blocks=dict(known.blocks))
     else:
-        profile = MachineProfile(key=machine_key(dev_name, backend, world, threads))
+        profile = MachineProfile(key=machine_key(dev_name, backend, world, threads, nodes))
         profile.blocks = {k: v for k, v in (known.blocks if known else {}).items() if k != shape}  # other models'
         profile.concurrency = concurrency(m, seq_len, world, opts, device)
     # Compute is measured with every rank computing at once, as in a data-parallel step; the
@@ -402,7 +430,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     profile.gemm.update(gemm)
     profile.gemm_shapes.update(tables)
     if not keep_machine:
-        profile.collectives = measure_collectives(world, opts, device) if world > 1 else {}
+        profile.collectives, profile.inter_node = measure_collectives(world, opts, device, nodes) if world > 1 else ({}, {})
         profile.overlap = measure_overlap(world, opts, device) if world > 1 else 0.0
         profile.optimizer_s_per_param = measure_optimizer(m, opts, device)
         profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs

@@ -14,6 +14,9 @@ measured sizes, so the model can ask for sizes that were not measured:
     blocks[shape][tp].tp_comm   what a real TP + SP block adds to the plain sharded one (tp > 1)
     blocks[shape][1].cp_extra   what a real context-parallel block adds, by cp degree
     collectives[op][group size] seconds by bytes, every group of that size running at once
+                                (groups of consecutive ranks: inside a node when they fit)
+    inter_node[op][group size]  the same over groups of one rank per node (a profile of more
+                                than one node): what a mesh dim that spans nodes pays
     concurrency                 how many ranks compute at full speed at the same time (2 on a
                                 2-core CPU at 1 thread per rank; the world size on GPUs)
     overlap                     the share of a collective that hides behind concurrent compute
@@ -127,11 +130,12 @@ def shape_key(dim: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, vocab: i
     return f"dim{dim}-h{n_heads}-kv{n_kv_heads}-ffn{ffn_hidden}-v{vocab}-seq{seq_len}"
 
 
-def machine_key(device: str, backend: str, world: int, threads_per_rank: int) -> dict[str, Any]:
+def machine_key(device: str, backend: str, world: int, threads_per_rank: int, nodes: int = 1) -> dict[str, Any]:
     import torch
 
     return {"host": f"{platform.machine()}-{os.cpu_count()}cpu", "device": device, "backend": backend,
-            "world": world, "threads_per_rank": threads_per_rank, "torch": torch.__version__.split("+")[0]}
+            "world": world, "threads_per_rank": threads_per_rank, "torch": torch.__version__.split("+")[0],
+            **({"nodes": nodes} if nodes > 1 else {})}
 
 
 @dataclass
@@ -146,6 +150,7 @@ class MachineProfile:
     gemm_shapes: dict[str, list[list[float]]] = field(default_factory=dict)  # dtype -> [m, k, n, seconds]
     blocks: dict[str, dict[int, BlockCost]] = field(default_factory=dict)  # shape key -> tp -> costs
     collectives: dict[str, dict[int, Line]] = field(default_factory=dict)  # op -> group size -> by bytes
+    inter_node: dict[str, dict[int, Line]] = field(default_factory=dict)  # the same, one rank per node
     optimizer_s_per_param: float = 0.0
     step_overhead_s: float = 0.0
     compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
@@ -161,6 +166,8 @@ class MachineProfile:
             "blocks": {s: {str(tp): c.to_dict() for tp, c in by_tp.items()} for s, by_tp in self.blocks.items()},
             "collectives": {op: {str(g): line.to_list() for g, line in by_g.items()}
                             for op, by_g in self.collectives.items()},
+            "inter_node": {op: {str(g): line.to_list() for g, line in by_g.items()}
+                           for op, by_g in self.inter_node.items()},
             "optimizer_s_per_param": self.optimizer_s_per_param, "step_overhead_s": self.step_overhead_s,
             "compile_speedup": self.compile_speedup, "corrections": dataclasses.asdict(self.corrections), "notes": self.notes,
         }
@@ -176,6 +183,7 @@ class MachineProfile:
             gemm={k: Line.of(v) for k, v in d["gemm"].items()}, gemm_shapes=d["gemm_shapes"],
             blocks={s: {int(tp): BlockCost.of(c) for tp, c in by_tp.items()} for s, by_tp in d["blocks"].items()},
             collectives={op: {int(g): Line.of(v) for g, v in by_g.items()} for op, by_g in d["collectives"].items()},
+            inter_node={op: {int(g): Line.of(v) for g, v in by_g.items()} for op, by_g in d.get("inter_node", {}).items()},
             optimizer_s_per_param=d["optimizer_s_per_param"], step_overhead_s=d["step_overhead_s"],
             compile_speedup=d.get("compile_speedup"), corrections=Corrections(**d["corrections"]), notes=d.get("notes", []),
         )
@@ -184,7 +192,8 @@ class MachineProfile:
     def name(self) -> str:
         k = self.key
         device = "".join(c if c.isalnum() else "_" for c in k["device"]).strip("_")
-        return f"{k['host']}-{device}-{k['backend']}-w{k['world']}-t{k['threads_per_rank']}-torch{k['torch']}"
+        nodes = f"-n{k['nodes']}" if k.get("nodes", 1) > 1 else ""
+        return f"{k['host']}-{device}-{k['backend']}-w{k['world']}{nodes}-t{k['threads_per_rank']}-torch{k['torch']}"
 
     def path(self, folder: Path | None = None) -> Path:
         return (folder or profiles_dir()) / f"{self.name}.json"
@@ -199,10 +208,12 @@ class MachineProfile:
     def block(self, shape: str, tp: int) -> BlockCost | None:
         return self.blocks.get(shape, {}).get(tp)
 
-    def collective(self, op: str, group: int) -> Line:
-        """The measured line for `op` on groups of `group` ranks; a group size that was not
-        measured takes the nearest measured one, scaled by the ring factor (g-1)/g."""
-        by_g = self.collectives.get(op) or self.collectives.get("all_reduce") or {}
+    def collective(self, op: str, group: int, across_nodes: bool = False) -> Line:
+        """The measured line for `op` on groups of `group` ranks (`across_nodes`: a group that
+        spans nodes, where the profile measured them); a group size that was not measured takes
+        the nearest measured one, scaled by the ring factor (g-1)/g."""
+        table = self.inter_node if across_nodes and self.inter_node else self.collectives
+        by_g = table.get(op) or table.get("all_reduce") or {}
         if not by_g:
             return DEFAULT_COLLECTIVE
         if group in by_g:
@@ -219,9 +230,11 @@ def profiles_dir() -> Path:
     return cache_dir() / "perf"
 
 
-def find(device: str, backend: str, world: int, threads_per_rank: int, folder: Path | None = None) -> MachineProfile | None:
-    """The calibrated profile of this machine kind at this world size, if one was made."""
-    probe = MachineProfile(key=machine_key(device, backend, world, threads_per_rank))
+def find(device: str, backend: str, world: int, threads_per_rank: int, folder: Path | None = None,
+         nodes: int = 1) -> MachineProfile | None:
+    """The calibrated profile of this machine kind at this world size (over `nodes` nodes), if
+    one was made."""
+    probe = MachineProfile(key=machine_key(device, backend, world, threads_per_rank, nodes))
     path = probe.path(folder)
     if not path.exists():
         return None
@@ -255,8 +268,9 @@ def defaults(device: str, backend: str, world: int, threads_per_rank: int) -> Ma
 
 
 def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int | None = None,
-                 folder: Path | None = None) -> MachineProfile:
-    """The calibrated profile for `world` ranks on this machine, else the defaults."""
+                 folder: Path | None = None, nodes: int = 1) -> MachineProfile:
+    """The calibrated profile for `world` ranks on this machine (or `nodes` of its kind), else
+    the defaults."""
     import torch
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
@@ -266,7 +280,8 @@ def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int 
         from titan_exp.cluster.local import threads_per_rank as split
 
         threads_per_rank = 1 if cuda else split(world)
-    return find(device, backend, world, threads_per_rank, folder) or defaults(device, backend, world, threads_per_rank)
+    return (find(device, backend, world, threads_per_rank, folder, nodes)
+            or defaults(device, backend, world, threads_per_rank))
 
 
 # -- how wrong the defaults were: kept so `plan` can say so when it falls back to them --------

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.config import ACMode, JobConfig
+from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
@@ -95,6 +95,24 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
         return 1.0
     share = min(1.0, fp32(flops) / max(block_s, 1e-12))
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
+
+
+def across_nodes(job: JobConfig) -> set[str]:
+    """The mesh dims whose process groups span nodes (job.cluster.nnodes > 1). Ranks are numbered
+    node by node and the mesh is laid out pp, dp_replicate, dp_shard, cp, tp with tp innermost
+    (TorchTitan's order, which keeps TP inside a node whenever it fits there), so a dim's group
+    covers stride x degree consecutive ranks, its stride being the product of the degrees inside
+    it, and spans nodes when that is more than a node holds."""
+    degrees = {dim: getattr(job.parallelism, field) for dim, field in DEGREE_FIELDS.items()}
+    world, nodes = math.prod(degrees.values()), job.cluster.nnodes
+    if nodes <= 1 or world % nodes:
+        return set()
+    crossing, stride = set(), 1
+    for dim in reversed(MESH_DIMS):
+        if degrees[dim] > 1 and stride * degrees[dim] > world // nodes:
+            crossing.add(dim)
+        stride *= degrees[dim]
+    return crossing
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None) -> StepPrediction:
@@ -165,8 +183,13 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         [m.output_params] if worst.last else [])
     compute_window = parts["compute"] + parts["recompute"]
     shard = dps * cp
+    spans = across_nodes(job)
+    if spans and not profile.inter_node:
+        notes.append("mesh dims across nodes are costed as inside one: the profile has no inter-node "
+                     "measurements (calibrate on the nodes: python -m titan_exp.calibrate cluster.nnodes=N ...)")
     if shard > 1:
-        ag, rs = profile.collective("all_gather", shard), profile.collective("reduce_scatter", shard)
+        wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
+        ag, rs = profile.collective("all_gather", shard, wide), profile.collective("reduce_scatter", shard, wide)
         mode = p.fsdp_reshard_after_forward
         per_step = pp > 1 and mode == "default"  # PP stages keep their parameters gathered
         gathers = 1 if per_step or mode == "never" else 2
@@ -175,19 +198,20 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         hidden = profile.overlap * min(comm, compute_window) if cuda else 0.0
         parts["fsdp"] = comm - hidden
         if rep > 1:
-            ar = profile.collective("all_reduce", rep)
+            ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
             parts["hsdp"] = sum(ar(u / (tp * shard) * 4) for u in units)
     elif rep > 1:
-        ar = profile.collective("all_reduce", rep)
+        ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
         grad_bytes = sum(units) / tp * 4
         buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
         comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
         parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
     full = 1 if ac.mode == ACMode.full else 0
     if tp > 1:
-        ag, rs = profile.collective("all_gather", tp), profile.collective("reduce_scatter", tp)
-        ar = profile.collective("all_reduce", tp)
-        if cost.tp_comm is not None:
+        wide = "tp" in spans
+        ag, rs = profile.collective("all_gather", tp, wide), profile.collective("reduce_scatter", tp, wide)
+        ar = profile.collective("all_reduce", tp, wide)
+        if cost.tp_comm is not None and not wide:  # measured inside a node
             # Measured on a real TP block (a recomputed forward repeats a third of it); the
             # embedding's and output's collectives are in the measured rest of the model (head).
             per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
@@ -200,12 +224,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
-            ag, rs = profile.collective("all_gather", cp), profile.collective("reduce_scatter", cp)
+            ag, rs = profile.collective("all_gather", cp, "cp" in spans), profile.collective("reduce_scatter", cp, "cp" in spans)
             kv_bytes = mb * t.seq_len * m.kv_heads * m.head_dim * 4 / tp
             per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
     if pp > 1:
-        sr = profile.collective("send_recv", 2)
+        sr = profile.collective("send_recv", 2, "pp" in spans)
         parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
     for part in COMM_PARTS:
         if part in parts:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from datetime import timedelta
@@ -70,7 +71,8 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
 
     torch.use_deterministic_algorithms(job.training.deterministic)
     cache = use_compile_cache(job) if job.compile.enable else {}  # before anything compiles
-    logger.info("titan_exp from %s", Path(__file__).parent)  # under SLURM: the run dir's snapshot
+    # Under SLURM: the run dir's snapshot, and the node this rank landed on.
+    logger.info("titan_exp from %s, on host %s", Path(__file__).parent, socket.gethostname())
     device = init_distributed(job.comm.init_timeout_seconds)
     result = targets.build(job, "training", job, run_dir, device).train()  # a Trainer, or the user's subclass
     if job.compile.enable:

@@ -4,6 +4,7 @@ record up to date when it ended without saying so itself (cancelled, time limit,
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -56,12 +57,33 @@ def _tail(path: str, lines: int = 5) -> str:
     return " | ".join(text[-lines:])
 
 
+# srun's own line for each node whose tasks ended badly, in the batch script's stderr:
+#   srun: error: tnode2: tasks 2-3: Killed
+#   srun: error: tnode1: task 0: Exited with exit code 1
+SRUN_TASKS = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+)$", re.M)
+
+
+def lost_tasks(stderr: str) -> Optional[str]:
+    """Which ranks, on which node, a job lost, from srun's lines: those that died of a signal or
+    vanished with their node (a rank that raised, e.g. because a peer vanished, exits 1 and is a
+    follower, not the cause). None when srun names no such task."""
+    try:
+        text = Path(stderr).read_text(errors="replace")
+    except OSError:
+        return None
+    lost = [f"rank(s) {m['tasks']} on node {m['node']} ({m['how'].strip().lower()})"
+            for m in SRUN_TASKS.finditer(text) if not m["how"].startswith("Exited with exit code")]
+    return "; ".join(lost) or None
+
+
 def refresh(run_dir: RunDir) -> Optional[RunSummary]:
     """The run's summary, brought up to date with its SLURM job: a job that ended without a final
     summary (cancelled, killed at the time limit, failed before training started) gets one that
-    says so. Without a recorded job, the summary as it is."""
+    says so, and a failed multi-rank job names the ranks and node it lost first. Without a
+    recorded job, the summary as it is."""
     summary = run_dir.read_summary()
-    if not run_dir.slurm_job.exists() or (summary and summary.status in FINAL):
+    if not run_dir.slurm_job.exists() or (summary and summary.status in FINAL and
+                                          (summary.status != Status.failed or summary.slurm_state)):
         return summary
     if shutil.which("sacct") is None:  # read on a machine outside the cluster
         return summary
@@ -73,6 +95,7 @@ def refresh(run_dir: RunDir) -> Optional[RunSummary]:
         return summary
     summary = summary or RunSummary(status=Status.pending, run_dir=str(run_dir.path))
     kind = state.split()[0].upper()
+    lost = lost_tasks(info["stderr"])
     where = " before training finished"
     if summary.interrupted_at_step is not None:
         saved = " (checkpoint written)" if summary.checkpoint_at_stop else " (no checkpoint: checkpoint.enable=false)"
@@ -82,13 +105,17 @@ def refresh(run_dir: RunDir) -> Optional[RunSummary]:
             status=Status.cancelled, slurm_state=state,
             error=f"SLURM job {info['job_id']} was cancelled ({state}){where}; "
                   f"relaunch with hydra.run.dir={run_dir.path} to resume")
+    elif summary.status == Status.failed:  # rank 0 said why it stopped; say what it lost first
+        error = f"SLURM job {info['job_id']} lost {lost}; rank 0 then: {summary.error}" if lost else summary.error
+        summary = summary.replace(slurm_state=state, error=error)
     elif summary.status in (Status.pending, Status.running, Status.interrupted):
         reason = {"TIMEOUT": "reached its time limit", "NODE_FAIL": "lost a node", "PREEMPTED": "was preempted"}.get(
             kind, f"ended in state {state}")
         tail = _tail(info["stderr"])
         summary = summary.replace(
             status=Status.oom if kind == "OUT_OF_MEMORY" else Status.failed, slurm_state=state,
-            error=f"SLURM job {info['job_id']} {reason}{where}" + (f"; stderr: {tail}" if tail else ""))
+            error=f"SLURM job {info['job_id']} {reason}{where}" + (f": it lost {lost}" if lost else "")
+                  + (f"; stderr: {tail}" if tail else ""))
     else:
         return summary
     run_dir.write_summary(summary)

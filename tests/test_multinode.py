@@ -1,0 +1,172 @@
+"""Multi-node SLURM jobs, end to end, on the namespaced cluster of `scripts/local_slurm.sh nodes`:
+compute nodes tnode1..3, each a slurmd in its own network namespace with its own address, so a
+2-node job's ranks rendezvous on the first node's address and talk gloo across a (virtual)
+network. What only runs with more than one node runs here: the rendezvous address and port,
+ranks numbered across nodes, one task per rank on each node, a requeue that lands on other
+nodes, the code snapshot read from every node, a node lost mid-step.
+
+Skipped without the `nodes` partition, unless TITAN_EXP_REQUIRE_SLURM=1 (CI) makes that a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import SMALL, launch_cli, logged_steps, losses_by_step, run_job
+from test_slurm import job_info, sjob, slurm_up, state, submit, wait_until
+
+NODES = ["cluster.partition=nodes", "cluster.nnodes=2", "cluster.nproc_per_node=2", "training.local_batch_size=2"]
+pytestmark = [pytest.mark.slurm, pytest.mark.multinode]
+
+
+def partition_nodes() -> list[str]:
+    out = subprocess.run(["sinfo", "-h", "-N", "-p", "nodes", "-o", "%N %T"], capture_output=True, text=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if re.search(r"idle|mixed|allocated", line)]
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    if not (slurm_up() and len(partition_nodes()) >= 3):
+        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
+            pytest.fail("no 3-node `nodes` partition answers; run `bash scripts/local_slurm.sh nodes`")
+        pytest.skip("no multi-node cluster (`bash scripts/local_slurm.sh nodes` starts one)")
+    return partition_nodes()
+
+
+def hosts_by_rank(run_dir: Path, segment: int = -1) -> dict[int, str]:
+    """The host each rank ran on, from its log ("... on host tnode2"); `segment` picks the start
+    (a requeued job's ranks append a second one)."""
+    out = {}
+    for log in (run_dir / "logs").glob("rank-*.log"):
+        hosts = re.findall(r"titan_exp from \S+, on host (\S+)", log.read_text())
+        out[int(log.stem.split("-")[1])] = hosts[segment]
+    return out
+
+
+def job_nodes(run_dir: Path) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-j", job_info(run_dir)["job_id"], "-o", "%N"], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    return subprocess.run(["scontrol", "show", "hostnames", out], capture_output=True, text=True,
+                          check=True).stdout.split()
+
+
+def test_two_node_array_fsdp_and_hsdp_match_one_process(nodes, tmp_path, reference):
+    """A multirun of 2-node jobs is one job array; FSDP over 4 ranks and HSDP whose replicate dim
+    spans the nodes both give the one-process losses, with ranks 0-1 on one node and 2-3 on another."""
+    from titan_exp.cluster.slurm.follow import wait
+
+    sweep = tmp_path / "sweep"
+    out = launch_cli(["-m", "cluster=slurm", *SMALL, *NODES, "parallelism=fsdp,hsdp", f"hydra.sweep.dir={sweep}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    ids = [job_info(sweep / m)["job_id"] for m in ("0", "1")]
+    assert ids[0].split("_")[0] == ids[1].split("_")[0]  # one array
+    wait([sjob(sweep / "0"), sjob(sweep / "1")], poll_s=0.5)
+    for member, mesh in (("0", "dp_shard4"), ("1", "dp_replicate2 x dp_shard2")):
+        summary = json.loads((sweep / member / "summary.json").read_text())
+        assert summary["status"] == "ok", summary
+        assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5), member
+        hosts = hosts_by_rank(sweep / member)
+        assert hosts[0] == hosts[1] != hosts[2] == hosts[3] and {hosts[0], hosts[2]} <= set(nodes), hosts
+        log = (sweep / member / "logs" / "rank-2.log").read_text()
+        assert f"titan_exp from {sweep / 'code' / 'titan_exp'}" in log and mesh in log  # the snapshot, on node 2
+
+
+def test_two_node_preemption_requeues_onto_other_nodes_and_resumes(nodes, tmp_path):
+    """Preempt a 2-node job with one of its nodes drained: it checkpoints at a step boundary,
+    requeues, lands on a different pair of nodes (a new rendezvous address), resumes from the
+    checkpoint and ends with the losses of an uninterrupted one-process run."""
+    args = [*SMALL, "training.steps=16", "checkpoint=default", "checkpoint.interval=100"]
+    code, local = run_job([*args, "cluster=debug"], tmp_path / "local")
+    assert code == 0, local
+    run_dir = tmp_path / "slurm"
+    out = submit([*args, *NODES, "parallelism=fsdp"], run_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wait_until(lambda: logged_steps(run_dir) >= 3, 180, "three steps")
+    first = job_nodes(run_dir)
+    drained = first[0]  # the rendezvous node: the requeued job must find another
+    subprocess.run(["scontrol", "update", f"NodeName={drained}", "State=DRAIN", "Reason=titan_exp test"], check=True)
+    try:
+        sjob(run_dir)._interrupt()
+        wait_until(lambda: state(run_dir).startswith("PENDING"), 60, "the requeued job")
+        subprocess.run(["scontrol", "update", f"JobId={job_info(run_dir)['job_id']}", "StartTime=now"], check=True)
+        wait_until(lambda: state(run_dir).startswith("COMPLETED"), 240, "the resumed job")
+    finally:
+        subprocess.run(["scontrol", "update", f"NodeName={drained}", "State=RESUME"], check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    assert summary["start_step"] > 3
+    assert set(hosts_by_rank(run_dir, 0).values()) == set(first)
+    second = set(hosts_by_rank(run_dir, -1).values())
+    assert len(second) == 2 and drained not in second
+    assert losses_by_step(run_dir) == pytest.approx(local["losses"], abs=1e-5)
+
+
+def test_lost_node_is_named(nodes, tmp_path):
+    """The second node's ranks are killed mid-run (as when a node dies under its job step): the
+    job ends, and the summary names the ranks and the node it lost, then what rank 0 saw."""
+    from titan_exp.cluster.slurm.follow import refresh, wait
+    from titan_exp.record import RunDir
+
+    run_dir = tmp_path / "run"
+    out = submit([*SMALL, *NODES, "parallelism=fsdp", "training.steps=2000"], run_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    wait_until(lambda: logged_steps(run_dir) >= 2, 180, "two steps")
+    victim = job_nodes(run_dir)[1]
+    folder = job_info(run_dir)["folder"]
+    pids = subprocess.run(["ip", "netns", "pids", victim], capture_output=True, text=True, check=True).stdout.split()
+    ranks = [int(p) for p in pids if folder.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(ranks) == 2, ranks
+    for pid in ranks:
+        os.kill(pid, signal.SIGKILL)
+    wait([sjob(run_dir)], poll_s=0.5)
+    summary = refresh(RunDir(run_dir))
+    assert summary.status.value == "failed"
+    assert summary.error.startswith(f"SLURM job {job_info(run_dir)['job_id']} lost rank(s) 2-3 on node {victim} "
+                                    "(killed); rank 0 then: "), summary.error
+    assert summary.slurm_state.startswith("FAILED")
+
+
+def test_preflight_refuses_more_nodes_than_the_partition_has(nodes, tmp_path):
+    out = submit([*SMALL, *NODES, "cluster.nnodes=4", "parallelism=fsdp", "training.global_batch_size=16"],
+                 tmp_path / "run")
+    assert out.returncode != 0
+    assert f"cluster.nnodes = 4: partition 'nodes' has {len(nodes)} node(s)" in out.stdout + out.stderr
+    assert not (tmp_path / "run" / "slurm_job.json").exists()
+
+
+def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):
+    """Calibration as a 2-node job: the profile (keyed by its node count) has every collective over
+    groups inside a node and over groups of one rank per node, and the planner, given it, costs
+    the mesh dims that span nodes with the second and says which they are."""
+    import sys
+
+    from conftest import REPO
+    from titan_exp.perf.profile import MachineProfile
+
+    cluster = ["cluster=slurm", "cluster.partition=nodes", "cluster.nnodes=2", "cluster.nproc_per_node=2"]
+    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", "model.n_layers=2", "training.seq_len=64",
+                          *cluster, "cluster.wait=true", "--tiny", "--profile-dir", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    (path,) = tmp_path.glob("*-w4-n2-*.json")
+    profile = MachineProfile.from_dict(json.loads(path.read_text()))
+    assert profile.key["nodes"] == 2
+    ops = {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"}
+    assert set(profile.collectives) == ops and set(profile.inter_node) == ops
+    assert all(line(1 << 20) > 0 for by_g in profile.inter_node.values() for line in by_g.values())
+    assert "all_reduce across nodes: 2 ranks" in out.stdout
+    plan = subprocess.run([sys.executable, "-m", "titan_exp.plan", "model.n_layers=2", "training.seq_len=64",
+                           "cluster.nnodes=2", "--world", "4", "--profile-dir", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 0, plan.stderr[-2000:]
+    assert path.stem in plan.stdout and "| across nodes |" in plan.stdout
+    (hsdp,) = [line for line in plan.stdout.splitlines() if "| dp_replicate2 x dp_shard2 |" in line]
+    assert hsdp.endswith("| dp_replicate |"), hsdp  # the replicas are on different nodes, the shards are not
+    assert "inter-node measurements" not in plan.stdout
