@@ -73,3 +73,43 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
         assert job.parallelism.tensor_parallel_degree == expected.degrees["tp"]
         assert job.parallelism.pipeline_parallel_degree == expected.degrees["pp"]
         assert job.cluster.nproc_per_node == 4 and not validate(job, cuda=False)
+
+
+# --- planning GPUs this machine does not have (spec sheets) ---------------------------------------
+
+def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):
+    """A spec profile's costs come from its sheet (ring collectives over NVLink inside a node, over
+    the NIC across nodes); a profile calibrated on that GPU, where one exists, replaces it."""
+    import json
+
+    from titan_exp.perf.devices import SPECS, Efficiency, profile_for, spec_profile
+    from titan_exp.perf.profile import MachineProfile, machine_key
+
+    h100, eff = SPECS["h100"], Efficiency()
+    profile = spec_profile(h100, 64, 8, eff)
+    assert profile.source == "spec" and profile.key["nodes"] == 8 and profile.compile_speedup == eff.compile_speedup
+    assert profile.gemm["bfloat16"].per_unit_s == pytest.approx(1 / (989.4e12 * eff.matmul))
+    nvlink = profile.collective("all_reduce", 8)
+    assert nvlink.per_unit_s == pytest.approx(2 * 7 / 8 / (450e9 * eff.nvlink))
+    across = profile.collective("all_reduce", 8, across_nodes=True)
+    assert across.per_unit_s == pytest.approx(2 * 7 / 8 / (50e9 * eff.network)) and across(1e9) > 5 * nvlink(1e9)
+    assert "float8" not in spec_profile(SPECS["a100"], 8, 8).gemm  # no FP8 tensor cores
+    assert profile_for("h100", 16, 8, tmp_path).source == "spec"
+    measured = MachineProfile(key=machine_key("NVIDIA H100 80GB HBM3", "nccl", 16, 1, 2), created="then")
+    measured.save(tmp_path)
+    assert profile_for("h100", 16, 8, tmp_path).created == "then"
+    assert json.loads(measured.path(tmp_path).read_text())["key"]["nodes"] == 2
+
+
+def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
+    out = subprocess.run([sys.executable, "-m", "titan_exp.plan", "model=llama3_8b", "training.seq_len=8192",
+                          "training.local_batch_size=2", "--device", "h100", "--world", "512", "--gpus-per-node", "8",
+                          "--top", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("times PREDICTED FROM A SPEC SHEET (from the spec sheet of h100")
+    assert "devices (74.5058 GiB each)" in out.stdout and "| across nodes |" in out.stdout
+    rows = {line.split(" | ")[1]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
+    assert rows["dp_shard256 x tp2"].endswith("| dp_shard |")  # TP's 2 ranks share a node, FSDP's 256 do not
+    bad = subprocess.run([sys.executable, "-m", "titan_exp.plan", "--device", "h300", "--world", "8"], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr

@@ -50,7 +50,9 @@ def print_table(profile: MachineProfile, shape: str) -> None:
     for dtype, line in profile.gemm.items():
         rows = profile.gemm_shapes.get(dtype, [])
         rates = ", ".join(f"{m}x{k}x{n} {2 * m * k * n / s / 1e12:.3f}" for m, k, n, s in rows[-3:])
-        print(f"  matmul {dtype}: {1 / line.per_unit_s / 1e12:.3f} TFLOP/s + {line.latency_s * 1e6:.0f} us"
+        # A line with no slope: the sizes measured were too small to show one above the noise.
+        rate = f"{1 / line.per_unit_s / 1e12:.3f} TFLOP/s" if line.per_unit_s > 0 else "no trend by size (noise)"
+        print(f"  matmul {dtype}: {rate} + {line.latency_s * 1e6:.0f} us"
               f"{'; largest shapes (TFLOP/s): ' + rates if rates else ''}")
     for tp, cost in sorted(profile.blocks.get(shape, {}).items()):
         print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} "

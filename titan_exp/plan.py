@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps
+from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, Executor, JobConfig, layout_label, user_sweeps
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, last_accuracy, this_machine
 from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
@@ -115,6 +115,9 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
 
 def profile_line(profile: MachineProfile) -> str:
     """Which profile the times come from, or that they are the defaults and how wrong those were."""
+    if profile.source == "spec":
+        return (f"times PREDICTED FROM A SPEC SHEET ({profile.notes[0] if profile.notes else profile.name}); "
+                "calibrate on the GPU to replace it with measured costs")
     if profile.source == "defaults":
         seen = last_accuracy(profile)
         how = (f"the last check against {seen['runs']} real runs ({seen['when']}) found a median error of "
@@ -123,7 +126,7 @@ def profile_line(profile: MachineProfile) -> str:
                 f"titan_exp.calibrate --world {profile.key['world']}); {how}")
     c = profile.corrections
     fitted = f", refit to {c.measurements} measured runs" if c.measurements else ""
-    return f"times from the machine profile {profile.name} ({profile.created}{fitted})"
+    return f"times predicted from the measured machine profile {profile.name} ({profile.created}{fitted})"
 
 
 def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
@@ -195,15 +198,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", action="store_true", default=torch.cuda.is_available(),
                         help="plan for GPUs (default: whether this machine has one)")
     parser.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
+    parser.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
+                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, b200); a profile calibrated on "
+                        "that GPU replaces the spec one")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="with --device: GPUs per node; mesh dims "
+                        "whose groups span nodes pay the network's costs")
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as ./sweeps/NAME.yaml "
                         "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
     args = parser.parse_args(argv)
     job = compose_job(args.overrides)
-    memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
-    nodes = job.cluster.nnodes if args.world % job.cluster.nnodes == 0 else 1
-    profile = this_machine(args.world, cuda=args.cuda, folder=Path(args.profile_dir) if args.profile_dir else None,
-                           nodes=nodes)
+    folder = Path(args.profile_dir) if args.profile_dir else None
+    if args.device:
+        from titan_exp.perf.devices import profile_for, spec_for
+
+        try:
+            spec = spec_for(args.device)
+        except ValueError as exc:
+            parser.error(str(exc))
+        if args.world % args.gpus_per_node and args.world > args.gpus_per_node:
+            parser.error(f"--world {args.world} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node}")
+        per_node = min(args.gpus_per_node, args.world)
+        job = dataclasses.replace(job, cluster=dataclasses.replace(  # a cluster of them, not this machine
+            job.cluster, executor=Executor.slurm, nnodes=args.world // per_node, nproc_per_node=per_node,
+            gpus_per_node=per_node))
+        args.cuda, memory = True, args.device_memory_gib or spec.memory_gib
+        profile = profile_for(args.device, args.world, per_node, folder)
+    else:
+        memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
+        nodes = job.cluster.nnodes if args.world % job.cluster.nnodes == 0 else 1
+        profile = this_machine(args.world, cuda=args.cuda, folder=folder, nodes=nodes)
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile)
     print(profile_line(profile))
     for note in sorted({n for pl in plans for n in pl.step.notes}):

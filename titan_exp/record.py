@@ -72,6 +72,7 @@ class RunSummary:
     mfu: Optional[float] = None
     peak_memory_gib: Optional[float] = None
     state_bytes_per_rank: Optional[int] = None
+    dry_run: Optional[dict[str, Any]] = None  # cluster.dry_run: the rank's bytes and memory beside the planner's
     train_time_s: Optional[float] = None
     wall_time_s: Optional[float] = None
     num_params: Optional[int] = None

@@ -32,9 +32,12 @@ logger = logging.getLogger("titan_exp.report")
 
 COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
            "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss", "status", "reason",
-           "predicted_tokens_per_second_per_device", "prediction_error", "compute_share", "exposed_comm_share",
+           "predicted_tokens_per_second_per_device", "prediction_error", "prediction_source", "compute_share",
+           "exposed_comm_share",
            "bubble_share", "recompute_share", "breakdown_source")
 SHARES = ("compute", "exposed_comm", "bubble", "recompute")
+# Where a row's predicted numbers come from (MachineProfile.source); every other number is measured.
+PREDICTION_SOURCES = {"calibrated": "measured profile", "spec": "spec sheet", "defaults": "default costs"}
 
 
 def members(sweep: Path) -> list[Path]:
@@ -95,7 +98,8 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
 
     job = load_job_config(run_dir.config)
     cuda = ranks_have_gpus(job)
-    step = predict_step(job, _profile(job.world_size, cuda, job.cluster.nnodes), cuda=cuda)
+    profile = _profile(job.world_size, cuda, job.cluster.nnodes)
+    step = predict_step(job, profile, cuda=cuda)
     parts, source = step.breakdown(), "model"
     trace = latest_trace(run_dir.path, job.profiling.save_traces_folder)
     traced = step_breakdown(trace) if trace else None
@@ -108,6 +112,7 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
     return {
         "predicted_tokens_per_second_per_device": step.tokens_per_s_per_device,
         "prediction_error": step.tokens_per_s_per_device / measured - 1 if measured else None,
+        "prediction_source": PREDICTION_SOURCES.get(profile.source, profile.source),
         **{f"{k}_share": parts[k] / total for k in SHARES},
         "breakdown_source": source,
     }
@@ -160,7 +165,9 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
             r["reason"].replace("|", "/"), _predicted(r), _shares(r),
         ]) + " |")
     lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "
-              "machine's profile (`python -m titan_exp.calibrate`); error = predicted / measured - 1."]
+              "machine's profile, each marked with where its costs came from: [measured profile] (`python -m "
+              "titan_exp.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
+              "other column is measured."]
     autotune = sweep / "autotune.md"
     if autotune.exists():  # an autotune sweep's own record comes first
         lines = [*lines[:2], autotune.read_text(), *lines[2:]]
@@ -171,7 +178,8 @@ def _predicted(r: dict[str, Any]) -> str:
     if r.get("predicted_tokens_per_second_per_device") is None:
         return ""
     error = f" ({r['prediction_error']:+.0%})" if r.get("prediction_error") is not None else ""
-    return f"{r['predicted_tokens_per_second_per_device']:.1f}{error}"
+    source = f" [{r['prediction_source']}]" if r.get("prediction_source") else ""
+    return f"{r['predicted_tokens_per_second_per_device']:.1f}{error}{source}"
 
 
 def _shares(r: dict[str, Any]) -> str:

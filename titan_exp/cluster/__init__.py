@@ -54,6 +54,10 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if c.nproc_per_node is None and job.world_size % c.nnodes:
         e.append(problem("cluster.nnodes", c.nnodes,
                          f"does not divide the {job.world_size} ranks the degrees need; set cluster.nproc_per_node"))
+    if c.dry_run and c.dry_run_rank >= job.world_size:
+        e.append(problem("cluster.dry_run_rank", c.dry_run_rank, f"the layout has ranks 0..{job.world_size - 1}"))
+    if c.dry_run:
+        return e  # one rank, here: the rules below are about starting every rank
     if cuda and c.executor == Executor.local and c.nproc_per_node is not None:
         import torch
 

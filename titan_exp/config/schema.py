@@ -281,6 +281,10 @@ class ClusterConfig:
     max_num_timeout: int = doc(3, "slurm: requeues after a time limit before the job gives up (preemptions do not count)")
     array_parallelism: int = doc(256, "slurm: members of a multirun job array that may run at once")
     wait: bool = doc(False, "slurm: wait for the job and return its result, instead of returning once it is queued")
+    dry_run: bool = doc(False, "build rank dry_run_rank of this layout alone, here, on torch's fake process group "
+                               "(no other rank exists, nothing is submitted), run one step and report its memory "
+                               "beside the planner's (TorchTitan's fake backend)")
+    dry_run_rank: int = doc(0, "the rank cluster.dry_run builds", min=0)
 
 
 @dataclass

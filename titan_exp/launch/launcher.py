@@ -41,6 +41,12 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False, sweep_dir: 
         return EXIT_INVALID
     write_record(pending)
     job, run = pending.job, pending.run_dir
+    if job.cluster.dry_run:
+        from titan_exp.cluster.dry_run import run_dry
+
+        logger.info("run dir %s | dry run of rank %d of %d, in one process here", run.path,
+                    job.cluster.dry_run_rank, job.world_size)
+        return outcome(run, run_dry(job, run))
     logger.info("run dir %s | %s executor, %d rank(s)", run.path, job.cluster.executor, job.world_size)
     error = get_executor(job.cluster.executor)(job, run, in_sweep=multirun)
     return outcome(run, error)
@@ -79,7 +85,11 @@ def outcome(run_dir: RunDir, error: str | None) -> int:
                        " and ".join(summary.interrupted_by), summary.interrupted_at_step, run_dir.summary)
         return EXIT_INTERRUPTED
     if summary.status == Status.ok:
-        if summary.final_loss is not None:
+        if summary.dry_run is not None:
+            from titan_exp.cluster.dry_run import table
+
+            logger.info("dry run done, summary %s\n%s", run_dir.summary, table(summary.dry_run))
+        elif summary.final_loss is not None:
             logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s", summary.final_loss,
                         summary.tokens_per_second_per_device, summary.mfu, run_dir.summary)
         else:

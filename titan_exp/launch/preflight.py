@@ -128,7 +128,7 @@ def checkpoint(p: Pending) -> tuple[Pending, list[str]]:
 
 
 def cluster(p: Pending) -> tuple[Pending, list[str]]:
-    if p.job.cluster.executor != Executor.slurm:
+    if p.job.cluster.executor != Executor.slurm or p.job.cluster.dry_run:  # a dry run submits nothing
         return p, []
     from titan_exp.cluster.slurm.preflight import preflight
 

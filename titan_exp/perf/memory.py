@@ -30,27 +30,40 @@ ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 
 
-def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
-    """Predicted peak memory (GiB) of the most loaded rank, by part, and the total."""
+def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None) -> dict[str, float]:
+    """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position
+    `pp_rank`), by part, and the total."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
     pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
                        p.tensor_parallel_degree)
+    if pp_rank is None and pp > 1:  # the pipeline position whose total is largest (first: embedding, last: logits)
+        return max((predict_memory(job, cuda=cuda, pp_rank=k) for k in range(pp)), key=lambda parts: parts["total"])
     block = m.block_params
     loads = rank_loads(p, m.n_layers)
     per_rank = loads[0].stages
-    worst = max(loads, key=lambda r: r.blocks * block + r.first * m.embedding_params + r.last * m.output_params)
+    worst = loads[pp_rank or 0]
     params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
     shard = dps * cp * tp
     bytes_param = 2 if job.precision.full_bf16 else 4
     states = params / shard * (2 * bytes_param + 8)
+    # On a GPU under bf16 mixed precision FSDP gathers bf16 parameters and autocast saves bf16
+    # activations (2 bytes); the CPU constants below were fitted on this project's CPU runs as
+    # they are (4), and stay so.
+    low = job.precision.full_bf16 or (cuda and job.precision.param_dtype == "bfloat16")
+    gathered = act_bytes = 2 if low else 4
     fsdp = dps * cp > 1
     keeps_gathered = p.fsdp_reshard_after_forward == "never" or (p.fsdp_reshard_after_forward == "default" and pp > 1)
-    if fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
-        working = (params + block) / tp * 4
+    if fsdp and pp > 1 and cuda:
+        # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its
+        # gradients once per step: the unsharded gradients accumulate over the microbatches
+        # (fp32, the reduce dtype) beside the gathered parameters.
+        working = params / tp * (gathered + 4) + block / tp * gathered
+    elif fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
+        working = (params + block) / tp * gathered
     elif fsdp:
-        working = 3 * block / tp * 4
+        working = 3 * block / tp * gathered
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params / tp * 4
     else:
@@ -58,8 +71,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
     # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     tokens = microbatch * t.seq_len / cp
-    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * m.ffn_hidden_dim) * 4 / tp
-    inputs = tokens * m.dim * 4 / tp
+    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * m.ffn_hidden_dim) * act_bytes / tp
+    inputs = tokens * m.dim * act_bytes / tp
     mode = job.activation_checkpoint.mode
     blocks = worst.blocks
     if mode == ACMode.none:
@@ -76,7 +89,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False) -> dict[str, float]:
         n_mb = t.local_batch_size // microbatch
         in_flight = n_mb if p.pipeline_parallel_schedule == "GPipe" else min(n_mb, pp * per_rank)
         activations *= in_flight / per_rank if per_rank > 1 else in_flight
-    logits = tokens * m.vocab_size * 4 * 3 / tp if worst.last else 0.0
+    # The logits, their fp32 copy for the loss and its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes).
+    logits = tokens * m.vocab_size * (act_bytes + 8) / tp if worst.last else 0.0
     gib = 2**30
     parts = {
         "states": states / gib,

@@ -94,11 +94,16 @@ def local_bytes(tensors) -> int:
     return total
 
 
-def state_bytes(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> int:
-    """Parameters + gradients + optimizer state held by this rank."""
+def state_bytes_by_kind(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by this rank."""
     opt_state = [v for o in optimizers for state in o.state.values() for v in state.values() if torch.is_tensor(v)]
     grads = [p.grad for p in params if p.grad is not None]
-    return local_bytes(params) + local_bytes(grads) + local_bytes(opt_state)
+    return {"params": local_bytes(params), "grads": local_bytes(grads), "optimizer": local_bytes(opt_state)}
+
+
+def state_bytes(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> int:
+    """Parameters + gradients + optimizer state held by this rank."""
+    return sum(state_bytes_by_kind(params, optimizers).values())
 
 
 class Trainer:

@@ -1,0 +1,93 @@
+"""One rank of 64- to 512-GPU layouts of the Llama 3.1 8B and 70B shapes, built and stepped alone on
+this machine (cluster.dry_run), against the planner's memory model (issue 19).
+
+    python benchmarks/bench_dry_run.py [--seq-len 256]
+
+The full models do not fit this machine's memory or time (one step of two 8B blocks and the
+output layer at 2048 tokens took over 4 minutes on 2 cores), so each case keeps the model's
+width, vocabulary and layout but builds fewer layers (`layers`) and a short sequence; the rank
+then holds its shards of those. Parameters, gradients and
+AdamW state grow linearly with the layers, and so does what the planner predicts for them, so a
+case checks the per-layer and per-model terms at the real width and world size; the last column
+is the planner's prediction for the full depth, which the dry run has not measured. Peak memory
+here is the process's resident high-water mark during the step (the planner's CPU model: fp32
+activations plus its fixed runtime), reset after the model is built; the build's own peak
+(initialisation) is its own column. On a GPU the dry run reads torch's allocator instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from conftest import job_config, run_job  # noqa: E402
+
+CASES = [  # (name, model, layers built, full depth, world as nodes x 8, layout overrides, rank)
+    ("8B FSDP 64", "llama3_8b", 2, 32, 8, ["parallelism.data_parallel_shard_degree=64"], 0),
+    ("8B HSDP 8x8", "llama3_8b", 2, 32, 8, ["parallelism.data_parallel_replicate_degree=8",
+                                            "parallelism.data_parallel_shard_degree=8"], 0),
+    ("8B FSDP 16 x TP 4", "llama3_8b", 2, 32, 8, ["parallelism.data_parallel_shard_degree=16",
+                                                  "parallelism.tensor_parallel_degree=4"], 0),
+    ("8B PP 4 x FSDP 16 (last stage)", "llama3_8b", 4, 32, 8, ["parallelism.pipeline_parallel_degree=4",
+                                                               "parallelism.data_parallel_shard_degree=16"], 63),
+    ("70B FSDP 64 x TP 8", "llama3_70b", 1, 80, 64, ["parallelism.data_parallel_shard_degree=64",
+                                                     "parallelism.tensor_parallel_degree=8"], 0),
+    ("70B PP 8 x FSDP 8 x TP 8 (first stage)", "llama3_70b", 8, 80, 64, [
+        "parallelism.pipeline_parallel_degree=8", "parallelism.data_parallel_shard_degree=8",
+        "parallelism.tensor_parallel_degree=8"], 0),
+]
+
+
+def overrides_for(model: str, layers: int, nodes: int, layout: list[str], rank: int, seq: int) -> list[str]:
+    pp = next((int(o.split("=")[1]) for o in layout if "pipeline" in o), 1)
+    return [f"model={model}", f"model.n_layers={layers}", f"training.seq_len={seq}", "training.local_batch_size=" +
+            str(pp), "training.global_batch_size=-1", "parallelism.pipeline_parallel_microbatch_size=1",
+            f"cluster.nnodes={nodes}", "cluster.nproc_per_node=8", *layout, "cluster.dry_run=true",
+            f"cluster.dry_run_rank={rank}"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    from titan_exp.perf.memory import predict_memory
+    from titan_exp.validation import resolve
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
+    args = parser.parse_args(argv)
+    rows = []
+    print("| case | world | layers built | states GiB measured / predicted | step peak GiB measured / predicted | "
+          "error | build peak GiB | full depth: planner's peak GiB | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, model, layers, depth, nodes, layout, rank in CASES:
+        overrides = overrides_for(model, layers, nodes, layout, rank, args.seq_len)
+        start = time.perf_counter()
+        with tempfile.TemporaryDirectory() as tmp:
+            code, summary = run_job(overrides, Path(tmp))
+        if code != 0:
+            print(f"| {name} | failed: {(summary or {}).get('error', '')[:200]} |")
+            continue
+        report = summary["dry_run"]
+        m, p = report["measured"], report["predicted"]
+        full = resolve(job_config([o for o in overrides if not o.startswith("model.n_layers")]))
+        pp_rank = rank // (full.world_size // full.parallelism.pipeline_parallel_degree)
+        at_depth = predict_memory(full, pp_rank=pp_rank)["total"]
+        error = 100 * (p["total"] / m["peak_gib"] - 1)
+        rows.append({"case": name, "world": report["world"], "layers": layers, **m, "predicted": p,
+                     "full_depth_gib": at_depth, "wall_s": time.perf_counter() - start})
+        print(f"| {name} (rank {rank}) | {report['world']} | {layers} of {depth} | {m['states_gib']:.3f} / "
+              f"{p['states']:.3f} | {m['peak_gib']:.2f} / {p['total']:.2f} | {error:+.0f} % | {m['build_peak_gib']:.2f} | "
+              f"{at_depth:.1f} | "
+              f"{time.perf_counter() - start:.0f} |", flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

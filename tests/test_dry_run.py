@@ -1,0 +1,65 @@
+"""cluster.dry_run: one rank of a 64- or 512-rank layout built and stepped alone, here, on torch's
+fake process group; what it holds, measured, beside the planner's memory model."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import run_job
+
+SMALL_MODEL = ["model.n_layers=4", "training.seq_len=64", "metrics.log_freq=1"]
+WORLD_64 = ["cluster.nnodes=8", "cluster.nproc_per_node=8"]
+LAYOUTS = {  # name: (overrides, the rank to build)
+    "fsdp": (["parallelism=fsdp", "training.global_batch_size=64", "training.local_batch_size=1"], 5),
+    "hsdp": (["parallelism.data_parallel_replicate_degree=8", "parallelism.data_parallel_shard_degree=8",
+              "training.global_batch_size=64", "training.local_batch_size=1"], 9),
+    "tp": (["parallelism.tensor_parallel_degree=4", "parallelism.data_parallel_shard_degree=16",
+            "training.global_batch_size=16", "training.local_batch_size=1"], 6),
+    "pp": (["parallelism.pipeline_parallel_degree=4", "parallelism.data_parallel_shard_degree=16",
+            "training.global_batch_size=64", "training.local_batch_size=4"], 63),  # the last stage
+    "3d": (["parallelism.pipeline_parallel_degree=2", "parallelism.tensor_parallel_degree=2",
+            "parallelism.data_parallel_shard_degree=16", "training.global_batch_size=32",
+            "training.local_batch_size=2"], 40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
+    overrides, rank = LAYOUTS[name]
+    code, summary = run_job([*SMALL_MODEL, *WORLD_64, *overrides, "cluster.dry_run=true",
+                             f"cluster.dry_run_rank={rank}"], tmp_path)
+    assert code == 0, summary
+    report = summary["dry_run"]
+    assert (report["rank"], report["world"]) == (rank, 64)
+    held, predicted = report["measured"], report["predicted"]
+    # AdamW keeps two moments per parameter, gradients mirror the parameters (all fp32 shards).
+    assert held["grads"] == held["params"] > 0
+    assert held["optimizer"] == pytest.approx(2 * held["params"], rel=0.01)
+    # The planner's states for this rank's pipeline position: the shards it holds.
+    assert held["states_gib"] == pytest.approx(predicted["states"], rel=0.05)
+    assert held["peak_gib"] > held["states_gib"]
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
+    assert summary["state_bytes_per_rank"] == int(held["states_gib"] * 2**30)
+
+
+def test_dry_run_at_world_512_shards_by_512(tmp_path):
+    """FSDP 128 x TP 4: the rank holds 1/512 of every parameter, as the planner says. (dim 2048,
+    so every local tensor's first dim splits evenly 128 ways: a smaller one gives its first
+    ranks a row each and its last ranks none, which the planner's even split does not model.)"""
+    code, summary = run_job([*SMALL_MODEL, "model.dim=2048", "model.n_heads=16", "model.n_kv_heads=8",
+                             "model.n_layers=2", "cluster.nnodes=64", "cluster.nproc_per_node=8",
+                             "parallelism.tensor_parallel_degree=4", "parallelism.data_parallel_shard_degree=128",
+                             "training.global_batch_size=128", "training.local_batch_size=1",
+                             "cluster.dry_run=true", "cluster.dry_run_rank=511"], tmp_path)
+    assert code == 0, summary
+    report = summary["dry_run"]
+    assert report["layout"] == "dp_shard128 x tp4" and report["world"] == 512
+    assert report["measured"]["states_gib"] == pytest.approx(report["predicted"]["states"], rel=0.05)
+
+
+def test_dry_run_rank_outside_the_layout_is_refused(tmp_path):
+    code, summary = run_job([*SMALL_MODEL, *WORLD_64, "parallelism=fsdp", "training.global_batch_size=64",
+                             "training.local_batch_size=1", "cluster.dry_run=true", "cluster.dry_run_rank=64"],
+                            tmp_path)
+    assert code != 0
+    assert summary is None or summary["status"] == "invalid"

@@ -1,0 +1,189 @@
+"""`cluster.dry_run=true`: one rank of a layout of any size, alone, on this machine.
+
+    python launch.py model=llama3_8b parallelism.tensor_parallel_degree=8 cluster.nnodes=64 \
+        cluster.nproc_per_node=8 cluster.dry_run=true cluster.dry_run_rank=0
+
+Rank `cluster.dry_run_rank` of the nnodes x nproc_per_node ranks runs as one process here, on
+torch's fake process group (TorchTitan's fake backend): every collective returns at once without
+moving data and no other rank exists. The real model, parallelism (device mesh, FSDP, TP, PP
+stages, CP) and optimizer are built for that rank, one real training step runs on its share of
+the data, and the run's summary records what the rank holds (parameters, gradients, optimizer
+state: its shards) and its peak memory during the step (torch's allocator peak on a GPU, the
+process's resident high-water mark on a CPU) beside the planner's prediction
+(titan_exp.perf.memory), and apart from it the peak while the model was built and initialised. Values that
+collectives computed (the loss, the gradient norm) are meaningless under the fake group; memory
+and shapes are not. Nothing is submitted and no checkpoint, validation or tracker is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from titan_exp.cluster import rank_env
+from titan_exp.config import JobConfig, OnNonfinite, layout_label, load_job_config
+from titan_exp.record import RunDir, RunSummary, Status
+
+logger = logging.getLogger("titan_exp")
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding this titan_exp
+
+
+def run_dry(job: JobConfig, run_dir: RunDir) -> Optional[str]:
+    """Run the rank as its own process, so that its peak memory is its own and not the
+    launcher's; None, or what went wrong."""
+    import torch
+
+    rank = job.cluster.dry_run_rank
+    env = {**os.environ, **rank_env(job.cluster, threads=torch.get_num_threads(), gpu=torch.cuda.is_available()),
+           "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(job.world_size), "LOCAL_WORLD_SIZE": "1",
+           "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    done = subprocess.run([sys.executable, "-m", "titan_exp.cluster.dry_run", str(run_dir.path)], env=env)
+    return None if done.returncode == 0 else f"rank {rank} (dry run): exit code {done.returncode}"
+
+
+def one_step_job(job: JobConfig) -> JobConfig:
+    """The job as the dry run trains it: one step that always updates (so AdamW's state exists),
+    and nothing written beside the summary and the log."""
+    return dataclasses.replace(
+        job,
+        training=dataclasses.replace(job.training, steps=1, on_nonfinite=OnNonfinite.stop),
+        checkpoint=dataclasses.replace(job.checkpoint, enable=False, initial_load_path=None),
+        validation=dataclasses.replace(job.validation, enable=False),
+        metrics=dataclasses.replace(job.metrics, enable_wandb=False, enable_tensorboard=False),
+    )
+
+
+@contextlib.contextmanager
+def neighbours_metadata(job: JobConfig) -> Iterator[None]:
+    """Under PP, torch's PipelineStage learns its input shapes from the previous stage and its
+    output gradients' from the next one, sent as pickled metadata at the first step. Under the
+    fake group nothing arrives (the unpickler reads garbage), so this supplies what the
+    neighbours would send: the hidden state between stages (a microbatch of this rank's
+    positions, its sequence split by tp under sequence parallel; float32 unless the parameters
+    are bf16) and its gradient, which has the same shape. The patch uses torch's private
+    pipelining metadata types (torch 2.13); without them the dry run of a PP layout fails there."""
+    import torch
+    from torch.distributed.pipelining._utils import _StageBackwardMeta, _StageForwardMeta, extract_tensor_metas
+    from torch.distributed.pipelining.stage import PipelineStage
+
+    p, t = job.parallelism, job.training
+    seq = t.seq_len // p.context_parallel_degree // p.tensor_parallel_degree
+    hidden = torch.empty(p.pipeline_parallel_microbatch_size, seq, job.model.dim, device="meta",
+                         dtype=torch.bfloat16 if job.precision.full_bf16 else torch.float32)
+    metas = extract_tensor_metas((hidden,))
+
+    def recv_meta(stage, src_stage: int):
+        return _StageForwardMeta(metas) if src_stage < stage.stage_index else _StageBackwardMeta(metas)
+
+    original = PipelineStage._recv_meta
+    PipelineStage._recv_meta = recv_meta
+    try:
+        yield
+    finally:
+        PipelineStage._recv_meta = original
+
+
+def peak_gib(device) -> float:
+    """Peak memory since the last `reset_peak`: torch's allocator on a GPU; on a CPU the
+    process's resident high-water mark (VmHWM, which Linux resets; ru_maxrss cannot be)."""
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 2**20
+
+
+def reset_peak(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts from what is resident now
+
+
+def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titan_exp import targets
+    from titan_exp.perf.memory import predict_memory
+    from titan_exp.train.trainer import state_bytes_by_kind
+
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    one = one_step_job(job)
+    trainer = targets.build(one, "training", one, run_dir, device)
+    built = peak_gib(device)  # building and initialising the model: a transient the step does not repeat
+    reset_peak(device)
+    with neighbours_metadata(job) if job.parallelism.pipeline_parallel_degree > 1 else contextlib.nullcontext():
+        trainer.train_step(trainer.loader.next_batch())
+    held = state_bytes_by_kind(trainer.params, trainer.optimizers)
+    pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
+    predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
+    return {
+        "rank": rank, "world": world, "layout": layout_label(job.parallelism.degrees), "device": str(device),
+        "peak": "torch allocator" if device.type == "cuda" else "process resident set",
+        "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
+                     "build_peak_gib": built},
+        "predicted": predicted,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    """The dry run's numbers beside the planner's, as the launcher prints them."""
+    m, p = report["measured"], report["predicted"]
+    gib = 2**30
+    rows = [
+        ("parameters (this rank's shards)", m["params"] / gib, None),
+        ("gradients", m["grads"] / gib, None),
+        ("optimizer state", m["optimizer"] / gib, None),
+        ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
+        (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
+        (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
+    ]
+    lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
+             "| GiB | measured | planner |", "|---|---|---|"]
+    lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
+    return "\n".join(lines)
+
+
+def main(path: str) -> int:
+    from titan_exp.train.rank import failure_status, setup_logging
+
+    run_dir = RunDir(path)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    setup_logging(run_dir, rank)
+    job = load_job_config(run_dir.config)
+    summary = RunSummary.of(job, Status.running, run_dir.path)
+    try:
+        report = dry_step(job, run_dir, rank, world)
+        summary = summary.replace(status=Status.ok, dry_run=report, peak_memory_gib=report["measured"]["peak_gib"],
+                                  state_bytes_per_rank=int(report["measured"]["states_gib"] * 2**30))
+        logger.info("dry run:\n%s", table(report))
+        return 0
+    except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
+        summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
+        logger.exception("dry run of rank %d failed", rank)
+        return 1
+    finally:
+        run_dir.write_summary(summary)
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
