@@ -36,7 +36,7 @@ def calibration_job(overrides: list[str], world: int | None):
     p = job.parallelism
     flat = dataclasses.replace(p, data_parallel_shard_degree=world, data_parallel_replicate_degree=1,
                                tensor_parallel_degree=1, pipeline_parallel_degree=1, context_parallel_degree=1)
-    nnodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    nnodes = job.cluster.nodes_for(world)
     job = dataclasses.replace(job, parallelism=flat,
                               training=dataclasses.replace(job.training, global_batch_size=-1, local_batch_size=1),
                               cluster=dataclasses.replace(job.cluster, nnodes=nnodes, nproc_per_node=world // nnodes))

@@ -72,7 +72,7 @@ def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> J
     while local > 1 and global_batch % (local * dp):
         local -= 1
     world = math.prod(degrees.values())
-    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1  # the job's nodes, when they divide
+    nodes = job.cluster.nodes_for(world)
     return dataclasses.replace(
         job, parallelism=p,
         training=dataclasses.replace(job.training, local_batch_size=local, global_batch_size=global_batch),
@@ -101,7 +101,7 @@ def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[Job
 def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
          profile: MachineProfile | None = None) -> list[Plan]:
     """Every valid layout, fastest first among those that fit, then those that do not."""
-    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    nodes = job.cluster.nodes_for(world)
     profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
     plans = []
     for candidate in valid_layouts(job, world, cuda=cuda):
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         profile = profile_for(args.device, args.world, per_node, folder)
     else:
         memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
-        nodes = job.cluster.nnodes if args.world % job.cluster.nnodes == 0 else 1
+        nodes = job.cluster.nodes_for(args.world)
         profile = this_machine(args.world, cuda=args.cuda, folder=folder, nodes=nodes)
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile)
     print(profile_line(profile))

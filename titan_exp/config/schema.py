@@ -286,6 +286,11 @@ class ClusterConfig:
                                "beside the planner's (TorchTitan's fake backend)")
     dry_run_rank: int = doc(0, "the rank cluster.dry_run builds", min=0)
 
+    def nodes_for(self, world: int) -> int:
+        """The nodes `world` ranks span: nnodes when it divides them, else one (a world size
+        the planner or calibration picked that does not fit this job's nodes)."""
+        return self.nnodes if world % self.nnodes == 0 else 1
+
 
 @dataclass
 class DataConfig:

@@ -385,7 +385,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     backend = dist.get_backend()
     shape = model_shape(job)
     m, seq_len = job.model, job.training.seq_len
-    nodes = job.cluster.nnodes if world % job.cluster.nnodes == 0 else 1
+    nodes = job.cluster.nodes_for(world)
     known = find(dev_name, backend, world, threads, folder, nodes)
     if known is not None and known.source != "calibrated":
         known = None  # the defaults, refit by an autotune sweep: nothing measured to keep

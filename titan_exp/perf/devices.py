@@ -100,10 +100,12 @@ def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency()) -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet."""
     nodes = max(1, world // gpus_per_node)
-    rate = lambda tflops: Line(10e-6, 1 / (tflops * 1e12 * eff.matmul))  # noqa: E731 - one line per dtype below
-    gemm = {"float32": rate(spec.tf32_tflops), "bfloat16": rate(spec.bf16_tflops)}
+    def rate(tflops: float, efficiency: float) -> Line:
+        return Line(10e-6, 1 / (tflops * 1e12 * efficiency))
+
+    gemm = {"float32": rate(spec.tf32_tflops, eff.matmul), "bfloat16": rate(spec.bf16_tflops, eff.matmul)}
     if spec.fp8_tflops:
-        gemm["float8"] = Line(10e-6, 1 / (spec.fp8_tflops * 1e12 * eff.float8_matmul))
+        gemm["float8"] = rate(spec.fp8_tflops, eff.float8_matmul)
     sizes = sorted({g for g in range(2, world + 1) if world % g == 0 and g <= gpus_per_node} | {2})
     intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, eff.latency_nvlink_s) for g in sizes}
              for op in COLLECTIVES}

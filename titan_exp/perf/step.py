@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, ACMode, JobConfig
+from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
@@ -103,7 +103,7 @@ def across_nodes(job: JobConfig) -> set[str]:
     (TorchTitan's order, which keeps TP inside a node whenever it fits there), so a dim's group
     covers stride x degree consecutive ranks, its stride being the product of the degrees inside
     it, and spans nodes when that is more than a node holds."""
-    degrees = {dim: getattr(job.parallelism, field) for dim, field in DEGREE_FIELDS.items()}
+    degrees = job.parallelism.degrees
     world, nodes = math.prod(degrees.values()), job.cluster.nnodes
     if nodes <= 1 or world % nodes:
         return set()

@@ -82,8 +82,10 @@ def refresh(run_dir: RunDir) -> Optional[RunSummary]:
     says so, and a failed multi-rank job names the ranks and node it lost first. Without a
     recorded job, the summary as it is."""
     summary = run_dir.read_summary()
-    if not run_dir.slurm_job.exists() or (summary and summary.status in FINAL and
-                                          (summary.status != Status.failed or summary.slurm_state)):
+    # Final summaries stay as they are, except a failure not yet set beside its job's end (no
+    # slurm_state): rank 0 wrote it, and srun may name the ranks the job lost.
+    settled = summary is not None and summary.status in FINAL and (summary.status != Status.failed or summary.slurm_state)
+    if not run_dir.slurm_job.exists() or settled:
         return summary
     if shutil.which("sacct") is None:  # read on a machine outside the cluster
         return summary
