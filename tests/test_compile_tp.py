@@ -13,21 +13,23 @@ from conftest import REPO, SMALL, run_job
 REPRO = REPO / "tests" / "repro_compile_tp.py"
 
 
-def _repro(mode: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPRO), mode], capture_output=True, text=True, timeout=300)
+def _repro(mode: str) -> None:
+    """Run the repro; pass when both ranks said they finished backward. The exit code is not the
+    test: gloo processes sometimes abort at exit after their work is done (FACTS.md)."""
+    out = subprocess.run([sys.executable, str(REPRO), mode], capture_output=True, text=True, timeout=300)
+    done = {line for line in out.stdout.splitlines() if line.endswith(": forward and backward ran")}
+    assert len(done) == 2, f"exit {out.returncode}; ranks done: {sorted(done)}\n{out.stderr[-2000:]}"
 
 
 @pytest.mark.xfail(strict=True, reason="torch 2.13: an AsyncCollectiveTensor entering a compiled block loses "
                    "its DTensor gradient (see repro_compile_tp.py); when this passes, drop SyncOutputRowwiseParallel")
 def test_upstream_async_redistribute_into_a_compiled_block():
-    out = _repro("async")
-    assert out.returncode == 0, out.stderr[-2000:]
+    _repro("async")
 
 
 def test_sync_redistribute_into_a_compiled_block():
     """The workaround titan_exp uses (parallel/tensor.py), in the same torch-only repro."""
-    out = _repro("sync")
-    assert out.returncode == 0, out.stderr[-2000:]
+    _repro("sync")
 
 
 TWO_D = ["parallelism=2d", "training.local_batch_size=4"]  # FSDP 2 x TP 2
