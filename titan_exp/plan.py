@@ -17,13 +17,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import itertools
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, Executor, JobConfig, layout_label, user_sweeps
+from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, Executor, JobConfig, layout_label, user_sweeps, world_of
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, last_accuracy, this_machine
 from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
@@ -33,12 +32,15 @@ __all__ = ["Plan", "plan", "predict_memory", "valid_layouts", "with_layout", "la
 
 
 def degrees_of(job: JobConfig) -> dict[str, int]:
-    return job.parallelism.degrees
+    """The job's layout: its mesh degrees, and ep when expert parallel is on."""
+    return job.parallelism.layout
 
 
 def layout_overrides(job: JobConfig) -> list[str]:
-    """The overrides that give another job this job's layout and local batch."""
-    return [f"parallelism.{DEGREE_FIELDS[dim]}={d}" for dim, d in degrees_of(job).items()] + [
+    """The overrides that give another job this job's layout and local batch (for an MoE model,
+    its expert parallel degree too, 1 included)."""
+    layout = degrees_of(job) | ({"ep": job.parallelism.expert_parallel_degree} if job.model.is_moe else {})
+    return [f"parallelism.{LAYOUT_FIELDS[dim]}={d}" for dim, d in layout.items()] + [
         f"training.local_batch_size={job.training.local_batch_size}"]
 
 
@@ -66,12 +68,13 @@ class Plan:
 def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> JobConfig:
     """`job` with these degrees, `global_batch` sequences per step, and the largest local batch
     (at most the configured one) that divides it."""
-    p = dataclasses.replace(job.parallelism, **{DEGREE_FIELDS[dim]: d for dim, d in degrees.items()})
+    degrees = {"ep": 1} | degrees  # a layout without ep has none
+    p = dataclasses.replace(job.parallelism, **{LAYOUT_FIELDS[dim]: d for dim, d in degrees.items()})
     dp = degrees["dp_replicate"] * degrees["dp_shard"]
     local = min(job.training.local_batch_size, max(1, global_batch // dp))
     while local > 1 and global_batch % (local * dp):
         local -= 1
-    world = math.prod(degrees.values())
+    world = world_of(degrees)
     nodes = job.cluster.nodes_for(world)
     return dataclasses.replace(
         job, parallelism=p,
@@ -80,21 +83,26 @@ def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int) -> J
     )
 
 
-def factorizations(world: int) -> list[dict[str, int]]:
-    """Every assignment of degrees to the five mesh dims whose product is `world`."""
+def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
+    """Every assignment of degrees to the five mesh dims whose product is `world`; for an MoE
+    model (`n_experts` > 0) each also with every expert parallel degree that divides the experts
+    and dp_shard x cp (validation decides which of those can be carved)."""
     divisors = [d for d in range(1, world + 1) if world % d == 0]
     out = []
     for pp, rep, shard, cp in itertools.product(divisors, repeat=4):
         rest = pp * rep * shard * cp
         if world % rest == 0:
-            out.append(dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest))))
+            degrees = dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest)))
+            out.append(degrees)
+            out += [degrees | {"ep": ep} for ep in range(2, shard * cp + 1)
+                    if n_experts % ep == 0 and (shard * cp) % ep == 0]
     return out
 
 
 def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[JobConfig]:
     gb = job.training.global_batch_size
     global_batch = gb if gb > 0 else job.training.local_batch_size * world
-    jobs = (with_layout(job, degrees, global_batch) for degrees in factorizations(world))
+    jobs = (with_layout(job, degrees, global_batch) for degrees in factorizations(world, job.model.n_experts))
     return [resolve(j) for j in jobs if not validate(j, cuda=cuda)]
 
 
@@ -169,7 +177,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
             path, value = o.split("=")
             group, field = path.split(".")
             node.setdefault(group, {})[field] = int(value)
-        node.setdefault("cluster", {})["nproc_per_node"] = math.prod(pl.degrees.values())
+        node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees)
         (layout_dir / f"{key}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
     return out
 

@@ -69,11 +69,13 @@ def emulated(p: PrecisionConfig) -> bool:
 
 
 def keeps_high_precision(p: PrecisionConfig, fqn: str, module: nn.Linear) -> bool:
-    """The filter: named layers (the output by default) and linears whose shapes the
-    low-precision kernels cannot take stay in high precision."""
+    """The filter: named layers (the output by default), an MoE router (its scores decide the
+    routing; TorchTitan keeps it high precision too) and linears whose shapes the low-precision
+    kernels cannot take stay in high precision. (Routed experts are not linears: they stay in the
+    parameters' dtype.)"""
     align = ALIGNMENT[p.converter]
     misaligned = module.in_features % align or module.out_features % align
-    return bool(misaligned) or any(name in fqn for name in p.filter_fqns)
+    return bool(misaligned) or fqn.endswith("router.gate") or any(name in fqn for name in p.filter_fqns)
 
 
 def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:

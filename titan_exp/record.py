@@ -102,7 +102,7 @@ class RunSummary:
             model=job.model.flavor,
             precision=job.precision.name,
             world_size=job.world_size,
-            layout=job.parallelism.degrees,
+            layout=job.parallelism.layout,
             compile=job.compile.enable,
             activation_checkpoint=job.activation_checkpoint.mode.value,
             global_batch_size=job.training.global_batch_size,

@@ -20,7 +20,7 @@ from titan_exp.cluster.slurm import preflight as slurm
 from titan_exp.config import Executor, JobConfig, problem
 from titan_exp.data import sources as data
 from titan_exp.models import llama
-from titan_exp.parallel import activation_checkpoint, context, dims, fsdp, pipeline, tensor
+from titan_exp.parallel import activation_checkpoint, context, dims, expert, fsdp, pipeline, tensor
 from titan_exp.perf import autotune
 from titan_exp.train import optim, profiling, trainer
 
@@ -28,7 +28,7 @@ from titan_exp.train import optim, profiling, trainer
 CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check, autotune.check,
           record.check, profiling.check, targets.check)
-LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check)
+LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)
 
 
 class ConfigError(ValueError):

@@ -56,6 +56,7 @@ Executor = choices("Executor", "local slurm debug")
 OnNonfinite = choices("OnNonfinite", "stop skip")
 DecayType = choices("DecayType", "linear sqrt cosine")
 WandbMode = choices("WandbMode", "online offline disabled")
+ScoreFunc = choices("ScoreFunc", "softmax sigmoid")
 
 # The mesh dimensions, outermost to innermost (TP innermost keeps its collectives on the fastest
 # links), and the ParallelismConfig field that sets each one's degree.
@@ -63,6 +64,13 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DEGREE_FIELDS = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
                  "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree",
                  "tp": "tensor_parallel_degree"}
+# ... and of a layout, which adds expert parallel (carved out of dp_shard x cp: not a mesh dim).
+LAYOUT_FIELDS = DEGREE_FIELDS | {"ep": "expert_parallel_degree"}
+
+
+def world_of(layout: Mapping[str, int]) -> int:
+    """The ranks a layout takes: the product of its mesh degrees (ep is not one)."""
+    return math.prod(d for dim, d in layout.items() if dim in DEGREE_FIELDS)
 
 
 def doc(default: Any, text: str, *, min: int | None = None) -> Any:  # noqa: A002 - reads as the bound
@@ -119,6 +127,18 @@ class ModelConfig:
                                                  "and ffn_dim_multiplier")
     hf_config: Optional[str] = doc(None, "a Hugging Face Llama config.json, or its directory: its shapes replace "
                                          "the fields above (titan_exp.models.hf)")
+    # Mixture of experts (titan_exp.models.moe): the SwiGLU of every block after the first
+    # n_dense_layers becomes n_experts routed experts (top_k per token) plus n_shared_experts.
+    n_experts: int = doc(0, "routed experts per MoE layer; 0 = a dense model", min=0)
+    top_k: int = doc(2, "experts each token is routed to", min=1)
+    n_shared_experts: int = doc(0, "experts every token goes through besides its routed ones", min=0)
+    moe_hidden_dim: Optional[int] = doc(None, "SwiGLU width of one expert; null = the dense width (ffn hidden size)")
+    n_dense_layers: int = doc(0, "leading blocks that keep a dense SwiGLU (DeepSeek-V3: 3)", min=0)
+    score_func: ScoreFunc = doc(ScoreFunc.softmax, "router scores: softmax over experts, or an independent sigmoid each")
+    route_norm: bool = doc(False, "renormalize each token's top-k scores to sum to 1")
+    route_scale: float = doc(1.0, "scales the routed experts' combined output")
+    load_balance_coeff: Optional[float] = doc(1e-3, "step of DeepSeek-V3's auxiliary-loss-free bias update; null = off")
+    aux_loss_coeff: float = doc(0.0, "weight of the sequence-wise load-balancing loss; 0 = off")
 
     @property
     def head_dim(self) -> int:
@@ -139,10 +159,52 @@ class ModelConfig:
         return self.multiple_of * ((hidden + self.multiple_of - 1) // self.multiple_of)
 
     @property
+    def is_moe(self) -> bool:
+        return self.n_experts > 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.is_moe and layer >= self.n_dense_layers
+
+    @property
+    def n_moe_layers(self) -> int:
+        return max(0, self.n_layers - self.n_dense_layers) if self.is_moe else 0
+
+    @property
+    def expert_hidden_dim(self) -> int:
+        return self.moe_hidden_dim if self.moe_hidden_dim is not None else self.ffn_hidden_dim
+
+    @property
+    def expert_params(self) -> int:
+        """One routed expert (a SwiGLU of width expert_hidden_dim)."""
+        return 3 * self.dim * self.expert_hidden_dim
+
+    @property
+    def routed_expert_params(self) -> int:
+        """The routed experts of every MoE layer: what expert parallel shards."""
+        return self.n_moe_layers * self.n_experts * self.expert_params
+
+    def _ffn_params(self, active: bool) -> int:
+        """The SwiGLU parameters of all blocks (of those a token uses, when `active`)."""
+        dense = (self.n_layers - self.n_moe_layers) * 3 * self.dim * self.ffn_hidden_dim
+        routed = self.top_k if active else self.n_experts
+        per_moe = (routed + self.n_shared_experts) * self.expert_params + self.dim * self.n_experts  # + router
+        return dense + self.n_moe_layers * per_moe
+
+    @property
+    def _attention_and_norms(self) -> int:
+        """One block's q/k/v/o projections and its two norms."""
+        return self.dim * self.head_dim * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim
+
+    @property
     def block_params(self) -> int:
-        """Parameters of one transformer block: q/k/v/o projections, SwiGLU, two norms."""
-        attention = self.dim * self.head_dim * (2 * self.n_heads + 2 * self.kv_heads)
-        return attention + 3 * self.dim * self.ffn_hidden_dim + 2 * self.dim
+        """Parameters of one transformer block: q/k/v/o projections, SwiGLU, two norms (for an
+        MoE model, the mean over blocks: dense and MoE blocks differ)."""
+        return self._attention_and_norms + self._ffn_params(active=False) // self.n_layers
+
+    @property
+    def active_block_params(self) -> int:
+        """block_params counting only the experts a token is routed to (FLOPs, MFU)."""
+        return self._attention_and_norms + self._ffn_params(active=True) // self.n_layers
 
     @property
     def embedding_params(self) -> int:
@@ -154,8 +216,30 @@ class ModelConfig:
         return self.dim + (0 if self.tie_word_embeddings else self.vocab_size * self.dim)
 
     @property
+    def routed_params_per_block(self) -> float:
+        """The routed experts and router of the mean block: the MoE parameters TP leaves whole
+        (they run replicated over TP; titan_exp.parallel.tensor)."""
+        return self.n_moe_layers * (self.n_experts * self.expert_params + self.dim * self.n_experts) / self.n_layers
+
+    def block_matmul_params(self, tp: int = 1) -> float:
+        """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
+        token are twice this, before attention's scores): the routed experts it goes to and the
+        router whole, the rest split by tp."""
+        routed = self.n_moe_layers * (self.top_k * self.expert_params + self.dim * self.n_experts) / self.n_layers
+        return (self.active_block_params - routed) / tp + routed
+
+    def _params(self, active: bool) -> int:
+        return (self.embedding_params + self.n_layers * self._attention_and_norms + self._ffn_params(active)
+                + self.output_params)
+
+    @property
     def num_params(self) -> int:
-        return self.embedding_params + self.n_layers * self.block_params + self.output_params
+        return self._params(active=False)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses: num_params less the routed experts it is not sent to."""
+        return self._params(active=True)
 
 
 @dataclass
@@ -175,6 +259,8 @@ class ParallelismConfig:
         None, "transformer blocks per stage; sets the stage count to n_layers / this (null = split evenly)"
     )
     context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)", min=1)
+    expert_parallel_degree: int = doc(1, "expert parallel degree: ranks the routed experts are split over, carved "
+                                         "out of data_parallel_shard_degree x context_parallel_degree", min=1)
     fsdp_reshard_after_forward: str = doc("default", "default | always | never | N (reshard to groups of N ranks)")
     enable_async_tensor_parallel: bool = doc(False, "fuse TP collectives with matmuls (CUDA + compile)")
     disable_loss_parallel: bool = doc(False, "gather logits before the loss instead of a parallel loss")
@@ -183,6 +269,12 @@ class ParallelismConfig:
     def degrees(self) -> dict[str, int]:
         """Mesh dim -> degree as configured (dp_shard may be -1: the rest of the world)."""
         return {dim: getattr(self, name) for dim, name in DEGREE_FIELDS.items()}
+
+    @property
+    def layout(self) -> dict[str, int]:
+        """The degrees, and ep when expert parallel is on (ep is carved out of dp_shard x cp, so it
+        is not a factor of the world size): what summaries and reports name a layout by."""
+        return self.degrees | ({"ep": self.expert_parallel_degree} if self.expert_parallel_degree > 1 else {})
 
     @property
     def known_degree(self) -> int:

@@ -41,6 +41,10 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("training.seq_len", job.training.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}"))
     if m.intermediate_size is not None and m.intermediate_size < 1:
         e.append(problem("model.intermediate_size", m.intermediate_size, "must be >= 1, or null"))
+    if m.is_moe:
+        from titan_exp.models.moe import check as check_moe
+
+        e += check_moe(job)
     return e + hf.config_errors(m)
 
 
@@ -120,16 +124,28 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    """Attention then a SwiGLU (`feed_forward`), or, in an MoE model's MoE layers, routed experts
+    (`moe`, titan_exp.models.moe) in its place."""
+
+    def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
+        from titan_exp.models.moe import MoE
+
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+        if cfg.is_moe_layer(layer):
+            self.moe = MoE(cfg)
+        else:
+            self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
+
+    @property
+    def ffn(self) -> nn.Module:
+        return self.moe if hasattr(self, "moe") else self.feed_forward
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        return h + self.feed_forward(self.ffn_norm(h))
+        return h + self.ffn(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):
@@ -137,7 +153,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(cfg.vocab_size, cfg.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg) for i in range(cfg.n_layers)})
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
@@ -175,6 +191,9 @@ class Transformer(nn.Module):
             if isinstance(param, DTensor):
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
             param.copy_(full)
+        for module in self.modules():
+            if hasattr(module, "init_buffers"):  # MoE: the load-balancing bias and counts
+                module.init_buffers()
 
 
 def canonical_name(name: str) -> str:
@@ -195,7 +214,7 @@ def _init_param(name: str, t: torch.Tensor, cfg: ModelConfig, gen: torch.Generat
         nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std, generator=gen)
     elif name.startswith("layers."):
         layer_id = int(name.split(".")[1])
-        residual = name.endswith(("wo.weight", "w2.weight", "w3.weight"))
+        residual = name.endswith(("wo.weight", "w2.weight", "w3.weight", "experts.w2", "experts.w3"))
         std = 0.02 / math.sqrt(2 * (layer_id + 1)) if residual else 0.02
         nn.init.trunc_normal_(t, 0.0, std, -2 * std, 2 * std, generator=gen)
     else:
@@ -208,6 +227,7 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     The first term is forward (2) + backward (4) FLOPs of every matmul weight; the embedding is a
     lookup, not a matmul. The second is the attention scores and the weighted sum of values
     (QK^T and PV, 2 * head_dim multiply-adds per head, position and layer), without a causal
-    discount. With tied embeddings the shared matrix is counted once, as the output matmul."""
-    dense = cfg.num_params - (0 if cfg.tie_word_embeddings else cfg.embedding_params)
+    discount. With tied embeddings the shared matrix is counted once, as the output matmul. In an
+    MoE model N counts the active parameters: the experts a token is routed to, not all of them."""
+    dense = cfg.active_params - (0 if cfg.tie_word_embeddings else cfg.embedding_params)
     return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * seq_len

@@ -1,5 +1,6 @@
 """Apply the configured parallelisms and speed-ups to one model part, in TorchTitan's order:
-TP (+SP, loss parallel) -> async TP -> CP -> activation checkpointing -> compile -> FSDP/HSDP or DDP.
+EP -> TP (+SP, loss parallel) -> async TP -> CP -> activation checkpointing -> compile -> FSDP/HSDP or DDP.
+(EP first: TP then replicates over its mesh only the MoE parameters EP left whole.)
 (Low-precision converters run before this, on the whole meta model: see titan_exp.precision.)"""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from titan_exp.parallel.activation_checkpoint import apply_ac
 from titan_exp.parallel.compile import apply_compile
 from titan_exp.parallel.context import apply_cp
 from titan_exp.parallel.dims import ParallelDims
+from titan_exp.parallel.expert import apply_ep
 from titan_exp.parallel.fsdp import apply_ddp, apply_fsdp
 from titan_exp.parallel.tensor import apply_tp, enable_async_tp
 from titan_exp.precision import DTYPES, fsdp_param_dtype
@@ -26,6 +28,8 @@ def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
 
 def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
     p = job.precision
+    if dims.ep > 1:
+        apply_ep(model, dims.mesh("ep"))
     if dims.tp > 1:
         tp_mesh = dims.mesh("tp")
         # torchao's float8 TP styles all-gather in float8, which gloo cannot carry; there the
@@ -51,6 +55,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
             reduce_dtype=DTYPES[p.reduce_dtype],
             reshard_mode=job.parallelism.fsdp_reshard_after_forward,
             pp_enabled=dims.pp > 1,
+            experts_mesh=dims.mesh("efsdp") if dims.ep > 1 else None,
         )
     elif dims.dp_replicate > 1:
         apply_ddp(model, dims.mesh("replicate"))

@@ -27,8 +27,16 @@ from titan_exp.config import JobConfig, to_plain
 
 
 def apply_compile(model: nn.Module, backend: str, fullgraph: bool) -> None:
+    """Each dense block whole. Of an MoE block, the attention and the shared experts: routing
+    and dispatch have data-dependent shapes (tokens per expert, all-to-all splits read on the
+    host), which would break a full graph at every MoE layer, so they stay eager."""
     for block in model.layers.values():
-        block.compile(backend=backend, fullgraph=fullgraph)
+        if hasattr(block, "moe"):
+            block.attention.compile(backend=backend, fullgraph=fullgraph)
+            if block.moe.shared_experts is not None:
+                block.moe.shared_experts.compile(backend=backend, fullgraph=fullgraph)
+        else:
+            block.compile(backend=backend, fullgraph=fullgraph)
 
 
 def compile_key(job: JobConfig) -> dict:

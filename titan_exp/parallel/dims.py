@@ -3,6 +3,11 @@
 `ParallelDims` is the one owner of the meshes: `build_mesh` makes the world mesh once, and every
 technique asks it for the mesh of its purpose (`dims.mesh("tp")`, `dims.mesh("fsdp")`, ...)
 instead of slicing the world mesh itself.
+
+Expert parallel is not a dimension of its own: as in TorchTitan, its ranks are carved out of
+dp_shard x cp. With ep > 1, dp_shard is split into dp_shard_mod_ep (outer) x dp_shard_in_ep, and
+the experts are split over ep = dp_shard_in_ep x cp and sharded by FSDP over the rest
+(dp_shard_mod_ep, with dp_replicate outside it): "efsdp".
 """
 
 from __future__ import annotations
@@ -11,17 +16,21 @@ from dataclasses import dataclass, field
 
 from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, JobConfig, ParallelismConfig, layout_label, problem
 
-# Flattened views: 'dp' loads data, 'dp_shard_cp' shards parameters (FSDP), 'dp_cp' averages the loss.
+# Views over several mesh dims: 'dp' loads data, 'dp_shard_cp' shards parameters (FSDP), 'dp_cp'
+# averages the loss, 'ep' splits the experts; 'dp_shard' is itself a view once ep splits it.
 FLATTENED = {
+    "dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep"),
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
+    "ep": ("dp_shard_in_ep", "cp"),
 }
 # What each technique asks for -> the (possibly flattened) mesh dimension that serves it.
 PURPOSES = {
     "pp": "pp",  # pipeline stages
     "tp": "tp",  # tensor + sequence parallel
     "cp": "cp",  # context parallel
+    "ep": "ep",  # expert parallel
     "batch": "dp",  # ranks that read different rows of the global batch
     "loss": "dp_cp",  # ranks whose losses are averaged
     "replicate": "dp_replicate",  # DDP
@@ -35,6 +44,7 @@ class ParallelDims:
     dp_shard: int
     cp: int
     tp: int
+    ep: int = 1
     world_mesh: object = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
@@ -43,7 +53,7 @@ class ParallelDims:
         shard = p.data_parallel_shard_degree
         if shard == -1:
             shard = max(1, world_size // p.known_degree)
-        return cls(**{**p.degrees, "dp_shard": shard})
+        return cls(**{**p.degrees, "dp_shard": shard}, ep=p.expert_parallel_degree)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -55,7 +65,27 @@ class ParallelDims:
 
     @property
     def label(self) -> str:
-        return layout_label(self.degrees)
+        return layout_label(self.degrees | ({"ep": self.ep} if self.ep > 1 else {}))
+
+    @property
+    def leaves(self) -> dict[str, int]:
+        """The world mesh's dimensions, outermost first, and their degrees: MESH_DIMS, with
+        dp_shard split in two under expert parallel (dp_shard_mod_ep is kept even at degree 1:
+        it is the experts' FSDP mesh)."""
+        if self.ep == 1:
+            return self.degrees
+        in_ep = self.ep // self.cp
+        split = {"dp_shard_mod_ep": self.dp_shard // in_ep, "dp_shard_in_ep": in_ep}
+        out = {}
+        for name, d in self.degrees.items():
+            out |= split if name == "dp_shard" else {name: d}
+        return out
+
+    def _parts(self, name: str) -> list[str]:
+        """The mesh dims of degree > 1 a (possibly flattened) name spans."""
+        if name in self.leaves:
+            return [name] if self.leaves[name] > 1 else []
+        return [leaf for part in FLATTENED.get(name, ()) for leaf in self._parts(part)]
 
     @property
     def dp(self) -> int:
@@ -68,35 +98,39 @@ class ParallelDims:
         return self.dp_shard * self.cp > 1
 
     def build_mesh(self, device_type: str):
-        """The world mesh over every dimension of degree > 1, plus the flattened views in FLATTENED."""
+        """The world mesh over every dimension of degree > 1 (and dp_shard_mod_ep under EP), plus
+        the flattened views in FLATTENED that span more than one of them."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        names = [n for n in MESH_DIMS if self.degrees[n] > 1] or ["dp_shard"]
-        shape = tuple(self.degrees[n] for n in names)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
-        for flat, parts in FLATTENED.items():
-            present = tuple(n for n in parts if n in names and self.degrees[n] > 1)
-            if len(present) > 1:
-                mesh[present]._flatten(flat)
+        leaves = self.leaves
+        names = [n for n, d in leaves.items() if d > 1 or n == "dp_shard_mod_ep"] or ["dp_shard"]
+        mesh = init_device_mesh(device_type, tuple(leaves[n] for n in names), mesh_dim_names=tuple(names))
+        for flat in FLATTENED:
+            parts = self._parts(flat)
+            if len(parts) > 1:
+                mesh[tuple(parts)]._flatten(flat)
         self.world_mesh = mesh
         return mesh
 
     def _dim(self, name: str):
-        present = [n for n in FLATTENED.get(name, (name,)) if self.degrees[n] > 1]
-        if not present:
+        parts = self._parts(name)
+        if not parts:
             return None
-        return self.world_mesh[present[0]] if len(present) == 1 else self.world_mesh[name]
+        return self.world_mesh[parts[0]] if len(parts) == 1 else self.world_mesh[name]
 
     def mesh(self, purpose: str):
-        """The mesh that serves `purpose` (a PURPOSES key, or "fsdp"), or None when its degree is 1.
-        "fsdp" is the shard dimension (dp_shard, cp or both flattened), 2-D with dp_replicate
-        outside it under HSDP."""
+        """The mesh that serves `purpose` (a PURPOSES key, "fsdp" or "efsdp"), or None when its
+        degree is 1. "fsdp" is the shard dimension (dp_shard, cp or both flattened), 2-D with
+        dp_replicate outside it under HSDP; "efsdp" is the routed experts' FSDP mesh under EP."""
         assert self.world_mesh is not None, "build_mesh first"
-        if purpose != "fsdp":
+        if purpose == "efsdp":
+            shard = "dp_shard_mod_ep"
+        elif purpose == "fsdp":
+            if not self.fsdp_enabled:
+                return None
+            shard = "dp_shard_cp" if len(self._parts("dp_shard_cp")) > 1 else self._parts("dp_shard_cp")[0]
+        else:
             return self._dim(PURPOSES[purpose])
-        if not self.fsdp_enabled:
-            return None
-        shard = "dp_shard_cp" if self.cp > 1 and self.dp_shard > 1 else ("cp" if self.dp_shard == 1 else "dp_shard")
         return self.world_mesh[("dp_replicate", shard)] if self.dp_replicate > 1 else self.world_mesh[shard]
 
     def local_rank(self, purpose: str) -> int:

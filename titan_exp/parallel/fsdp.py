@@ -53,9 +53,15 @@ def apply_fsdp(
     reduce_dtype: torch.dtype,
     reshard_mode: str,
     pp_enabled: bool,
+    experts_mesh=None,
 ) -> None:
     """Shard each transformer block as one FSDP unit, the embedding and the norm+output as their
-    own units, then the root (which owns whatever is left, e.g. RoPE tables)."""
+    own units, then the root (which owns whatever is left, e.g. RoPE tables).
+
+    Under expert parallel (`experts_mesh`, the efsdp mesh) an MoE block's routed experts are a
+    unit of their own, sharded over efsdp only (the ep ranks already split them). FSDP averages
+    their gradients over efsdp; the experts themselves divide by ep (models.moe.GroupedExperts:
+    gloo has no pre-multiplied sum for FSDP's own divide factor)."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = dict(mesh=dp_mesh, mp_policy=mp)
     if model.tok_embeddings is not None:
@@ -63,6 +69,9 @@ def apply_fsdp(
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         last = i == len(blocks) - 1 and model.output is None
+        if experts_mesh is not None and hasattr(block, "moe"):
+            fully_shard(block.moe.experts, mesh=experts_mesh, mp_policy=mp,
+                        reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last))
         fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last), **kwargs)
     if model.output is not None:
         fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)

@@ -50,6 +50,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     if dims.tp > 1:
         for field, value in (("model.n_heads", m.n_heads), ("model.n_kv_heads", m.kv_heads),
                              ("ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier)", m.ffn_hidden_dim),
+                             ("the shared experts' width (model.moe_hidden_dim x n_shared_experts)",
+                              m.expert_hidden_dim * m.n_shared_experts),
                              ("the sequence per rank (training.seq_len / cp, sequence parallel)",
                               job.training.seq_len // dims.cp)):
             if value % dims.tp:
@@ -92,25 +94,56 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
         )
     parallelize_module(model, tp_mesh, top)
     for block in model.layers.values():
-        parallelize_module(
-            block,
-            tp_mesh,
-            {
-                "attention_norm": SequenceParallel(),
-                "attention": prepare_input(
-                    input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
-                ),
-                "attention.wq": colwise(),
-                "attention.wk": colwise(),
-                "attention.wv": colwise(),
-                "attention.wo": rowwise(output_layouts=Shard(1)),
-                "ffn_norm": SequenceParallel(),
+        plan = {
+            "attention_norm": SequenceParallel(),
+            "attention": prepare_input(
+                input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
+            ),
+            "attention.wq": colwise(),
+            "attention.wk": colwise(),
+            "attention.wv": colwise(),
+            "attention.wo": rowwise(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+        }
+        if hasattr(block, "moe"):
+            plan |= moe_plan(block.moe)
+            replicate_rest(block.moe, tp_mesh)
+        else:
+            plan |= {
                 "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
                 "feed_forward.w1": colwise(),
                 "feed_forward.w2": rowwise(output_layouts=Shard(1)),
                 "feed_forward.w3": colwise(),
-            },
-        )
+            }
+        parallelize_module(block, tp_mesh, plan)
+
+
+def replicate_rest(moe: nn.Module, tp_mesh) -> None:
+    """The router, and the routed experts unless EP split them, as DTensors replicated over TP:
+    then every parameter of a TP model is a DTensor, which the optimizer's foreach ops need even
+    where no FSDP makes them so. (MoE.forward computes with their local tensors.)"""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    for module in (moe.router.gate, moe.experts):
+        for name, param in list(module.named_parameters(recurse=False)):
+            if not isinstance(param, DTensor):
+                setattr(module, name, nn.Parameter(distribute_tensor(param, tp_mesh, [Replicate()])))
+
+
+def moe_plan(moe: nn.Module) -> dict[str, object]:
+    """An MoE layer under TP: it takes the whole (gathered) sequence as a plain tensor, so the
+    router and routed experts run replicated on every TP rank (their gradients agree, no reduction
+    over TP is needed), and hands back its sequence shard (a local slice; its backward gathers).
+    The shared experts are split column-/row-wise as a dense SwiGLU is, their output all-reduced."""
+    from torch.distributed.tensor.parallel import PrepareModuleInputOutput
+
+    plan: dict[str, object] = {"moe": PrepareModuleInputOutput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
+        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)}
+    if moe.shared_experts is not None:
+        plan |= {"moe.shared_experts.w1": ColwiseParallel(), "moe.shared_experts.w3": ColwiseParallel(),
+                 "moe.shared_experts.w2": RowwiseParallel(output_layouts=Replicate())}
+    return plan
 
 
 def enable_async_tp(tp_mesh) -> None:

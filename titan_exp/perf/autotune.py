@@ -142,7 +142,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     if AutotuneAxis.layout in axes:
         layouts = valid_layouts(job, world, cuda=cuda)
     else:
-        layouts = [with_layout(job, job.parallelism.degrees, global_batch)]
+        layouts = [with_layout(job, job.parallelism.layout, global_batch)]
     out, seen = [], set()
     for base in layouts:
         variants = [(base, [*layout_overrides(base), f"training.global_batch_size={base.training.global_batch_size}",
@@ -158,7 +158,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
             step = predict_step(variant, profile, cuda=cuda)
             memory = predict_memory(variant, cuda=cuda)["total"]
             extras = [LABELS[_key(o)].format(o.split("=", 1)[1]) for o in overrides[len(layout_overrides(base)) + 2:]]
-            name = ", ".join([layout_label(variant.parallelism.degrees), *extras])
+            name = ", ".join([layout_label(variant.parallelism.layout), *extras])
             out.append(Candidate(name, overrides, variant, step.step_s, step.tokens_per_s_per_device,
                                  step.breakdown(), memory, memory <= memory_gib))
     return sorted(out, key=lambda c: (not c.fits, -c.predicted_tps))

@@ -68,8 +68,12 @@ class Options:
 
 
 def model_shape(job: JobConfig) -> str:
+    """The block a calibration measures: for an MoE model, one of its MoE blocks."""
     m = job.model
-    return shape_key(m.dim, m.n_heads, m.kv_heads, m.ffn_hidden_dim, m.vocab_size, job.training.seq_len)
+    key = shape_key(m.dim, m.n_heads, m.kv_heads, m.ffn_hidden_dim, m.vocab_size, job.training.seq_len)
+    if m.is_moe:
+        key += f"-moe{m.n_experts}k{m.top_k}h{m.expert_hidden_dim}s{m.n_shared_experts}"
+    return key
 
 
 def tp_degrees(m: ModelConfig, world: int) -> list[int]:
@@ -111,16 +115,26 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
 
 # -- compute -------------------------------------------------------------------------------
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
-    """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width."""
+    """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width. For
+    an MoE model an MoE block, whose router and routed experts TP leaves whole (all experts
+    local: under EP a rank computes as many routed tokens on average, sent by all-to-all, which
+    is costed apart)."""
     from titan_exp.models.llama import FeedForward, TransformerBlock
 
-    block = TransformerBlock(m)
+    block = TransformerBlock(m, layer=m.n_dense_layers)
     a, hd = block.attention, m.head_dim
     a.wq = nn.Linear(m.dim, m.n_heads // tp * hd, bias=False)
     a.wk = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
     a.wv = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
     a.wo = nn.Linear(m.n_heads // tp * hd, m.dim, bias=False)
-    block.feed_forward = FeedForward(m.dim, m.ffn_hidden_dim // tp)
+    if m.is_moe:
+        for w in block.moe.experts.parameters():
+            nn.init.normal_(w, std=0.02)
+        block.moe.init_buffers()
+        if m.n_shared_experts:
+            block.moe.shared_experts = FeedForward(m.dim, m.expert_hidden_dim * m.n_shared_experts // tp)
+    else:
+        block.feed_forward = FeedForward(m.dim, m.ffn_hidden_dim // tp)
     return block.to(device)
 
 
@@ -173,6 +187,7 @@ def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
             models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
             if mesh is not None:
                 apply_tp(models[layers], mesh, loss_parallel=False)
+            models[layers].init_weights(0)  # an MoE's experts and buffers start empty
         one, two = [], []
         for seqs in opts.sequences:
             tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
@@ -202,6 +217,7 @@ def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, d
         for layers in (1, 2):
             models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
             apply_cp(models[layers], mesh, seq_len)
+            models[layers].init_weights(0)
         rows = []
         for seqs in opts.sequences:
             tokens = torch.randint(0, m.vocab_size, (seqs, seq_len // cp), device=device)

@@ -16,6 +16,11 @@
     peak memory there is torch's allocator peak.
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
+
+MoE models: the routed experts and router run whole on every TP rank, so their states are
+divided by dp_shard x cp only (under EP too: ep x efsdp is that product), their activations are
+those of top_k experts per token plus the dispatched copies of the tokens (DISPATCH_COPIES), not
+divided by tp; FSDP gathers 1/ep of the routed experts under EP.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ RUNTIME_GIB_CPU = 0.50
 ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
+DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 
 
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None) -> dict[str, float]:
@@ -41,13 +47,19 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     if pp_rank is None and pp > 1:  # the pipeline position whose total is largest (first: embedding, last: logits)
         return max((predict_memory(job, cuda=cuda, pp_rank=k) for k in range(pp)), key=lambda parts: parts["total"])
     block = m.block_params
+    routed = m.routed_params_per_block  # 0 for a dense model; not split by tp
+    ep = p.expert_parallel_degree
     loads = rank_loads(p, m.n_layers)
     per_rank = loads[0].stages
     worst = loads[pp_rank or 0]
     params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
     shard = dps * cp * tp
     bytes_param = 2 if job.precision.full_bf16 else 4
-    states = params / shard * (2 * bytes_param + 8)
+    local_params = (params - worst.blocks * routed) / shard + worst.blocks * routed / (dps * cp)
+    states = local_params * (2 * bytes_param + 8)
+    # What one TP rank gathers of a block and of its stage: the dense part, and its routed experts.
+    params = (params - worst.blocks * routed) / tp + worst.blocks * routed / ep
+    block = (block - routed) / tp + routed / ep
     # On a GPU under bf16 mixed precision FSDP gathers bf16 parameters and autocast saves bf16
     # activations (2 bytes); the CPU constants below were fitted on this project's CPU runs as
     # they are (4), and stay so.
@@ -59,19 +71,23 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its
         # gradients once per step: the unsharded gradients accumulate over the microbatches
         # (fp32, the reduce dtype) beside the gathered parameters.
-        working = params / tp * (gathered + 4) + block / tp * gathered
+        working = params * (gathered + 4) + block * gathered
     elif fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
-        working = (params + block) / tp * gathered
+        working = (params + block) * gathered
     elif fsdp:
-        working = 3 * block / tp * gathered
+        working = 3 * block * gathered
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
-        working = params / tp * 4
+        working = params * 4
     else:
         working = 0.0
     # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     tokens = microbatch * t.seq_len / cp
-    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * m.ffn_hidden_dim) * act_bytes / tp
+    moe_share = m.n_moe_layers / m.n_layers
+    ffn_width = (1 - moe_share) * m.ffn_hidden_dim + moe_share * m.n_shared_experts * m.expert_hidden_dim
+    per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * ffn_width) * act_bytes / tp
+    # Routed experts, whole on every TP rank: top_k experts' SwiGLU per token, and the token copies.
+    per_block += moe_share * tokens * m.top_k * (ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim) * act_bytes
     inputs = tokens * m.dim * act_bytes / tp
     mode = job.activation_checkpoint.mode
     blocks = worst.blocks

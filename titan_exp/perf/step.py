@@ -32,7 +32,15 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          sequence (calibrated: the K/V all-gather and the masked attention over the whole sequence);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
   PP     a send and a receive per stage and microbatch, forward and backward.
+  EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
+         backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
+         and the token-count exchange before each forward one. The routed experts are gathered by
+         FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
 Then the optimizer step (AdamW on the local shard) and a fixed per-step overhead.
+
+MoE models: a block's FLOPs are those of its active parameters (the experts a token goes to);
+under TP the router and routed experts run whole on every TP rank, so only the rest is divided
+by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well.
 """
 
 from __future__ import annotations
@@ -53,7 +61,7 @@ DDP_BUCKET_BYTES = 25 * 2**20
 NONMATMUL = 1.3  # a block's time over its matmuls' when no block was measured (estimate)
 
 # How the parts add up into the report's breakdown.
-COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p")
+COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p", "ep")
 BREAKDOWN = {"compute": ("compute", "optimizer", "overhead"), "exposed_comm": COMM_PARTS,
              "bubble": ("bubble",), "recompute": ("recompute",)}
 
@@ -74,7 +82,7 @@ def estimated_block(job: JobConfig, tp: int, profile: MachineProfile) -> BlockCo
     """A block not calibrated: its FLOPs at the fp32 matmul rate, times NONMATMUL."""
     m, seq = job.model, job.training.seq_len
     gemm = profile.gemm.get("float32") or Line(20e-6, 1 / 80e9)
-    fwd_flops = 2 * m.block_params / tp * seq + 4 * m.dim / tp * seq * seq
+    fwd_flops = 2 * m.block_matmul_params(tp) * seq + 4 * m.dim / tp * seq * seq
     fwd = Line(4 * gemm.latency_s, gemm.per_unit_s * fwd_flops * NONMATMUL)
     fwd_bwd = Line(3 * fwd.latency_s, 3 * fwd.per_unit_s)
     head = Line(3 * gemm.latency_s, gemm.per_unit_s * 6 * m.dim * m.vocab_size / tp * seq * NONMATMUL)
@@ -137,7 +145,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                      f"(python -m titan_exp.calibrate model={m.flavor} training.seq_len={t.seq_len})")
         cost = estimated_block(job, tp, profile)
     gemm32 = profile.gemm.get("float32")
-    block_fwd_flops = 2 * m.block_params / tp * mb * t.seq_len / cp
+    block_fwd_flops = 2 * m.block_matmul_params(tp) * mb * t.seq_len / cp
     scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
     if job.compile.enable:
         if profile.compile_speedup:
@@ -179,8 +187,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     worst = loads[slowest]
     param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
     act_bytes = mb * t.seq_len / cp * m.dim * 4
-    units = [m.block_params] * worst.blocks + ([m.embedding_params] if worst.first else []) + (
-        [m.output_params] if worst.last else [])
+    ep = p.expert_parallel_degree
+    routed = m.routed_params_per_block  # 0 for a dense model
+    # Per-TP-rank parameter counts of the FSDP units over dp_shard x cp: the blocks (less their
+    # routed experts under EP, which are a unit of their own), the embedding, the output.
+    units = [(m.block_params - routed) / tp + (routed if ep == 1 else 0)] * worst.blocks + (
+        [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
     compute_window = parts["compute"] + parts["recompute"]
     shard = dps * cp
     spans = across_nodes(job)
@@ -194,15 +206,20 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         per_step = pp > 1 and mode == "default"  # PP stages keep their parameters gathered
         gathers = 1 if per_step or mode == "never" else 2
         rounds = 1 if per_step else accumulation
-        comm = rounds * sum(gathers * ag(u / tp * param_bytes) + rs(u / tp * 4) for u in units)
+        comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
+        efsdp = shard // ep
+        if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
+            eag, ers = profile.collective("all_gather", efsdp, wide), profile.collective("reduce_scatter", efsdp, wide)
+            comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
         hidden = profile.overlap * min(comm, compute_window) if cuda else 0.0
         parts["fsdp"] = comm - hidden
         if rep > 1:
             ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
-            parts["hsdp"] = sum(ar(u / (tp * shard) * 4) for u in units)
+            parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
+                worst.blocks * ar(routed / shard * 4) if ep > 1 else 0.0)
     elif rep > 1:
         ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
-        grad_bytes = sum(units) / tp * 4
+        grad_bytes = sum(units) * 4
         buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
         comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
         parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
@@ -231,10 +248,16 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     if pp > 1:
         sr = profile.collective("send_recv", 2, "pp" in spans)
         parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
+    if ep > 1:
+        a2a = profile.collective("all_to_all", ep, bool({"dp_shard", "cp"} & spans))
+        routed_bytes = mb * t.seq_len / cp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
+        moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
+        per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
+        parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
     for part in COMM_PARTS:
         if part in parts:
             parts[part] = max(0.0, parts[part]) * profile.corrections.communication
-    local_params = sum(units) / (shard * tp)
+    local_params = sum(units) / shard + (worst.blocks * routed / shard if ep > 1 else 0.0)
     parts["optimizer"] = local_params * profile.optimizer_s_per_param * profile.corrections.compute
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
     step = sum(parts.values())

@@ -25,6 +25,7 @@ from titan_exp.config import JobConfig, OnNonfinite, problem
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
+from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
@@ -60,18 +61,24 @@ def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
     """Total gradient norm over every parameter of the model, wherever its shards live; clips
-    in place when max_norm > 0. Under PP each rank holds some stages, so squares are summed
-    across the pipeline group."""
-    grads = [p.grad for p in params if p.grad is not None]
-    total = torch.nn.utils.get_total_norm(grads, foreach=True)
-    if isinstance(total, DTensor):
-        total = total.full_tensor()
+    in place when max_norm > 0. Gradients on different meshes (expert-parallel experts beside the
+    dense parameters) are normed per mesh, since DTensor ops cannot mix meshes. Under PP each rank
+    holds some stages, so squares are summed across the pipeline group."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    squares = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+    total = torch.stack(squares).sum() if squares else torch.zeros(())
     if pp_group is not None:
-        total = total**2
         dist.all_reduce(total, group=pp_group)
-        total = total.sqrt()
+    total = total.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total, foreach=True)
+        for grads in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
     return total
 
 
@@ -163,6 +170,11 @@ class Trainer:
 
     def _build_optimizer(self) -> None:
         self.params = [p for part in self.model_parts for p in part.parameters()]
+        self.moe_layers = moe.moe_layers(self.model_parts)
+        self.expert_counts: torch.Tensor | None = None  # the last step's tokens per expert, summed over ranks
+        sequences = self.job.training.global_batch_size // self.dims.dp  # per rank and step
+        for layer in self.moe_layers:
+            layer.aux_loss_scale = 1.0 / sequences
         self.optimizers, self.schedulers = build_optimizers(self.model_parts, self.job)
 
     def _build_data(self) -> None:
@@ -251,8 +263,10 @@ class Trainer:
         same) gets no update; `train` then fails or, with training.on_nonfinite=skip, goes on."""
         for optimizer in self.optimizers:
             optimizer.zero_grad()
+        moe.reset_counts(self.moe_layers)
         with self.profiler.phase("forward_backward"):
             loss = self._forward_backward(microbatches)
+        self.expert_counts = moe.update_expert_bias(self.moe_layers, self.loss_group)
         with self.profiler.phase("optimizer"):
             return self._update(loss)
 
@@ -426,7 +440,19 @@ class Trainer:
             "lr": self.schedulers[0].get_last_lr()[0],
             **self.throughput.window(),
             "peak_memory_gib": peak_memory_gib(self.device),
+            **self._expert_load(),
         })
+
+    def _expert_load(self) -> dict[str, float]:
+        """The last step's expert load over every MoE layer (all pipeline stages): the busiest
+        and idlest expert's tokens over the mean, and the largest load-balancing bias."""
+        if self.job.model.n_experts == 0:
+            return {}
+        stats = moe.load_stats(self.expert_counts, self.moe_layers) if self.moe_layers else torch.full((3,), -1e9, device=self.device)
+        if self.pp_group is not None:
+            dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.pp_group)
+        busiest, idlest, bias = stats.tolist()
+        return {"moe/max_load": busiest, "moe/min_load": -idlest, "moe/max_bias": bias}
 
     def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int], found_at: int) -> None:
         """A step whose loss or gradients are NaN/Inf: skip it (training.on_nonfinite=skip; its

@@ -1,0 +1,54 @@
+"""Expert parallel: each rank of the `ep` mesh holds n_experts / ep of every MoE layer's routed
+experts (their weights are DTensors sharded on the expert dim), and tokens travel to them by
+all-to-all (titan_exp.models.moe.MoE._exchange). The ep ranks are carved out of dp_shard x cp
+(titan_exp.parallel.dims): they still read different data and shard the dense parameters with
+FSDP; the experts are sharded by FSDP over what is left (`efsdp`, parallel/fsdp.py)."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from titan_exp.config import ACMode, JobConfig, problem
+
+
+def check(job: JobConfig, dims, cuda: bool) -> list[str]:
+    """EP divides the experts and fits inside dp_shard x cp, taking all of cp."""
+    ep, m = dims.ep, job.model
+    field = "parallelism.expert_parallel_degree"
+    if ep == 1:
+        return []
+    if not m.is_moe:
+        return [problem(field, ep, "needs an MoE model (model.n_experts > 0), e.g. model=moe_debug")]
+    e = []
+    if m.n_experts % ep:
+        e.append(problem(field, ep, f"does not divide model.n_experts = {m.n_experts}; pick a degree that does"))
+    if ep % dims.cp:
+        e.append(problem(field, ep, f"must be a multiple of context_parallel_degree = {dims.cp}: "
+                                    "expert parallel borrows all of the context-parallel ranks"))
+    elif dims.dp_shard % (ep // dims.cp):
+        e.append(problem(field, ep, f"is carved out of data_parallel_shard_degree x context_parallel_degree = "
+                                    f"{dims.dp_shard} x {dims.cp}: ep / cp = {ep // dims.cp} must divide "
+                                    f"data_parallel_shard_degree = {dims.dp_shard}"))
+    ac = job.activation_checkpoint
+    if ac.mode == ACMode.selective and ac.selective_ac_option == "op":
+        # torch 2.13's selective checkpoint replays a block's ops by invocation count and fails on
+        # an MoE block under EP ("profiler._record_function_enter_new invocation index 3 ...
+        # not found in storage"), likely from the experts' FSDP unit nested in the block.
+        e.append(problem("activation_checkpoint.selective_ac_option", "op",
+                         "torch's per-op selective checkpoint fails to replay an MoE block under expert parallel; "
+                         "use activation_checkpoint.mode=full or selective_ac_option=N (every Nth block)"))
+    return e
+
+
+def apply_ep(model: nn.Module, ep_mesh) -> None:
+    """Split every MoE layer's routed experts over `ep_mesh` (dim 0 of each expert weight) and
+    let the layer dispatch over it."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from titan_exp.models.moe import MoE
+
+    for moe in (m for m in model.modules() if isinstance(m, MoE)):
+        for name, param in list(moe.experts.named_parameters()):
+            setattr(moe.experts, name, nn.Parameter(distribute_tensor(param, ep_mesh, [Shard(0)])))
+        moe.experts.grad_scale = 1.0 / ep_mesh.size()  # see GroupedExperts
+        moe.ep_mesh = ep_mesh
