@@ -67,6 +67,7 @@ class RunSummary:
     final_val_loss: Optional[float] = None  # validation.enable: the held-out loss at the last validation
     val_losses: Optional[dict[str, float]] = None  # step (as JSON spells it) -> held-out loss
     grad_norms: Optional[list[float]] = None
+    expert_load: Optional[dict[str, float]] = None  # MoE: the last step's max/min tokens per expert over the mean, largest bias
     skipped_steps: Optional[list[int]] = None
     tokens_per_second_per_device: Optional[float] = None
     mfu: Optional[float] = None

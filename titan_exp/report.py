@@ -30,8 +30,8 @@ from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 
 logger = logging.getLogger("titan_exp.report")
 
-COLUMNS = ("member", "overrides", "layout", "precision", "compile", "activation_checkpoint", "world_size",
-           "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss", "status", "reason",
+COLUMNS = ("member", "overrides", "layout", "ep", "expert_load", "precision", "compile", "activation_checkpoint",
+           "world_size", "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss", "status", "reason",
            "predicted_tokens_per_second_per_device", "prediction_error", "prediction_source", "compute_share",
            "exposed_comm_share",
            "bubble_share", "recompute_share", "breakdown_source")
@@ -62,6 +62,9 @@ def row(path: Path) -> dict[str, Any]:
         "member": path.name,
         "all_overrides": overrides,
         "layout": layout_label(summary.layout),
+        # MoE runs: the expert parallel degree, and the busiest expert's tokens over the mean at the end.
+        "ep": (summary.layout or {}).get("ep", 1) if summary.expert_load is not None else "",
+        "expert_load": summary.expert_load["max_load"] if summary.expert_load else None,
         "precision": shown(summary.precision),
         "compile": shown(summary.compile),
         "activation_checkpoint": shown(summary.activation_checkpoint),
@@ -152,14 +155,15 @@ def tally(rows: list[dict[str, Any]]) -> str:
 def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
     lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
              "(steady state, warm-up steps excluded).", "",
-             "| rank | member | overrides | layout | precision | compile | AC | world | tokens/s/device | MFU % "
-             "| peak GiB/device | final loss | val loss | status | reason | predicted tokens/s (error) "
-             "| step: compute / comm / bubble / recompute % (from) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rank | member | overrides | layout | EP | max expert load | precision | compile | AC | world "
+             "| tokens/s/device | MFU % | peak GiB/device | final loss | val loss | status | reason "
+             "| predicted tokens/s (error) | step: compute / comm / bubble / recompute % (from) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["status"] == "ok" else ""
         lines.append("| " + " | ".join([
-            rank, r["member"], r["overrides"], r["layout"], r["precision"], _fmt(r["compile"]),
+            rank, r["member"], r["overrides"], r["layout"], _fmt(r["ep"]), _fmt(r["expert_load"], 2), r["precision"],
+            _fmt(r["compile"]),
             _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
             _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4), r["status"],
             r["reason"].replace("|", "/"), _predicted(r), _shares(r),

@@ -141,6 +141,9 @@ class _AddAuxLoss(torch.autograd.Function):
 class MoE(nn.Module):
     # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over.
     ep_mesh = None
+    # Whether a forward with gradients counts its tokens per expert (off for a pipeline stage's
+    # shape inference: titan_exp.parallel.pipeline.Stage).
+    counting = True
 
     def __init__(self, cfg: ModelConfig):
         from titan_exp.models.llama import FeedForward
@@ -169,7 +172,7 @@ class MoE(nn.Module):
         bias = self.expert_bias if self.load_balance_coeff is not None else None
         weights_TK, ids_TK, scores_TE = self.router(x_TD, bias)
         counts_E = torch.bincount(ids_TK.flatten(), minlength=self.n_experts)
-        if torch.is_grad_enabled():  # training forwards only (validation runs without grad)
+        if self.counting and torch.is_grad_enabled():  # training forwards only (validation runs without grad)
             self.tokens_per_expert.add_(counts_E)
         # Sort the (token, choice) pairs by expert; stable, so the order never depends on layout.
         order_N = ids_TK.flatten().argsort(stable=True)

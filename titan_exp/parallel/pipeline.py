@@ -147,6 +147,24 @@ def schedule_class(name: str):
     return getattr(schedules, f"Schedule{name}")
 
 
+class Stage(PipelineStage):
+    """torch's PipelineStage, except that an MoE layer does not count its shape inference (one
+    forward on stand-in inputs, inside the first step) as routed tokens: the load-balancing bias
+    sees only the batch's (titan_exp.models.moe)."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        from titan_exp.models.moe import moe_layers
+
+        layers = moe_layers([self.submod])
+        for layer in layers:
+            layer.counting = False
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            for layer in layers:
+                layer.counting = True
+
+
 def build_pipeline(
     model: nn.Module,
     *,
@@ -168,7 +186,7 @@ def build_pipeline(
         part = split_model(model, sid, n_stages)
         prepare(part)  # parallelize, materialize and initialise before the stage sees it
         parts.append(part)
-        stages.append(PipelineStage(part, sid, n_stages, device, group=pp_mesh.get_group()))
+        stages.append(Stage(part, sid, n_stages, device, group=pp_mesh.get_group()))
     cls = schedule_class(schedule)
     # Loss is already normalised by the step's token count, so gradients must not be rescaled.
     if schedule in SINGLE_STAGE:

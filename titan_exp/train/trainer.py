@@ -420,6 +420,7 @@ class Trainer:
             "peak_tflops_source": self.peak_source,
             "first_step_s": step_times[0],
             "step_times_s": [round(x, 5) for x in step_times],
+            **({"expert_load": self._expert_load()} if self.job.model.is_moe else {}),
             **({"compile_s": first_step_overhead} if self.job.compile.enable else {}),
         }
 
@@ -440,19 +441,21 @@ class Trainer:
             "lr": self.schedulers[0].get_last_lr()[0],
             **self.throughput.window(),
             "peak_memory_gib": peak_memory_gib(self.device),
-            **self._expert_load(),
+            **{f"moe/{k}": v for k, v in self._expert_load().items()},
         })
 
     def _expert_load(self) -> dict[str, float]:
         """The last step's expert load over every MoE layer (all pipeline stages): the busiest
-        and idlest expert's tokens over the mean, and the largest load-balancing bias."""
-        if self.job.model.n_experts == 0:
+        and idlest expert's tokens over the mean, and the largest load-balancing bias. (Dispatch
+        is capacity-free: no token is dropped or re-routed, so there is nothing else to count.)"""
+        if not self.job.model.is_moe or self.expert_counts is None:
             return {}
-        stats = moe.load_stats(self.expert_counts, self.moe_layers) if self.moe_layers else torch.full((3,), -1e9, device=self.device)
+        stats = (moe.load_stats(self.expert_counts, self.moe_layers) if self.moe_layers
+                 else torch.full((3,), -1e9, device=self.device))  # a pipeline rank without MoE layers
         if self.pp_group is not None:
             dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.pp_group)
         busiest, idlest, bias = stats.tolist()
-        return {"moe/max_load": busiest, "moe/min_load": -idlest, "moe/max_bias": bias}
+        return {"max_load": busiest, "min_load": -idlest, "max_bias": bias}
 
     def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int], found_at: int) -> None:
         """A step whose loss or gradients are NaN/Inf: skip it (training.on_nonfinite=skip; its

@@ -1,0 +1,228 @@
+"""Mixture of experts and expert parallel.
+
+In one process: the MoE layer against a token-by-token reference (forward and gradients), the
+balance loss's gradient against adding it to the loss, the bias update, the published shapes, the
+validation rules and the planner's EP layouts. Then real gloo runs of the debug MoE: every EP
+layout gives one process's losses and gradient norms (fp32, deterministic; the norms catch a
+wrong expert gradient scale, which AdamW's updates would hide from the losses), and an EP 2
+checkpoint continues under EP 4 and in one process (DCP reshards the experts).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import SMALL, job_config, run_job
+
+slow = pytest.mark.slow
+
+MOE = [*SMALL, "model=moe_debug", "training.steps=4"]
+SAVES = ["checkpoint=default", "checkpoint.interval=2", "checkpoint.keep_latest_k=0"]
+W2 = ["cluster.nproc_per_node=2", "training.local_batch_size=4"]
+W4 = ["cluster.nproc_per_node=4", "training.local_batch_size=2"]
+EP = {  # name -> overrides; every one must equal the single process
+    "ep2": ["parallelism=ep", *W2],
+    "dp_shard4_ep2": ["parallelism=ep", *W4],  # the experts also FSDP-sharded over 2 (efsdp)
+    "tp2_ep2": ["parallelism=2d", "parallelism.expert_parallel_degree=2", *W4],
+    "pp2_ep2": ["parallelism=pp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
+    "hsdp_ep2": ["parallelism=hsdp", "parallelism.expert_parallel_degree=2", *W4],
+    "cp2_ep2": ["parallelism=cp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
+    "tp2": ["parallelism=tp", *W2],
+    "ep2_compile_full_ac": ["parallelism=ep", "compile.enable=true", "activation_checkpoint.mode=full", *W2],
+    "3d_ep": ["parallelism=3d_ep", "cluster.nproc_per_node=8", "training.local_batch_size=4"],
+}
+FAST = ("dp_shard4_ep2", "tp2_ep2", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below
+
+
+def ok(code, summary):
+    assert code == 0 and summary["status"] == "ok", summary and summary.get("error")
+    return summary
+
+
+def same_run(summary: dict, reference: dict) -> None:
+    assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    assert summary["grad_norms"] == pytest.approx(reference["grad_norms"], rel=3e-4)
+    assert summary["expert_load"] == pytest.approx(reference["expert_load"])  # same routing, same bias
+
+
+# -- one process ---------------------------------------------------------------------------
+def _layer(**fields):
+    from titan_exp.config.schema import ModelConfig
+    from titan_exp.models.moe import MoE
+
+    cfg = ModelConfig(dim=32, n_heads=4, n_experts=4, top_k=2, moe_hidden_dim=16, n_shared_experts=1, **fields)
+    torch.manual_seed(0)
+    layer = MoE(cfg)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    layer.init_buffers()
+    return layer
+
+
+@pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
+def test_moe_layer_equals_a_token_by_token_reference(score_func):
+    """Dispatch (sort by expert, run each expert on its rows, weigh, add back) against looping over
+    tokens and their chosen experts; the bias picks experts but never weighs them."""
+    import torch.nn.functional as F
+
+    layer = _layer(score_func=score_func, route_norm=True)
+    layer.expert_bias.copy_(torch.tensor([0.5, -0.5, 0.0, 0.0]))
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    out = layer(x)
+    e = layer.experts
+
+    def expert(i, t):
+        return (F.silu(t @ e.w1[i].T) * (t @ e.w3[i].T)) @ e.w2[i].T
+
+    ref = []
+    for t in x.reshape(-1, 32):
+        logits = layer.router.gate.weight @ t
+        scores = logits.softmax(-1) if score_func == "softmax" else logits.sigmoid()
+        chosen = (scores + layer.expert_bias).topk(2).indices
+        weights = scores[chosen] / scores[chosen].sum()
+        ref.append(sum(w * expert(i, t) for w, i in zip(weights, chosen)) + layer.shared_experts(t))
+    ref = torch.stack(ref).view(2, 5, 32)
+    assert torch.allclose(out, ref, atol=1e-5)
+    grads = torch.autograd.grad(out.square().sum(), [x, e.w1, layer.router.gate.weight])
+    ref_grads = torch.autograd.grad(ref.square().sum(), [x, e.w1, layer.router.gate.weight])
+    for got, want in zip(grads, ref_grads):
+        assert torch.allclose(got, want, atol=1e-5)
+    assert layer.tokens_per_expert.sum() == 2 * 5 * 2  # every token counted top_k times
+
+
+def test_balance_loss_gradient_is_that_of_adding_it_to_the_loss():
+    from titan_exp.models.moe import sequence_balance_loss
+
+    x = torch.randn(3, 6, 32)
+    with_aux = _layer(aux_loss_coeff=0.1)
+    with_aux.aux_loss_scale = 1 / 3
+    with_aux(x).sum().backward()
+    plain = _layer()
+    out = plain(x)
+    weights, ids, scores = plain.router(x.reshape(-1, 32), plain.expert_bias)
+    (out.sum() + 0.1 / 3 * sequence_balance_loss(scores, ids, 3, 2)).backward()
+    assert plain.router.gate.weight.grad.abs().sum() > 0
+    assert torch.allclose(with_aux.router.gate.weight.grad, plain.router.gate.weight.grad, atol=1e-6)
+
+
+def test_bias_update_moves_towards_balance():
+    from titan_exp.models.moe import load_stats, update_expert_bias
+
+    layer = _layer(load_balance_coeff=0.01)
+    layer.tokens_per_expert.copy_(torch.tensor([10.0, 2.0, 4.0, 0.0]))  # mean 4
+    counts = update_expert_bias([layer], group=None)
+    assert layer.expert_bias.tolist() == pytest.approx([-0.0125, 0.0075, -0.0025, 0.0075])  # sign, centred
+    assert load_stats(counts, [layer]).tolist() == pytest.approx([2.5, -0.0, 0.0125])
+
+
+def test_published_shapes_and_active_flops():
+    from titan_exp.models.llama import flops_per_token
+
+    olmoe, mixtral = job_config(["model=olmoe_1b_7b"]).model, job_config(["model=mixtral_8x7b"]).model
+    assert (round(olmoe.num_params / 1e9, 1), round(olmoe.active_params / 1e9, 1)) == (6.9, 1.3)  # OLMoE-1B-7B
+    assert (round(mixtral.num_params / 1e9, 1), round(mixtral.active_params / 1e9, 1)) == (46.7, 12.9)  # 8x7B
+    debug = job_config(["model=moe_debug"]).model
+    dense = job_config([]).model  # debugmodel: the same active SwiGLU width
+    attention = 6 * 6 * 16 * 16 * 2 * 64
+    assert flops_per_token(debug, 64) == 6 * (debug.active_params - debug.embedding_params) + attention
+    assert flops_per_token(debug, 64) - flops_per_token(dense, 64) == 6 * 5 * 256 * 8  # the routers only
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["parallelism=ep", "cluster.nproc_per_node=2"], "parallelism.expert_parallel_degree = 2: needs an MoE model"),
+    (["model=moe_debug", "parallelism=ep", "parallelism.expert_parallel_degree=3", "cluster.nproc_per_node=3"],
+     "does not divide model.n_experts = 8"),
+    (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=3", "parallelism.data_parallel_shard_degree=3"],
+     "ep / cp = 2 must divide data_parallel_shard_degree = 3"),
+    (["model=moe_debug", "parallelism=cp", "parallelism.expert_parallel_degree=3", "parallelism.data_parallel_shard_degree=3",
+      "cluster.nproc_per_node=6", "model.n_experts=6"], "must be a multiple of context_parallel_degree = 2"),
+    (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=2", "activation_checkpoint.mode=selective"],
+     "activation_checkpoint.selective_ac_option = 'op': torch's per-op selective checkpoint"),
+    (["model=moe_debug", "parallelism=cp", "cluster.nproc_per_node=2", "model.aux_loss_coeff=0.01"],
+     "model.aux_loss_coeff = 0.01: the sequence-wise balance loss needs whole sequences"),
+    (["model=moe_debug", "model.top_k=9"], "model.top_k = 9: exceeds model.n_experts = 8"),
+    (["model=moe_debug", "model.n_dense_layers=6"], "model.n_dense_layers = 6: leaves no MoE layer"),
+    (["model=moe_debug", "checkpoint.last_save_in_hf=true"], "checkpoint.last_save_in_hf = True: Hugging Face export"),
+])
+def test_invalid_moe_configs_are_refused_by_name(overrides, message):
+    from titan_exp.validation import validate
+
+    errors = validate(job_config(overrides))
+    assert any(message in e for e in errors), errors
+
+
+def test_planner_searches_expert_parallel():
+    from titan_exp.perf.profile import defaults
+    from titan_exp.plan import plan
+
+    job = job_config(["model=moe_debug", "training.seq_len=64", "training.global_batch_size=8"])
+    plans = {pl.name: pl for pl in plan(job, 4, device_memory_gib=100, profile=defaults("cpu", "gloo", 4, 1))}
+    assert {"dp_shard4", "dp_shard4 x ep2", "dp_shard4 x ep4", "dp_shard2 x tp2 x ep2", "cp4 x ep4"} <= set(plans)
+    assert "parallelism.expert_parallel_degree=1" in plans["dp_shard4"].overrides
+    ep4, fsdp = plans["dp_shard4 x ep4"], plans["dp_shard4"]
+    assert ep4.step.parts["ep"] > 0 and "ep" not in fsdp.step.parts
+    assert ep4.parts_gib["states"] == pytest.approx(fsdp.parts_gib["states"])  # ep x efsdp shard the experts as FSDP did
+    assert ep4.parts_gib["fsdp_working_set"] < fsdp.parts_gib["fsdp_working_set"]  # 1/4 of the experts gathered
+    dense = plan(job_config(["training.seq_len=64", "training.global_batch_size=8"]), 4, device_memory_gib=100,
+                 profile=defaults("cpu", "gloo", 4, 1))
+    assert not any("ep" in pl.degrees for pl in dense)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")
+def test_grouped_matmul_equals_the_loop():
+    from titan_exp.models.moe import GroupedExperts
+
+    experts = GroupedExperts(4, 64, 128).cuda()
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    x = torch.randn(48, 64, device="cuda", dtype=torch.bfloat16)
+    counts = torch.tensor([16, 0, 8, 24], device="cuda")
+    grouped = experts.bfloat16()(x, counts)  # torch._grouped_mm
+    loop = experts.float()(x.float(), counts)  # the same (bf16-rounded) weights, one expert at a time
+    assert torch.allclose(grouped.float(), loop, atol=2e-2, rtol=2e-2)
+
+
+# -- real runs -----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def moe_reference(tmp_path_factory):
+    return ok(*run_job(MOE, tmp_path_factory.mktemp("moe_single")))
+
+
+@pytest.fixture(scope="module")
+def ep2_run(tmp_path_factory):
+    """EP 2 on 2 ranks, saving at steps 2 and 4."""
+    run_dir = tmp_path_factory.mktemp("moe_ep2")
+    return run_dir, ok(*run_job([*MOE, *EP["ep2"], *SAVES], run_dir))
+
+
+def test_ep2_equals_one_process_and_logs_expert_load(ep2_run, moe_reference):
+    run_dir, summary = ep2_run
+    same_run(summary, moe_reference)
+    assert summary["layout"]["ep"] == 2
+    logged = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(1.0 <= m["moe/max_load"] <= 4.0 and 0.0 <= m["moe/min_load"] <= 1.0 for m in logged)  # E / K = 4
+    assert logged[-1]["moe/max_bias"] > 0  # the bias moved
+    assert summary["expert_load"]["max_load"] == logged[-1]["moe/max_load"]
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in FAST else [slow]) for n in EP if n != "ep2"])
+def test_ep_layouts_equal_one_process(name, moe_reference, tmp_path):
+    summary = ok(*run_job([*MOE, *EP[name]], tmp_path))
+    same_run(summary, moe_reference)
+
+
+@pytest.mark.parametrize("target", [["parallelism=ep", "parallelism.expert_parallel_degree=4", *W4], []],
+                         ids=["ep4", "single"])
+def test_ep2_checkpoint_continues_in_another_expert_layout(target, ep2_run, moe_reference, tmp_path):
+    """The full state of EP 2's step 2 (the experts split in two, the load-balancing bias) loads
+    where the experts are split in four, or whole, and training goes on as one process's did."""
+    run_dir, _ = ep2_run
+    summary = ok(*run_job([*MOE, *target, "checkpoint=default", f"checkpoint.initial_load_path={run_dir}/checkpoints/step-2",
+                           "checkpoint.initial_load_model_only=false"], tmp_path))
+    assert summary["start_step"] == 3
+    assert summary["losses"] == pytest.approx(moe_reference["losses"][2:], abs=1e-5)
+    # The bias after 4 updates: only if the checkpoint's 2 were loaded.
+    assert summary["expert_load"] == pytest.approx(moe_reference["expert_load"])
