@@ -214,6 +214,15 @@ def test_ep_layouts_equal_one_process(name, moe_reference, tmp_path):
     same_run(summary, moe_reference)
 
 
+@slow
+def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
+    """The sequence-wise balance loss over microbatches of pipeline stages with EP equals one
+    process's (each microbatch adds its sequences' share)."""
+    aux = [*MOE, "model.aux_loss_coeff=0.01"]
+    single = ok(*run_job(aux, tmp_path / "single"))
+    same_run(ok(*run_job([*aux, *EP["pp2_ep2"]], tmp_path / "pp2_ep2")), single)
+
+
 @pytest.mark.parametrize("target", [["parallelism=ep", "parallelism.expert_parallel_degree=4", *W4], []],
                          ids=["ep4", "single"])
 def test_ep2_checkpoint_continues_in_another_expert_layout(target, ep2_run, moe_reference, tmp_path):

@@ -93,7 +93,9 @@ class GroupedExperts(nn.Module):
         """x_ND holds the rows of local expert 0, then 1, ...; counts_e says how many each."""
         w1, w2, w3 = (_ScaleGrad.apply(_local(w), self.grad_scale) for w in (self.w1, self.w2, self.w3))
         if x_ND.is_cuda and hasattr(torch, "_grouped_mm") and x_ND.dtype == torch.bfloat16:
-            offsets = counts_e.cumsum(0, dtype=torch.int32)  # no host sync: one kernel for all experts
+            # One kernel for all experts, and no host sync; bf16 weights (under autocast they are fp32).
+            w1, w2, w3 = (w.to(torch.bfloat16) for w in (w1, w2, w3))
+            offsets = counts_e.cumsum(0, dtype=torch.int32)
             h = F.silu(torch._grouped_mm(x_ND, w1.transpose(-2, -1), offs=offsets))
             h = h * torch._grouped_mm(x_ND, w3.transpose(-2, -1), offs=offsets)
             return torch._grouped_mm(h, w2.transpose(-2, -1), offs=offsets)
