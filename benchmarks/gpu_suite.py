@@ -50,6 +50,9 @@ CONFIGS = {
     "bf16 + compile, AC full": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=full"],
     "mxfp8": ["precision=mxfp8", "precision.mx_recipe=mxfp8_rceil"],
     "bf16 + compile, read every step": ["precision=bf16", *COMPILE, "metrics.log_freq=1"],
+    # The model's blocks as MoE layers, 8 experts of width 1024, top 2: torch._grouped_mm on CUDA.
+    "MoE 8 experts top-2, bf16 + compile": ["precision=bf16", *COMPILE, "model.n_experts=8", "model.top_k=2",
+                                            "model.moe_hidden_dim=1024"],
 }
 # One sequence batch per model that fits one 80 GB GPU with room (AC none).
 SHAPES = {"llama3_1b": (4, 2048), "llama3_3b": (2, 2048)}

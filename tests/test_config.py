@@ -8,7 +8,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ValidationError
 
-from conftest import REPO, compose, job_config, launch_cli
+from conftest import compose, job_config, launch_cli
 from titan_exp.config import CONF
 from titan_exp.validation import resolve, validate
 
@@ -16,9 +16,13 @@ PRESETS = {group: sorted(p.stem for p in (CONF / group).glob("*.yaml"))
            for group in ("model", "parallelism", "precision", "checkpoint", "cluster", "data")}
 
 
+# Presets that need another group's choice to be valid: expert parallel needs an MoE model.
+NEEDS = {("parallelism", "ep"): ["model=moe_debug"], ("parallelism", "3d_ep"): ["model=moe_debug"]}
+
+
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in PRESETS.items() for o in opts])
 def test_every_preset_composes_and_validates(group, option):
-    job = job_config([f"{group}={option}"])
+    job = job_config([f"{group}={option}", *NEEDS.get((group, option), [])])
     if group == "data" and option != "default":
         return  # hub data sets need a network at run time, not at validation
     assert validate(job, cuda=False) == []
@@ -26,7 +30,8 @@ def test_every_preset_composes_and_validates(group, option):
 
 def test_parallelism_presets_derive_their_world_size():
     sizes = {name: job_config([f"parallelism={name}"]).world_size for name in PRESETS["parallelism"]}
-    assert sizes == {"single": 1, "fsdp": 1, "ddp": 2, "tp": 2, "pp": 2, "cp": 2, "hsdp": 4, "2d": 4, "3d": 8, "4d": 16}
+    assert sizes == {"single": 1, "fsdp": 1, "ddp": 2, "tp": 2, "pp": 2, "cp": 2, "hsdp": 4, "2d": 4, "3d": 8, "4d": 16,
+                     "ep": 2, "3d_ep": 8}
 
 
 def test_published_llama3_shapes():
@@ -224,7 +229,7 @@ def test_types_are_checked_at_compose_time():
 def test_cli_help_and_cfg_job():
     help_out = launch_cli(["--help"])
     assert help_out.returncode == 0
-    assert "parallelism: 2d, 3d, 4d, cp, ddp, fsdp, hsdp, pp, single, tp" in help_out.stdout
+    assert "parallelism: 2d, 3d, 3d_ep, 4d, cp, ddp, ep, fsdp, hsdp, pp, single, tp" in help_out.stdout
     assert "data_parallel_shard_degree = -1\n      FSDP shards; -1 = the rest of the world size" in help_out.stdout
     cfg = launch_cli(["--cfg", "job", "parallelism=3d", "model=llama3_8b"])
     assert cfg.returncode == 0

@@ -25,7 +25,7 @@ W2 = ["cluster.nproc_per_node=2", "training.local_batch_size=4"]
 W4 = ["cluster.nproc_per_node=4", "training.local_batch_size=2"]
 EP = {  # name -> overrides; every one must equal the single process
     "ep2": ["parallelism=ep", *W2],
-    "dp_shard4_ep2": ["parallelism=ep", *W4],  # the experts also FSDP-sharded over 2 (efsdp)
+    "dp_shard4_ep2": ["parallelism=ep", "parallelism.data_parallel_shard_degree=4", *W4],  # experts also FSDP over 2
     "tp2_ep2": ["parallelism=2d", "parallelism.expert_parallel_degree=2", *W4],
     "pp2_ep2": ["parallelism=pp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
     "hsdp_ep2": ["parallelism=hsdp", "parallelism.expert_parallel_degree=2", *W4],
@@ -131,9 +131,28 @@ def test_published_shapes_and_active_flops():
     assert flops_per_token(debug, 64) - flops_per_token(dense, 64) == 6 * 5 * 256 * 8  # the routers only
 
 
+def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
+    """TorchTitan's rule: the router's scores decide the routing, so it stays high precision; the
+    routed experts are not linears (three (E, ...) weights), so no converter touches them."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.precision import apply_converter
+
+    job = job_config(["model=moe_debug", "precision=float8", "model.n_experts=16"])  # a router float8 could take
+    with torch.device("meta"):
+        model = Transformer(job.model)
+    apply_converter(model, job.precision)
+    moe = model.layers["1"].moe
+    assert type(moe.router.gate) is torch.nn.Linear
+    assert isinstance(moe.shared_experts.w1, Float8Linear) and isinstance(model.layers["1"].attention.wq, Float8Linear)
+    assert all(type(w) is torch.nn.Parameter for w in moe.experts.parameters())
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["parallelism=ep", "cluster.nproc_per_node=2"], "parallelism.expert_parallel_degree = 2: needs an MoE model"),
-    (["model=moe_debug", "parallelism=ep", "parallelism.expert_parallel_degree=3", "cluster.nproc_per_node=3"],
+    (["model=moe_debug", "parallelism=ep", "parallelism.expert_parallel_degree=3", "cluster.nproc_per_node=3",
+      "parallelism.data_parallel_shard_degree=3"],
      "does not divide model.n_experts = 8"),
     (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=3", "parallelism.data_parallel_shard_degree=3"],
      "ep / cp = 2 must divide data_parallel_shard_degree = 3"),
@@ -214,6 +233,14 @@ def test_ep_layouts_equal_one_process(name, moe_reference, tmp_path):
     same_run(summary, moe_reference)
 
 
+def test_experts_fewer_than_their_fsdp_ranks_shard_by_rows(tmp_path):
+    """6 experts, EP 2: 3 per rank, FSDP-sharded over efsdp 2, which dim 0 cannot split evenly;
+    they are sharded along dim 1 instead (parallel/fsdp.py) and train as one process does."""
+    six = [*MOE, "model.n_experts=6", "training.steps=3"]
+    single = ok(*run_job(six, tmp_path / "single"))
+    same_run(ok(*run_job([*six, *EP["dp_shard4_ep2"]], tmp_path / "ep2")), single)
+
+
 @slow
 def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
     """The sequence-wise balance loss over microbatches of pipeline stages with EP equals one
@@ -223,7 +250,8 @@ def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
     same_run(ok(*run_job([*aux, *EP["pp2_ep2"]], tmp_path / "pp2_ep2")), single)
 
 
-@pytest.mark.parametrize("target", [["parallelism=ep", "parallelism.expert_parallel_degree=4", *W4], []],
+@pytest.mark.parametrize("target", [["parallelism=ep", "parallelism.data_parallel_shard_degree=4",
+                                     "parallelism.expert_parallel_degree=4", *W4], []],
                          ids=["ep4", "single"])
 def test_ep2_checkpoint_continues_in_another_expert_layout(target, ep2_run, moe_reference, tmp_path):
     """The full state of EP 2's step 2 (the experts split in two, the load-balancing bias) loads

@@ -6,7 +6,7 @@
 Rank `cluster.dry_run_rank` of the nnodes x nproc_per_node ranks runs as one process here, on
 torch's fake process group (TorchTitan's fake backend): every collective returns at once without
 moving data and no other rank exists. The real model, parallelism (device mesh, FSDP, TP, PP
-stages, CP) and optimizer are built for that rank, one real training step runs on its share of
+stages, CP, EP) and optimizer are built for that rank, one real training step runs on its share of
 the data, and the run's summary records what the rank holds (parameters, gradients, optimizer
 state: its shards) and its peak memory during the step (torch's allocator peak on a GPU, the
 process's resident high-water mark on a CPU) beside the planner's prediction
@@ -90,6 +90,25 @@ def neighbours_metadata(job: JobConfig) -> Iterator[None]:
         PipelineStage._recv_meta = original
 
 
+@contextlib.contextmanager
+def balanced_expert_counts() -> Iterator[None]:
+    """Under EP each rank learns from the others how many tokens they route to its experts (a
+    count all-to-all) and sizes the token all-to-all by it; the fake group returns no counts. The
+    rank alone assumes balanced routing: every source sends its experts what it sends them itself."""
+    from titan_exp.models.moe import MoE
+
+    def counts_from_self(self, counts_E):
+        ep = self.ep_mesh.size()
+        return counts_E.view(ep, -1)[self.ep_mesh.get_local_rank()].expand(ep, -1)
+
+    original = MoE._exchange_counts
+    MoE._exchange_counts = counts_from_self
+    try:
+        yield
+    finally:
+        MoE._exchange_counts = original
+
+
 def peak_gib(device) -> float:
     """Peak memory since the last `reset_peak`: torch's allocator on a GPU; on a CPU the
     process's resident high-water mark (VmHWM, which Linux resets; ru_maxrss cannot be)."""
@@ -127,13 +146,17 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     trainer = targets.build(one, "training", one, run_dir, device)
     built = peak_gib(device)  # building and initialising the model: a transient the step does not repeat
     reset_peak(device)
-    with neighbours_metadata(job) if job.parallelism.pipeline_parallel_degree > 1 else contextlib.nullcontext():
+    with contextlib.ExitStack() as patches:
+        if job.parallelism.pipeline_parallel_degree > 1:
+            patches.enter_context(neighbours_metadata(job))
+        if job.parallelism.expert_parallel_degree > 1:
+            patches.enter_context(balanced_expert_counts())
         trainer.train_step(trainer.loader.next_batch())
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
     predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
     return {
-        "rank": rank, "world": world, "layout": layout_label(job.parallelism.degrees), "device": str(device),
+        "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
                      "build_peak_gib": built},

@@ -194,11 +194,10 @@ class MoE(nn.Module):
         the rank holding its expert, run the local experts, send the results back."""
         if self.ep_mesh is None:
             return self.experts(rows_ND, counts_E)
-        from torch.distributed._functional_collectives import all_to_all_single, all_to_all_single_autograd
+        from torch.distributed._functional_collectives import all_to_all_single_autograd
 
         ep = self.ep_mesh.size()
-        # counts[s, j]: rows source rank s sends to this rank's local expert j.
-        counts_se = all_to_all_single(counts_E, None, None, group=self.ep_mesh).wait().view(ep, -1)
+        counts_se = self._exchange_counts(counts_E)
         send = counts_E.view(ep, -1).sum(1).tolist()
         recv = counts_se.sum(1).tolist()
         got = all_to_all_single_autograd(rows_ND, recv, send, group=self.ep_mesh)
@@ -208,6 +207,13 @@ class MoE(nn.Module):
         perm = ((segment % e) * ep + segment // e).argsort(stable=True)
         out = self.experts(got[perm], counts_se.sum(0))[perm.argsort()]
         return all_to_all_single_autograd(out, send, recv, group=self.ep_mesh)
+
+    def _exchange_counts(self, counts_E: torch.Tensor) -> torch.Tensor:
+        """(ep, local experts): counts[s, j] is how many rows source rank s sends to this rank's
+        local expert j (an all-to-all of every rank's counts per expert)."""
+        from torch.distributed._functional_collectives import all_to_all_single
+
+        return all_to_all_single(counts_E, None, None, group=self.ep_mesh).wait().view(self.ep_mesh.size(), -1)
 
 
 def sequence_balance_loss(scores_TE: torch.Tensor, ids_TK: torch.Tensor, bsz: int, top_k: int) -> torch.Tensor:
@@ -234,18 +240,19 @@ def reset_counts(layers: list[MoE]) -> None:
 
 
 @torch.no_grad()
-def update_expert_bias(layers: list[MoE], group) -> torch.Tensor | None:
+def update_expert_bias(layers: list[MoE], group, move: bool = True) -> torch.Tensor | None:
     """After a step's backward: sum each layer's token counts over the data-parallel ranks
-    (`group`, the ranks that saw different tokens), then move each bias by load_balance_coeff
-    towards balance (up for experts below the mean load, down above it; centred). Returns the
-    global counts (layers, E), still on the device, for the load metrics."""
+    (`group`, the ranks that saw different tokens), then, if the step's update is made (`move`),
+    move each bias by load_balance_coeff towards balance (up for experts below the mean load,
+    down above it; centred). Returns the global counts (layers, E), still on the device, for the
+    load metrics."""
     if not layers:
         return None
     counts = torch.stack([layer.tokens_per_expert for layer in layers])
     if group is not None:
         torch.distributed.all_reduce(counts, group=group)
     for layer, c in zip(layers, counts):
-        if layer.load_balance_coeff is None:
+        if layer.load_balance_coeff is None or not move:
             continue
         delta = layer.load_balance_coeff * torch.sign(c.mean() - c)
         layer.expert_bias.add_(delta - delta.mean())

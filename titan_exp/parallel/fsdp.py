@@ -71,11 +71,24 @@ def apply_fsdp(
         last = i == len(blocks) - 1 and model.output is None
         if experts_mesh is not None and hasattr(block, "moe"):
             fully_shard(block.moe.experts, mesh=experts_mesh, mp_policy=mp,
-                        reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last))
+                        reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
+                        shard_placement_fn=experts_placement(block.moe.experts, experts_mesh))
         fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last), **kwargs)
     if model.output is not None:
         fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
     fully_shard(model, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
+
+
+def experts_placement(experts: nn.Module, experts_mesh):
+    """FSDP shards dim 0 by default; a rank's experts (dim 0 under EP) are often fewer than the
+    efsdp ranks (8 experts, EP 8, efsdp 8: one each), which would leave most ranks no share and
+    one the whole expert. Then the experts are sharded along their rows (dim 1), as TorchTitan does."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    local = experts.w1.to_local() if isinstance(experts.w1, DTensor) else experts.w1
+    if local.shape[0] % experts_mesh.size(experts_mesh.ndim - 1) == 0:
+        return None
+    return lambda param: Shard(1)
 
 
 def apply_ddp(model: nn.Module, dp_mesh) -> None:

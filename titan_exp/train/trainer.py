@@ -266,7 +266,6 @@ class Trainer:
         moe.reset_counts(self.moe_layers)
         with self.profiler.phase("forward_backward"):
             loss = self._forward_backward(microbatches)
-        self.expert_counts = moe.update_expert_bias(self.moe_layers, self.loss_group)
         with self.profiler.phase("optimizer"):
             return self._update(loss)
 
@@ -327,6 +326,8 @@ class Trainer:
         grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
         skip = self.job.training.on_nonfinite == OnNonfinite.skip
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss)) if skip else True  # global: all ranks agree
+        # MoE: this step's tokens per expert, summed over ranks; the bias moves with the update.
+        self.expert_counts = moe.update_expert_bias(self.moe_layers, self.loss_group, move=finite)
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             if finite:
                 optimizer.step()
