@@ -241,6 +241,12 @@ def test_experts_fewer_than_their_fsdp_ranks_shard_by_rows(tmp_path):
     same_run(ok(*run_job([*six, *EP["dp_shard4_ep2"]], tmp_path / "ep2")), single)
 
 
+def test_a_pipeline_stage_of_dense_blocks_only_reports_the_others_load(tmp_path):
+    """Blocks 0-2 dense: the first stage has no MoE layer, yet joins the load's reduction."""
+    summary = ok(*run_job([*MOE, "model.n_dense_layers=3", "parallelism=pp", "training.local_batch_size=4"], tmp_path))
+    assert 1.0 <= summary["expert_load"]["max_load"] <= 4.0
+
+
 @slow
 def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
     """The sequence-wise balance loss over microbatches of pipeline stages with EP equals one

@@ -449,10 +449,10 @@ class Trainer:
         """The last step's expert load over every MoE layer (all pipeline stages): the busiest
         and idlest expert's tokens over the mean, and the largest load-balancing bias. (Dispatch
         is capacity-free: no token is dropped or re-routed, so there is nothing else to count.)"""
-        if not self.job.model.is_moe or self.expert_counts is None:
+        if not self.job.model.is_moe:
             return {}
-        stats = (moe.load_stats(self.expert_counts, self.moe_layers) if self.moe_layers
-                 else torch.full((3,), -1e9, device=self.device))  # a pipeline rank without MoE layers
+        stats = (moe.load_stats(self.expert_counts, self.moe_layers) if self.expert_counts is not None
+                 else torch.full((3,), -1e9, device=self.device))  # a pipeline stage of dense blocks only
         if self.pp_group is not None:
             dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.pp_group)
         busiest, idlest, bias = stats.tolist()
