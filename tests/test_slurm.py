@@ -130,7 +130,9 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
     assert summary["status"] == "ok", summary
     assert summary["start_step"] > 3  # resumed from the checkpoint written when it stopped
     log = (run_dir / "logs" / "rank-0.log").read_text()
-    assert "stopped by SIGTERM and SIGUSR2" in log and f"continues after step {summary['start_step'] - 1}" in log
+    # SIGTERM comes first, SIGUSR2 a moment later: the step boundary may see both or SIGTERM
+    # alone; either way the job requeued (TrainTask waits for SIGUSR2 after a SIGTERM stop).
+    assert "stopped by SIGTERM" in log and f"continues after step {summary['start_step'] - 1}" in log
     assert losses_by_step(run_dir) == pytest.approx(losses_by_step(local), abs=1e-5)
     segments = sorted((run_dir / "wandb").glob("offline-run-*"))
     assert len(segments) == 2 and len({p.name.rsplit("-", 1)[1] for p in segments}) == 1

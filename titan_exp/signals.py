@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import time
 from typing import Any, Iterator
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
@@ -51,6 +52,16 @@ def catch_stop_signals() -> Iterator[None]:
 def previous_handler(sig: int) -> Any:
     """The handler that was installed before catch_stop_signals (submitit's, in a SLURM job)."""
     return _previous.get(sig)
+
+
+def wait_for(sig: int, timeout_s: float) -> bool:
+    """Whether `sig` has been recorded (by catch_stop_signals), waiting up to `timeout_s` for it."""
+    deadline = time.monotonic() + timeout_s
+    while sig not in _received:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def stop_requested(group=None) -> list[str]:

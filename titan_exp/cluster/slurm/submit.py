@@ -27,6 +27,9 @@ logger = logging.getLogger("titan_exp.slurm")
 PACKAGE = Path(__file__).resolve().parents[2]  # the titan_exp package being run
 
 
+PREEMPTION_GRACE_S = 10.0  # well inside SLURM's KillWait (30 s by default)
+
+
 class TrainTask(submitit.helpers.Checkpointable):
     """One rank of a run: `<entry>.main(run_dir)` (the trainer, titan_exp.train.rank, unless
     told otherwise) with the rendezvous from SLURM.
@@ -48,7 +51,13 @@ class TrainTask(submitit.helpers.Checkpointable):
         with signals.catch_stop_signals():  # kept on after training, until the requeue below
             rank.main(self.run_dir)
             summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
-            if summary and "SIGUSR2" in (summary.interrupted_by or []):
+            stopped_by = (summary.interrupted_by or []) if summary else []
+            # A preemption sends SIGTERM, then SIGUSR2 (submitit's simulation does the same, as
+            # two scancel calls): a step boundary between them stops the run on SIGTERM alone.
+            # A stop on SIGTERM therefore waits a moment for SIGUSR2 before calling it a cancel.
+            preempted = "SIGUSR2" in stopped_by or (
+                "SIGTERM" in stopped_by and signals.wait_for(signal.SIGUSR2, PREEMPTION_GRACE_S))
+            if preempted:
                 # Checkpointed at a step boundary; submitit's handler now requeues and exits.
                 if not summary.checkpoint_at_stop:
                     logger.warning("checkpoint.enable=false: nothing was saved, so the requeued job trains "
