@@ -163,6 +163,7 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
     (["model=moe_debug", "parallelism=cp", "cluster.nproc_per_node=2", "model.aux_loss_coeff=0.01"],
      "model.aux_loss_coeff = 0.01: the sequence-wise balance loss needs whole sequences"),
     (["model=moe_debug", "model.top_k=9"], "model.top_k = 9: exceeds model.n_experts = 8"),
+    (["model=moe_debug", "model.route_scale=0"], "model.route_scale = 0.0: must be > 0"),
     (["model=moe_debug", "model.n_dense_layers=6"], "model.n_dense_layers = 6: leaves no MoE layer"),
     (["model=moe_debug", "checkpoint.last_save_in_hf=true"], "checkpoint.last_save_in_hf = True: Hugging Face export"),
 ])

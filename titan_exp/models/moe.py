@@ -34,6 +34,8 @@ def check(job: JobConfig) -> list[str]:
     if m.n_dense_layers >= m.n_layers:
         e.append(problem("model.n_dense_layers", m.n_dense_layers,
                          f"leaves no MoE layer of model.n_layers = {m.n_layers}; lower it or set model.n_experts=0"))
+    if not m.route_scale > 0:
+        e.append(problem("model.route_scale", m.route_scale, "must be > 0 (it scales the routed experts' output)"))
     if m.load_balance_coeff is not None and not m.load_balance_coeff > 0:
         e.append(problem("model.load_balance_coeff", m.load_balance_coeff, "must be > 0, or null to turn the bias off"))
     if m.aux_loss_coeff < 0:
