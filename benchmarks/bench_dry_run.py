@@ -10,9 +10,11 @@ then holds its shards of those. Parameters, gradients and
 AdamW state grow linearly with the layers, and so does what the planner predicts for them, so a
 case checks the per-layer and per-model terms at the real width and world size; the last column
 is the planner's prediction for the full depth, which the dry run has not measured. Peak memory
-here is the process's resident high-water mark during the step (the planner's CPU model: fp32
-activations plus its fixed runtime), reset after the model is built; the build's own peak
-(initialisation) is its own column. On a GPU the dry run reads torch's allocator instead.
+is measured two ways during the step. The tensor peak is the peak bytes of live tensor storage
+(what torch's allocator reports on a GPU), set beside the planner's peak less its fixed runtime.
+The resident peak is the process's high-water mark, reset after the model is built, set beside
+the planner's whole CPU peak. The build's own resident peak (initialisation) is its own column.
+On a GPU the dry run reads torch's allocator instead.
 """
 
 from __future__ import annotations
@@ -61,9 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = []
-    print("| case | world | layers built | states GiB measured / predicted | step peak GiB measured / predicted | "
-          "error | build peak GiB | full depth: planner's peak GiB | wall s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| case | world | layers built | states GiB measured / predicted | tensor peak GiB measured / predicted | "
+          "error | resident peak GiB measured / predicted | error | build peak GiB | full depth: planner's peak GiB "
+          "| wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name, model, layers, depth, nodes, layout, rank in CASES:
         overrides = overrides_for(model, layers, nodes, layout, rank, args.seq_len)
         start = time.perf_counter()
@@ -77,11 +80,14 @@ def main(argv: list[str] | None = None) -> int:
         full = resolve(job_config([o for o in overrides if not o.startswith("model.n_layers")]))
         pp_rank = rank // (full.world_size // full.parallelism.pipeline_parallel_degree)
         at_depth = predict_memory(full, pp_rank=pp_rank)["total"]
+        tensors = p["total"] - p["runtime"]  # the planner's peak less the process's own (interpreter, libraries)
         error = 100 * (p["total"] / m["peak_gib"] - 1)
+        tensor_error = 100 * (tensors / m["tensor_peak_gib"] - 1)
         rows.append({"case": name, "world": report["world"], "layers": layers, **m, "predicted": p,
                      "full_depth_gib": at_depth, "wall_s": time.perf_counter() - start})
         print(f"| {name} (rank {rank}) | {report['world']} | {layers} of {depth} | {m['states_gib']:.3f} / "
-              f"{p['states']:.3f} | {m['peak_gib']:.2f} / {p['total']:.2f} | {error:+.0f} % | {m['build_peak_gib']:.2f} | "
+              f"{p['states']:.3f} | {m['tensor_peak_gib']:.2f} / {tensors:.2f} | {tensor_error:+.0f} % | "
+              f"{m['peak_gib']:.2f} / {p['total']:.2f} | {error:+.0f} % | {m['build_peak_gib']:.2f} | "
               f"{at_depth:.1f} | "
               f"{time.perf_counter() - start:.0f} |", flush=True)
     if args.out:

@@ -8,10 +8,12 @@ with the configuration that run used (local batch, sequence length, AC, compile,
 The device is the `h100_500w` spec (titan_exp/perf/devices.py: the 96 GB, 500 W H100 those runs
 used). What the spec sheet cannot know is fitted on Table 1 alone (8B, 8 GPUs), one term per row:
 the matmul efficiency (bf16 row), the compiled block's speed-up (compile row) and the float8
-matmul efficiency (float8 row); and for memory, the reported peak's overhead over what the model
-counts (TorchTitan reports the allocator's reserved peak), a scale on the activations the memory
-model (fitted on CPU runs) counts for a GPU's kernels, and what compile saves of them, from the
-bf16 and compile rows and Table 2's first row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC). Every other row
+matmul efficiency (float8 row); and for memory, from the bf16 and compile rows and Table 2's first
+row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC): the reported peak's overhead over what comes and
+goes each step (TorchTitan reports the allocator's reserved peak, and the caching allocator's
+slack is in the transient allocations, not in the states and parameters allocated once), a
+scale on what the blocks save inside (counted with constants fitted on CPU runs) for a GPU's
+kernels, and what compile saves of it. Every other row
 (14) is predicted with those values and set beside the published one.
 """
 
@@ -93,6 +95,7 @@ def job_for(row: Row):
                  f"training.global_batch_size={row.local_batch * row.degrees['dp_shard']}",
                  "precision=float8" if row.float8 else "precision=bf16", f"activation_checkpoint.mode={row.ac}",
                  f"compile.enable={str(row.compile).lower()}", f"model.max_seq_len={max(row.seq_len, 8192)}",
+                 f"parallelism.enable_async_tensor_parallel={str(row.async_tp).lower()}",
                  *[f"parallelism.{FIELDS[d]}={v}" for d, v in row.degrees.items()]]
     if row.schedule:
         # TorchTitan (Dec 2024) split the local batch into as many microbatches as pipeline ranks.
@@ -109,10 +112,13 @@ def job_for(row: Row):
     return resolve(job)
 
 
-def memory_parts(row: Row) -> tuple[float, float]:
-    """(everything but activations, activations), GiB, as the memory model predicts them on a GPU."""
+def memory_parts(row: Row) -> tuple[float, float, float]:
+    """The memory model's prediction on a GPU (GiB) in three parts: what stays allocated (states,
+    gathered parameters); what comes and goes every step and is counted exactly (checkpointed
+    block inputs, logits); and what the blocks save inside, counted with constants fitted on CPU."""
     parts = predict_memory(job_for(row), cuda=True)
-    return parts["total"] - parts["activations"], parts["activations"]
+    return (parts["states"] + parts["fsdp_working_set"], parts["checkpoints"] + parts["logits"],
+            parts["activations"])
 
 
 def predict_tps(row: Row, eff: Efficiency) -> float:
@@ -121,9 +127,9 @@ def predict_tps(row: Row, eff: Efficiency) -> float:
 
 
 def predict_memory_gib(row: Row, fitted: dict[str, float]) -> float:
-    rest, activations = memory_parts(row)
+    fixed, transient, activations = memory_parts(row)
     scale = fitted["activation_scale"] * (fitted["compile_activations"] if row.compile else 1.0)
-    return fitted["allocator_overhead"] * (rest + scale * activations)
+    return fixed + fitted["allocator_overhead"] * (transient + scale * activations)
 
 
 def solve(f, target: float, low: float, high: float) -> float:
@@ -137,8 +143,9 @@ def solve(f, target: float, low: float, high: float) -> float:
 def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
     """Tokens/s: the matmul efficiency (bf16 row), the compiled block's speed-up (compile row),
     the float8 matmul efficiency (float8 row), one after the other. Memory: reported peak =
-    overhead x (rest + a x activations), with compile scaling a by c; the bf16, compile and
-    long-sequence rows give three linear equations in overhead, overhead x a, overhead x a x c."""
+    fixed + overhead x (transient + a x activations), with compile scaling a by c; the bf16,
+    compile and long-sequence rows give three linear equations in overhead, overhead x a,
+    overhead x a x c."""
     eff = Efficiency()
     eff = dataclasses.replace(eff, matmul=solve(lambda e: predict_tps(bf16, dataclasses.replace(eff, matmul=e)),
                                                 bf16.tps, 0.05, 1.0))
@@ -146,10 +153,10 @@ def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
         lambda s: predict_tps(compiled, dataclasses.replace(eff, compile_speedup=s)), compiled.tps, 0.5, 3.0))
     eff = dataclasses.replace(eff, float8_matmul=solve(
         lambda e: predict_tps(f8, dataclasses.replace(eff, float8_matmul=e)), f8.tps, 0.05, 1.0))
-    (r1, a1), (r2, a2) = memory_parts(bf16), memory_parts(long_seq)
-    system = torch.tensor([[r1, a1, 0.0], [r1, 0.0, a1], [r2, 0.0, a2]], dtype=torch.float64)
-    x, y, z = torch.linalg.solve(system, torch.tensor([bf16.memory_gib, compiled.memory_gib, long_seq.memory_gib],
-                                                      dtype=torch.float64)).tolist()
+    (f1, t1, a1), (f3, t3, a3) = memory_parts(bf16), memory_parts(long_seq)
+    system = torch.tensor([[t1, a1, 0.0], [t1, 0.0, a1], [t3, 0.0, a3]], dtype=torch.float64)
+    x, y, z = torch.linalg.solve(system, torch.tensor([bf16.memory_gib - f1, compiled.memory_gib - f1,
+                                                      long_seq.memory_gib - f3], dtype=torch.float64)).tolist()
     return {"matmul": eff.matmul, "compile_speedup": eff.compile_speedup, "float8_matmul": eff.float8_matmul,
             "allocator_overhead": x, "activation_scale": y / x, "compile_activations": z / y}
 
@@ -176,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             tps_err.append(abs(e_t))
             mem_err.append(abs(e_m))
             orders.setdefault(row.table, []).append((row.tps, tps))
-        note = " (async TP: not modelled)" if row.async_tp and row.table == 4 else ""
-        print(f"| {row.table}{'' if held_out else ' (fit)'} | {row.label}{note} | {row.tps:,.0f} | {tps:,.0f} | "
+        print(f"| {row.table}{'' if held_out else ' (fit)'} | {row.label} | {row.tps:,.0f} | {tps:,.0f} | "
               f"{e_t:+.0f} % | {row.memory_gib:.1f} | {mem:.1f} | {e_m:+.0f} % |")
     kept = [t for t, pairs in orders.items()
             if sorted(range(len(pairs)), key=lambda i: pairs[i][0]) == sorted(range(len(pairs)), key=lambda i: pairs[i][1])]

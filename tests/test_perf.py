@@ -50,6 +50,22 @@ def test_more_tp_more_tp_communication(base):
     assert "tp" not in predict_step(layout(base, dp_shard=8), profile).parts
 
 
+def test_tp_collectives_carry_the_compute_dtype_and_async_tp_hides_them(base):
+    """Uncalibrated TP traffic is the activations in their dtype (bf16 halves it); async TP,
+    which needs a GPU, hides it behind the matmuls by the profile's overlap."""
+    profile = synthetic(base, 8)
+    profile = dataclasses.replace(profile, overlap=0.8, collectives={
+        op: {g: Line(0.0, 1e-9) for g in groups} for op, groups in profile.collectives.items()})
+    fp32 = layout(base, tp=2, dp_shard=4)
+    bf16 = dataclasses.replace(fp32, precision=dataclasses.replace(fp32.precision, param_dtype="bfloat16"))
+    fused = dataclasses.replace(bf16, parallelism=dataclasses.replace(bf16.parallelism, enable_async_tensor_parallel=True))
+    tp = {name: predict_step(job, profile, cuda=True).parts["tp"] for name, job in
+          (("fp32", fp32), ("bf16", bf16), ("async", fused))}
+    assert tp["bf16"] == pytest.approx(tp["fp32"] / 2, rel=0.01)  # (the loss's small fp32 all-reduces stay)
+    assert tp["async"] == pytest.approx(0.2 * tp["bf16"])  # the synthetic block's compute outlasts it
+    assert predict_step(fused, profile, cuda=False).parts["tp"] == pytest.approx(tp["bf16"])
+
+
 def test_more_microbatches_less_bubble(base):
     profile = synthetic(base, 4)
     p = dataclasses.replace(base.parallelism, pipeline_parallel_degree=4, data_parallel_shard_degree=1)

@@ -45,11 +45,56 @@ def test_memory_model_shards_states_and_ranks_by_fit():
     ddp = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=4, dp_shard=1, cp=1, tp=1), 8))
     assert ddp["states"] == pytest.approx(single["states"])
     full_ac = plan.predict_memory(job_config([*BASE, "activation_checkpoint.mode=full"]))
-    assert full_ac["activations"] < single["activations"] / 4
+    assert full_ac["activations"] + full_ac["checkpoints"] < single["activations"] / 4
     plans = plan.plan(job, 4, device_memory_gib=1.2)  # DDP 4 (whole states per rank) cannot fit
     fits = [p.fits for p in plans]
     assert fits == sorted(fits, reverse=True) and True in fits and False in fits
     assert not next(p for p in plans if p.degrees["dp_replicate"] == 4).fits
+
+
+def test_memory_model_counts_what_grows_at_scale():
+    """The terms that TorchTitan's published runs showed the model had missed (BENCHMARKS.md,
+    benchmarks/bench_torchtitan.py), on the 8B shape on a GPU: a 128k vocabulary makes the
+    embedding and output larger FSDP units than a block; sequence parallel's gathered inputs are
+    whole on every TP rank; a pipeline keeps each microbatch's checkpoints but recomputes one
+    block at a time; the output projection's logits are split by TP only under loss parallel."""
+    gib = 2**30
+    job = job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1",
+                      "precision=bf16", "activation_checkpoint.mode=full"])
+    m = job.model
+
+    def memory(global_batch=8, job=job, **degrees):
+        layout = dict(dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), **degrees)
+        return plan.predict_memory(plan.with_layout(job, layout, global_batch), cuda=True)
+
+    fsdp = memory(dp_shard=8)
+    assert m.embedding_params > 2 * m.block_params
+    assert fsdp["fsdp_working_set"] == pytest.approx((2 * m.output_params + m.block_params) * 2 / gib)  # output: + norm
+
+    tokens = 8192  # one sequence per rank in both layouts
+    tp = memory(global_batch=1, tp=8)
+    gathered = 2 * tokens * m.dim * 2 * (1 - 1 / 8) / gib  # attention's and feed-forward's inputs, bf16
+    assert tp["activations"] == pytest.approx(fsdp["activations"] / 8 + gathered)
+    assert tp["checkpoints"] == pytest.approx(fsdp["checkpoints"] / 8)  # block inputs stay sequence-sharded
+    # DTensor computes the TP embedding's gradient whole (vocab x dim) before keeping the shard.
+    assert tp["fsdp_working_set"] == pytest.approx(m.embedding_params * 2 * (1 + 2 / 8) / gib)
+
+    pipeline = job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=8", "precision=bf16",
+                           "activation_checkpoint.mode=full", "parallelism.pipeline_parallel_microbatch_size=1"])
+    one, eight = (memory(global_batch=n, job=pipeline, pp=4, dp_shard=2) for n in (2, 16))  # 1 and 8 microbatches
+    assert eight["checkpoints"] == pytest.approx(4 * one["checkpoints"])  # 1F1B: 4 of the 8 microbatches alive
+    assert eight["activations"] == pytest.approx(one["activations"])  # one block recomputed at a time
+    # Over several microbatches the stage's unsharded fp32 gradients accumulate, on any device.
+    for cuda in (True, False):
+        single, several = (plan.predict_memory(plan.with_layout(pipeline, dict(
+            pp=4, dp_replicate=1, dp_shard=2, cp=1, tp=1), n), cuda=cuda) for n in (2, 16))
+        assert several["fsdp_working_set"] > single["fsdp_working_set"] * 1.5
+
+    no_loss_parallel = plan.predict_memory(plan.with_layout(
+        job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1", "precision=bf16",
+                    "parallelism.disable_loss_parallel=true"]), dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8), 1),
+        cuda=True)
+    assert no_loss_parallel["logits"] > 7 * tp["logits"]
 
 
 def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):

@@ -6,13 +6,16 @@
 Rank `cluster.dry_run_rank` of the nnodes x nproc_per_node ranks runs as one process here, on
 torch's fake process group (TorchTitan's fake backend): every collective returns at once without
 moving data and no other rank exists. The real model, parallelism (device mesh, FSDP, TP, PP
-stages, CP, EP) and optimizer are built for that rank, one real training step runs on its share of
-the data, and the run's summary records what the rank holds (parameters, gradients, optimizer
-state: its shards) and its peak memory during the step (torch's allocator peak on a GPU, the
-process's resident high-water mark on a CPU) beside the planner's prediction
-(titan_exp.perf.memory), and apart from it the peak while the model was built and initialised. Values that
-collectives computed (the loss, the gradient norm) are meaningless under the fake group; memory
-and shapes are not. Nothing is submitted and no checkpoint, validation or tracker is touched.
+stages, CP, EP) and optimizer are built for that rank, and two real training steps run on its
+share of the data. The first makes what a run allocates once (AdamW's state). The run's summary
+records what the rank holds (parameters, gradients, optimizer state: its shards) and its peak
+memory during the second step, two ways: the peak bytes of live tensor storage (counted by a
+dispatch mode, so on any device) and the device's own (torch's allocator peak on a GPU, the
+process's resident high-water mark on a CPU). Beside them are the planner's prediction
+(titan_exp.perf.memory) and, apart, the peak while the model was built and initialised. Values
+that collectives computed (the loss, the gradient norm) are meaningless under the fake group;
+memory and shapes are not. Nothing is submitted and no checkpoint, validation or tracker is
+touched.
 """
 
 from __future__ import annotations
@@ -48,12 +51,13 @@ def run_dry(job: JobConfig, run_dir: RunDir) -> Optional[str]:
     return None if done.returncode == 0 else f"rank {rank} (dry run): exit code {done.returncode}"
 
 
-def one_step_job(job: JobConfig) -> JobConfig:
-    """The job as the dry run trains it: one step that always updates (so AdamW's state exists),
-    and nothing written beside the summary and the log."""
+def dry_job(job: JobConfig) -> JobConfig:
+    """The job as the dry run trains it: two steps that always update, and nothing written beside
+    the summary and the log. The first makes what a run allocates once (AdamW's state, which it
+    creates at its first update); the second is measured, as every later step of a run would be."""
     return dataclasses.replace(
         job,
-        training=dataclasses.replace(job.training, steps=1, on_nonfinite=OnNonfinite.stop),
+        training=dataclasses.replace(job.training, steps=2, on_nonfinite=OnNonfinite.stop),
         checkpoint=dataclasses.replace(job.checkpoint, enable=False, initial_load_path=None),
         validation=dataclasses.replace(job.validation, enable=False),
         metrics=dataclasses.replace(job.metrics, enable_wandb=False, enable_tensorboard=False),
@@ -109,6 +113,78 @@ def balanced_expert_counts() -> Iterator[None]:
         MoE._exchange_counts = original
 
 
+def tensor_peak():
+    """A TorchDispatchMode that keeps the peak bytes of live tensor storage (see `TensorPeak`)."""
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+    from torch.utils._pytree import tree_leaves
+
+    class TensorPeak(TorchDispatchMode):
+        """The peak bytes of live tensor storage during the step: what torch's caching allocator
+        reports on a GPU (max_memory_allocated), for a CPU, whose resident set undercounts under
+        the fake process group (a collective's output buffer the fake group never writes is never
+        touched, so never resident) and overcounts what glibc keeps after building the model.
+        A storage counts from the op that makes it, or FSDP's `resize_` that allocates it, until
+        it dies; the tensors `track`ed before the step count from the start."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: dict[int, int] = {}
+            self.live = self.peak = 0
+            self._resize = torch.UntypedStorage.resize_
+
+        def track(self, tensor: torch.Tensor) -> None:
+            if is_traceable_wrapper_subclass(tensor):  # DTensor, float8: their inner tensors
+                for name in tensor.__tensor_flatten__()[0]:
+                    inner = getattr(tensor, name)
+                    if isinstance(inner, torch.Tensor):
+                        self.track(inner)
+                return
+            storage = tensor.untyped_storage()
+            key = storage._cdata
+            if key not in self.sizes:
+                self.sizes[key] = 0
+                weakref.finalize(storage, self._set, key, None)
+            self._set(key, storage.nbytes())
+
+        def _set(self, key: int, nbytes: int | None) -> None:
+            self.live += (nbytes or 0) - self.sizes.get(key, 0)
+            if nbytes is None:
+                self.sizes.pop(key, None)
+            else:
+                self.sizes[key] = nbytes
+            self.peak = max(self.peak, self.live)
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    self.track(t)
+            return out
+
+        def __enter__(self):
+            mode = self
+
+            def resize_(storage, size):  # FSDP allocates and frees gathered parameters so
+                mode._resize(storage, size)
+                key = storage._cdata
+                if key not in mode.sizes:
+                    mode.sizes[key] = 0
+                    weakref.finalize(storage, mode._set, key, None)
+                mode._set(key, storage.nbytes())
+
+            torch.UntypedStorage.resize_ = resize_
+            return super().__enter__()
+
+        def __exit__(self, *exc):
+            torch.UntypedStorage.resize_ = self._resize
+            return super().__exit__(*exc)
+
+    return TensorPeak()
+
+
 def peak_gib(device) -> float:
     """Peak memory since the last `reset_peak`: torch's allocator on a GPU; on a CPU the
     process's resident high-water mark (VmHWM, which Linux resets; ru_maxrss cannot be)."""
@@ -134,6 +210,8 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from torch.distributed.tensor import DTensor
+
     from titan_exp import targets
     from titan_exp.perf.memory import predict_memory
     from titan_exp.train.trainer import state_bytes_by_kind
@@ -142,16 +220,34 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    one = one_step_job(job)
-    trainer = targets.build(one, "training", one, run_dir, device)
-    built = peak_gib(device)  # building and initialising the model: a transient the step does not repeat
-    reset_peak(device)
+    dry = dry_job(job)
+    trainer = targets.build(dry, "training", dry, run_dir, device)
+    built = peak_gib(device)  # building and initialising the model: a transient the steps do not repeat
+    tensors = tensor_peak()
     with contextlib.ExitStack() as patches:
         if job.parallelism.pipeline_parallel_degree > 1:
             patches.enter_context(neighbours_metadata(job))
         if job.parallelism.expert_parallel_degree > 1:
             patches.enter_context(balanced_expert_counts())
+        # The fake group's collectives leave their outputs unwritten, so the first update leaves
+        # garbage (NaN, say) in the weights, and an MoE router would then send every token to one
+        # expert: the second step starts from the first one's weights and buffers.
+        local = [t.to_local() if isinstance(t, DTensor) else t for part in trainer.model_parts
+                 for t in (*part.parameters(), *part.buffers())]
+        start = [t.detach().clone() for t in local]
         trainer.train_step(trainer.loader.next_batch())
+        with torch.no_grad():
+            for t, saved in zip(local, start):
+                t.copy_(saved)
+        del start
+        batch = trainer.loader.next_batch()
+        reset_peak(device)
+        for t in [*trainer.params, *(p.grad for p in trainer.params if p.grad is not None),
+                  *(b for part in trainer.model_parts for b in part.buffers()),
+                  *(v for o in trainer.optimizers for st in o.state.values() for v in st.values() if torch.is_tensor(v))]:
+            tensors.track(t)  # what the step starts with
+        with tensors:
+            trainer.train_step(batch)
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
     predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
@@ -159,7 +255,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
-                     "build_peak_gib": built},
+                     "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
         "predicted": predicted,
     }
 
@@ -174,6 +270,8 @@ def table(report: dict[str, Any]) -> str:
         ("optimizer state", m["optimizer"] / gib, None),
         ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
         (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
+        ("peak of live tensors during the step (planner: less its fixed runtime)", m["tensor_peak_gib"],
+         p["total"] - p["runtime"]),
         (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
     ]
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",

@@ -3,14 +3,20 @@
   * states: parameters, gradients and AdamW's two moments (fp32, 16 bytes per parameter; the
     param/grad share is smaller under bf16 params) of the rank's pipeline stages, divided by the
     shard degree (dp_shard x cp, times tp);
-  * FSDP working set: the all-gathered parameters and unreduced gradients of about two blocks
-    (all of the stage's parameters when they stay gathered: reshard_after_forward=never, or
-    default under PP); DDP's gradient buckets, a second copy of the gradients;
+  * FSDP working set: the all-gathered parameters and unreduced gradient of the unit at work (a
+    block, or the embedding or output layer where those are larger) and the next block,
+    prefetched (all of the stage's parameters when they stay gathered:
+    reshard_after_forward=never, or default under PP); DDP's gradient buckets, a second copy of
+    the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
     the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
-    none), block inputs plus one block (full), or between (selective); pipeline schedules keep
-    several microbatches in flight; TP with sequence parallel divides it by tp;
-  * logits and their gradient on the last stage (divided by tp under loss parallel);
+    none), a share of it (selective per op), or, under AC, the one block being recomputed;
+    TP with sequence parallel divides it by tp, except the gathered inputs (SP_GATHERED);
+  * checkpoints: the block inputs activation checkpointing keeps instead (full, or every Nth
+    block); pipeline schedules keep several microbatches' of these and of the activations in
+    flight, but recompute one block at a time;
+  * logits and their gradient on the last stage (divided by tp under loss parallel), and under
+    TP the output projection's gathered input;
   * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
     data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
     peak memory there is torch's allocator peak.
@@ -33,6 +39,7 @@ RUNTIME_GIB_CPU = 0.50
 ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
+SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 
 
@@ -60,6 +67,9 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # What one TP rank gathers of a block and of its stage: the dense part, and its routed experts.
     params = (params - worst.blocks * routed) / tp + worst.blocks * routed / ep
     block = (block - routed) / tp + routed / ep
+    # The largest FSDP unit of the stage: the embedding and the output layer are units of their
+    # own (parallel/fsdp.py), larger than a block when the vocabulary is large (Llama 3's 128k).
+    unit = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params / tp)
     # On a GPU under bf16 mixed precision FSDP gathers bf16 parameters and autocast saves bf16
     # activations (2 bytes); the CPU constants below were fitted on this project's CPU runs as
     # they are (4), and stay so.
@@ -67,51 +77,72 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     gathered = act_bytes = 2 if low else 4
     fsdp = dps * cp > 1
     keeps_gathered = p.fsdp_reshard_after_forward == "never" or (p.fsdp_reshard_after_forward == "default" and pp > 1)
-    if fsdp and pp > 1 and cuda:
-        # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its
-        # gradients once per step: the unsharded gradients accumulate over the microbatches
-        # (fp32, the reduce dtype) beside the gathered parameters.
+    microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
+    n_mb = t.local_batch_size // microbatch
+    # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its gradients
+    # after the last microbatch: before it, the unsharded gradients accumulate (fp32, the reduce
+    # dtype) beside the gathered parameters.
+    accumulates = fsdp and pp > 1 and n_mb > 1
+    if accumulates:
         working = params * (gathered + 4) + block * gathered
     elif fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
         working = (params + block) * gathered
-    elif fsdp:
-        working = 3 * block * gathered
+    elif fsdp:  # the unit at work, its unsharded gradient, and the next unit (prefetched)
+        working = (2 * unit + block) * gathered
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params * 4
     else:
         working = 0.0
+    if tp > 1 and worst.first:
+        # torch's DTensor has no vocabulary-sharded embedding backward: under TP every rank
+        # computes the embedding's whole gradient (vocab x dim) and then keeps its shard. With
+        # its gathered weight and that shard, it is the working set's peak when the vocabulary
+        # is large; twice, where the pipeline accumulates gradients unsharded.
+        whole = m.embedding_params * gathered
+        working = max(working, (2 if accumulates else 1) * whole + 2 * whole / tp)
     # Activations of one microbatch per block, and how many (block, microbatch) pairs live at once.
-    microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     tokens = microbatch * t.seq_len / cp
     moe_share = m.n_moe_layers / m.n_layers
     ffn_width = (1 - moe_share) * m.ffn_hidden_dim + moe_share * m.n_shared_experts * m.expert_hidden_dim
     per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * ffn_width) * act_bytes / tp
+    # Sequence parallel: the attention's and the feed-forward's inputs are all-gathered to the
+    # whole sequence, and their first linears save that gathered copy for backward (2 of the
+    # ACT_PER_TOKEN_D), so those two are not divided by tp.
+    per_block += SP_GATHERED * tokens * m.dim * act_bytes * (1 - 1 / tp)
     # Routed experts, whole on every TP rank: top_k experts' SwiGLU per token, and the token copies.
     per_block += moe_share * tokens * m.top_k * (ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim) * act_bytes
     inputs = tokens * m.dim * act_bytes / tp
+    # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside
+    # (ACT_PER_TOKEN_* above: fitted constants), and `checkpoints`, the block inputs activation
+    # checkpointing keeps in their place (exact bytes). `recompute` is the one block being
+    # recomputed in backward under AC: it lives once, whatever the pipeline has in flight.
     mode = job.activation_checkpoint.mode
     blocks = worst.blocks
+    recompute = 0.0 if mode == ACMode.none else per_block
     if mode == ACMode.none:
-        activations = blocks * per_block
+        saved, checkpoints = blocks * per_block, 0.0
     elif mode == ACMode.full:
-        activations = blocks * inputs + per_block
+        saved, checkpoints = 0.0, blocks * inputs
     elif job.activation_checkpoint.selective_ac_option == "op":
-        activations = blocks * per_block * SELECTIVE_SHARE
+        saved, checkpoints, recompute = blocks * per_block * SELECTIVE_SHARE, 0.0, 0.0
     else:
-        every = int(job.activation_checkpoint.selective_ac_option)
-        kept = blocks // every
-        activations = (blocks - kept) * per_block + kept * inputs + per_block
-    if pp > 1:
-        n_mb = t.local_batch_size // microbatch
+        kept = blocks // int(job.activation_checkpoint.selective_ac_option)
+        saved, checkpoints = (blocks - kept) * per_block, kept * inputs
+    if pp > 1:  # the schedule keeps several microbatches' activations alive at once
         in_flight = n_mb if p.pipeline_parallel_schedule == "GPipe" else min(n_mb, pp * per_rank)
-        activations *= in_flight / per_rank if per_rank > 1 else in_flight
-    # The logits, their fp32 copy for the loss and its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes).
-    logits = tokens * m.vocab_size * (act_bytes + 8) / tp if worst.last else 0.0
+        alive = in_flight / per_rank if per_rank > 1 else in_flight
+        saved, checkpoints = saved * alive, checkpoints * alive
+    # The logits, their fp32 copy for the loss and its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes),
+    # split by tp under loss parallel; under TP the output projection also saves its gathered input.
+    vocab_split = 1 if p.disable_loss_parallel else tp
+    logits = tokens * m.vocab_size * (act_bytes + 8) / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
+    logits = logits if worst.last else 0.0
     gib = 2**30
     parts = {
         "states": states / gib,
         "fsdp_working_set": working / gib,
-        "activations": activations / gib,
+        "activations": (saved + recompute) / gib,
+        "checkpoints": checkpoints / gib,
         "logits": logits / gib,
         "runtime": 0.0 if cuda else RUNTIME_GIB_CPU,
     }

@@ -27,7 +27,9 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
   DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
   TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
          (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
-         reduce-scatters of the activations (+2 each with full AC); plus the embedding's and output's.
+         reduce-scatters of the activations in their dtype (+2 each with full AC; the forward
+         all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
+         Async TP hides them behind the matmuls they are fused with, by the measured overlap.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather and the masked attention over the whole sequence);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
@@ -185,8 +187,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
 
     # Communication of the most loaded rank.
     worst = loads[slowest]
-    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
-    act_bytes = mb * t.seq_len / cp * m.dim * 4
+    pr = job.precision
+    param_bytes = 2 if pr.param_dtype == "bfloat16" else 4
+    # Activations travel in the compute dtype: bf16 under bf16 mixed precision (FSDP casts the
+    # parameters, so every block's output is bf16), else fp32.
+    act_elements = mb * t.seq_len / cp * m.dim
+    act_bytes = act_elements * (2 if pr.param_dtype == "bfloat16" or pr.full_bf16 else 4)
     ep = p.expert_parallel_degree
     routed = m.routed_params_per_block  # 0 for a dense model
     # Per-TP-rank parameter counts of the FSDP units over dp_shard x cp: the blocks (less their
@@ -233,16 +239,22 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             # embedding's and output's collectives are in the measured rest of the model (head).
             per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
         else:
-            per_block = (4 + 2 * full) * (ag(act_bytes) + rs(act_bytes))
+            # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
+            # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+            float8_tp = cuda and pr.converter == "float8" and pr.float8_recipe == "tensorwise"
+            fwd_gather = act_elements if float8_tp else act_bytes  # float8: a byte each
+            per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
             ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
         parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
+        if p.enable_async_tensor_parallel and cuda:  # collectives fused with the matmuls beside them
+            parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
     if cp > 1:
         base = profile.block(model_shape(job), 1)
         if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
             ag, rs = profile.collective("all_gather", cp, "cp" in spans), profile.collective("reduce_scatter", cp, "cp" in spans)
-            kv_bytes = mb * t.seq_len * m.kv_heads * m.head_dim * 4 / tp
+            kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_dim / tp  # the whole sequence's K (or V)
             per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
     if pp > 1:
