@@ -45,6 +45,10 @@ HELD_OUT = {
     "dim384-L4:2": (["model=debugmodel", "model.dim=384", "model.n_layers=4", "model.n_heads=12", "model.n_kv_heads=4",
                      "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
                      "training.steps=3", "metrics.warmup_steps=1"], 2),
+    # Named 2026-11-23, after the memory model's issue 19 revision and before it was measured.
+    "dim512-L6:4": (["model=debugmodel", "model.dim=512", "model.n_layers=6", "model.n_heads=8", "model.n_kv_heads=4",
+                     "training.seq_len=192", "training.global_batch_size=8", "training.local_batch_size=8",
+                     "training.steps=3", "metrics.warmup_steps=1"], 4),
 }
 
 
