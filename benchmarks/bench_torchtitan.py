@@ -33,7 +33,7 @@ import torch  # noqa: E402
 
 from titan_exp.config import Executor, compose_job  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
-from titan_exp.perf.memory import predict_memory  # noqa: E402
+from titan_exp.perf.memory import AS_COUNTED, GpuMemory, predict_memory  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
@@ -113,10 +113,11 @@ def job_for(row: Row):
 
 
 def memory_parts(row: Row) -> tuple[float, float, float]:
-    """The memory model's prediction on a GPU (GiB) in three parts: what stays allocated (states,
-    gathered parameters); what comes and goes every step and is counted exactly (checkpointed
-    block inputs, logits); and what the blocks save inside, counted with constants fitted on CPU."""
-    parts = predict_memory(job_for(row), cuda=True)
+    """The memory model's count on a GPU (GiB), before GpuMemory's terms, in three parts: what
+    stays allocated (states, gathered parameters); what comes and goes every step and is counted
+    exactly (checkpointed block inputs, logits); and what the blocks save inside, counted with
+    constants fitted on CPU."""
+    parts = predict_memory(job_for(row), cuda=True, gpu=AS_COUNTED)
     return (parts["states"] + parts["fsdp_working_set"], parts["checkpoints"] + parts["logits"],
             parts["activations"])
 
@@ -126,10 +127,8 @@ def predict_tps(row: Row, eff: Efficiency) -> float:
     return predict_step(job_for(row), profile, cuda=True).tokens_per_s_per_device
 
 
-def predict_memory_gib(row: Row, fitted: dict[str, float]) -> float:
-    fixed, transient, activations = memory_parts(row)
-    scale = fitted["activation_scale"] * (fitted["compile_activations"] if row.compile else 1.0)
-    return fixed + fitted["allocator_overhead"] * (transient + scale * activations)
+def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:
+    return predict_memory(job_for(row), cuda=True, gpu=gpu)["total"]
 
 
 def solve(f, target: float, low: float, high: float) -> float:
@@ -161,6 +160,13 @@ def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
             "allocator_overhead": x, "activation_scale": y / x, "compile_activations": z / y}
 
 
+def planner_defaults() -> dict[str, float]:
+    """What the planner uses: the spec profiles' Efficiency and the memory model's GpuMemory."""
+    return {**{k: v for k, v in dataclasses.asdict(Efficiency()).items() if k in ("matmul", "compile_speedup",
+                                                                                   "float8_matmul")},
+            **dataclasses.asdict(GpuMemory())}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.parse_args(argv)
@@ -169,14 +175,18 @@ def main(argv: list[str] | None = None) -> int:
     fitted = fit(*fitting)
     eff = dataclasses.replace(Efficiency(), matmul=fitted["matmul"], compile_speedup=fitted["compile_speedup"],
                               float8_matmul=fitted["float8_matmul"])
+    gpu = GpuMemory(fitted["allocator_overhead"], fitted["activation_scale"], fitted["compile_activations"])
     print("fitted on the 8B / 8-GPU rows marked (fit): " + ", ".join(f"{k} {v:.3f}" for k, v in fitted.items()))
+    stale = {k: v for k, v in planner_defaults().items() if abs(v - fitted[k]) > 5e-4}
+    print("the planner's defaults (Efficiency, GpuMemory) are these values" if not stale else
+          f"THE PLANNER'S DEFAULTS DIFFER from this fit: {stale}; update titan_exp/perf/devices.py and memory.py")
     print()
     print("| table | run | published tok/s/GPU | predicted | error | published GiB | predicted | error |")
     print("|---|---|---|---|---|---|---|---|")
     tps_err, mem_err, orders = [], [], {}
     for row in all_rows:
         tps = predict_tps(row, eff)
-        mem = predict_memory_gib(row, fitted)
+        mem = predict_memory_gib(row, gpu)
         e_t, e_m = 100 * (tps / row.tps - 1), 100 * (mem / row.memory_gib - 1)
         held_out = row not in fitting
         if held_out:

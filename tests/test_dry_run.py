@@ -43,7 +43,8 @@ def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
     # The step's peak of live tensors: the states, plus what the step gathers and keeps for
     # backward, near what the planner predicts of those (less its fixed runtime).
     assert held["tensor_peak_gib"] > held["states_gib"]
-    assert 0.6 < (predicted["total"] - predicted["runtime"]) / held["tensor_peak_gib"] < 1.6
+    tensors = predicted["total"] - predicted["runtime"] - predicted["allocator"]
+    assert 0.6 < tensors / held["tensor_peak_gib"] < 1.6
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
     assert summary["state_bytes_per_rank"] == int(held["states_gib"] * 2**30)
 

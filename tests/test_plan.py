@@ -14,6 +14,7 @@ import yaml
 
 from conftest import REPO, compose, job_config
 from titan_exp import plan
+from titan_exp.perf.memory import AS_COUNTED, GpuMemory
 from titan_exp.validation import validate
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=8"]
@@ -65,7 +66,7 @@ def test_memory_model_counts_what_grows_at_scale():
 
     def memory(global_batch=8, job=job, **degrees):
         layout = dict(dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), **degrees)
-        return plan.predict_memory(plan.with_layout(job, layout, global_batch), cuda=True)
+        return plan.predict_memory(plan.with_layout(job, layout, global_batch), cuda=True, gpu=AS_COUNTED)
 
     fsdp = memory(dp_shard=8)
     assert m.embedding_params > 2 * m.block_params
@@ -90,10 +91,20 @@ def test_memory_model_counts_what_grows_at_scale():
             pp=4, dp_replicate=1, dp_shard=2, cp=1, tp=1), n), cuda=cuda) for n in (2, 16))
         assert several["fsdp_working_set"] > single["fsdp_working_set"] * 1.5
 
+    # On a GPU the kernels keep a share of the CPU-fitted activation count and the caching
+    # allocator's slack grows what comes and goes (GpuMemory, fitted on TorchTitan's 8B rows).
+    gpu, layout = GpuMemory(), plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1), 8)
+    on_gpu, on_cpu = plan.predict_memory(layout, cuda=True), plan.predict_memory(layout)
+    assert on_gpu["states"] == fsdp["states"] and on_gpu["checkpoints"] == fsdp["checkpoints"]
+    assert on_gpu["activations"] == pytest.approx(fsdp["activations"] * gpu.activation_scale)
+    assert on_gpu["allocator"] == pytest.approx(
+        (gpu.allocator_overhead - 1) * (on_gpu["activations"] + fsdp["checkpoints"] + fsdp["logits"]))
+    assert on_cpu["allocator"] == 0
+
     no_loss_parallel = plan.predict_memory(plan.with_layout(
         job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1", "precision=bf16",
                     "parallelism.disable_loss_parallel=true"]), dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8), 1),
-        cuda=True)
+        cuda=True, gpu=AS_COUNTED)
     assert no_loss_parallel["logits"] > 7 * tp["logits"]
 
 

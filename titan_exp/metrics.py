@@ -78,9 +78,11 @@ def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tup
 
 
 def peak_memory_gib(device: torch.device) -> float:
-    """Peak allocated device memory on GPU; peak resident set size of the process on CPU."""
+    """On a GPU the most the caching allocator held (reserved): what an out-of-memory error is
+    about, what TorchTitan reports, and what the planner predicts (perf.memory.GpuMemory). On a
+    CPU the process's peak resident set."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return torch.cuda.max_memory_reserved(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 

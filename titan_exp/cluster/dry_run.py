@@ -10,8 +10,8 @@ stages, CP, EP) and optimizer are built for that rank, and two real training ste
 share of the data. The first makes what a run allocates once (AdamW's state). The run's summary
 records what the rank holds (parameters, gradients, optimizer state: its shards) and its peak
 memory during the second step, two ways: the peak bytes of live tensor storage (counted by a
-dispatch mode, so on any device) and the device's own (torch's allocator peak on a GPU, the
-process's resident high-water mark on a CPU). Beside them are the planner's prediction
+dispatch mode, so on any device) and the device's own (the caching allocator's reserved peak on
+a GPU, the process's resident high-water mark on a CPU). Beside them are the planner's prediction
 (titan_exp.perf.memory) and, apart, the peak while the model was built and initialised. Values
 that collectives computed (the loss, the gradient norm) are meaningless under the fake group;
 memory and shapes are not. Nothing is submitted and no checkpoint, validation or tracker is
@@ -122,12 +122,13 @@ def tensor_peak():
     from torch.utils._pytree import tree_leaves
 
     class TensorPeak(TorchDispatchMode):
-        """The peak bytes of live tensor storage during the step: what torch's caching allocator
-        reports on a GPU (max_memory_allocated), for a CPU, whose resident set undercounts under
-        the fake process group (a collective's output buffer the fake group never writes is never
-        touched, so never resident) and overcounts what glibc keeps after building the model.
-        A storage counts from the op that makes it, or FSDP's `resize_` that allocates it, until
-        it dies; the tensors `track`ed before the step count from the start."""
+        """The peak bytes of live tensor storage during the step: on a GPU, what torch's caching
+        allocator reports as allocated (max_memory_allocated). A CPU needs it: there the resident
+        set undercounts under the fake process group (a collective's output buffer that the fake
+        group never writes is never touched, so never resident) and overcounts what glibc keeps
+        after building the model. A storage counts from the op that makes it, or FSDP's `resize_`
+        that allocates it, until it dies; the tensors `track`ed before the step count from the
+        start."""
 
         def __init__(self) -> None:
             super().__init__()
@@ -142,11 +143,13 @@ def tensor_peak():
                     if isinstance(inner, torch.Tensor):
                         self.track(inner)
                 return
-            storage = tensor.untyped_storage()
+            self._count(tensor.untyped_storage())
+
+        def _count(self, storage) -> None:
             key = storage._cdata
             if key not in self.sizes:
                 self.sizes[key] = 0
-                weakref.finalize(storage, self._set, key, None)
+                weakref.finalize(storage, self._set, key, None)  # no longer counted once it dies
             self._set(key, storage.nbytes())
 
         def _set(self, key: int, nbytes: int | None) -> None:
@@ -167,13 +170,9 @@ def tensor_peak():
         def __enter__(self):
             mode = self
 
-            def resize_(storage, size):  # FSDP allocates and frees gathered parameters so
+            def resize_(storage, size):  # how FSDP allocates and frees gathered parameters: no op sees it
                 mode._resize(storage, size)
-                key = storage._cdata
-                if key not in mode.sizes:
-                    mode.sizes[key] = 0
-                    weakref.finalize(storage, mode._set, key, None)
-                mode._set(key, storage.nbytes())
+                mode._count(storage)
 
             torch.UntypedStorage.resize_ = resize_
             return super().__enter__()
@@ -186,12 +185,13 @@ def tensor_peak():
 
 
 def peak_gib(device) -> float:
-    """Peak memory since the last `reset_peak`: torch's allocator on a GPU; on a CPU the
-    process's resident high-water mark (VmHWM, which Linux resets; ru_maxrss cannot be)."""
+    """Peak memory since the last `reset_peak`: what torch's caching allocator reserved on a GPU;
+    on a CPU the process's resident high-water mark (VmHWM, which Linux resets; ru_maxrss cannot
+    be)."""
     import torch
 
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        return torch.cuda.max_memory_reserved(device) / 2**30
     status = Path("/proc/self/status").read_text()
     return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 2**20
 
@@ -208,9 +208,8 @@ def reset_peak(device) -> None:
 def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     from torch.distributed.tensor import DTensor
+    from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from titan_exp import targets
     from titan_exp.perf.memory import predict_memory
@@ -242,9 +241,10 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
         del start
         batch = trainer.loader.next_batch()
         reset_peak(device)
+        optimizer_state = (v for o in trainer.optimizers for st in o.state.values() for v in st.values())
         for t in [*trainer.params, *(p.grad for p in trainer.params if p.grad is not None),
                   *(b for part in trainer.model_parts for b in part.buffers()),
-                  *(v for o in trainer.optimizers for st in o.state.values() for v in st.values() if torch.is_tensor(v))]:
+                  *(v for v in optimizer_state if torch.is_tensor(v))]:
             tensors.track(t)  # what the step starts with
         with tensors:
             trainer.train_step(batch)
@@ -253,7 +253,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
     return {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
-        "peak": "torch allocator" if device.type == "cuda" else "process resident set",
+        "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
                      "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
         "predicted": predicted,
@@ -270,8 +270,8 @@ def table(report: dict[str, Any]) -> str:
         ("optimizer state", m["optimizer"] / gib, None),
         ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
         (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
-        ("peak of live tensors during the step (planner: less its fixed runtime)", m["tensor_peak_gib"],
-         p["total"] - p["runtime"]),
+        ("peak of live tensors during the step (planner: less runtime and allocator slack)",
+         m["tensor_peak_gib"], p["total"] - p["runtime"] - p["allocator"]),
         (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
     ]
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
