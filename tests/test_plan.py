@@ -54,11 +54,13 @@ def test_memory_model_shards_states_and_ranks_by_fit():
 
 
 def test_memory_model_counts_what_grows_at_scale():
-    """The terms that TorchTitan's published runs showed the model had missed (BENCHMARKS.md,
-    benchmarks/bench_torchtitan.py), on the 8B shape on a GPU: a 128k vocabulary makes the
+    """The terms that TorchTitan's published runs and the dry run at 64-512 ranks showed the
+    model had missed (BENCHMARKS.md), on the 8B shape on a GPU: a 128k vocabulary makes the
     embedding and output larger FSDP units than a block; sequence parallel's gathered inputs are
-    whole on every TP rank; a pipeline keeps each microbatch's checkpoints but recomputes one
-    block at a time; the output projection's logits are split by TP only under loss parallel."""
+    whole on every TP rank, and so is the TP embedding's gradient; a pipeline keeps each
+    microbatch's checkpoints but recomputes one block at a time, and accumulates unsharded
+    gradients over several microbatches; a GPU adds GpuMemory's terms; the logits are split by
+    TP only under loss parallel."""
     gib = 2**30
     job = job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1",
                       "precision=bf16", "activation_checkpoint.mode=full"])

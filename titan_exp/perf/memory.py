@@ -6,8 +6,10 @@
   * FSDP working set: the all-gathered parameters and unreduced gradient of the unit at work (a
     block, or the embedding or output layer where those are larger) and the next block,
     prefetched (all of the stage's parameters when they stay gathered:
-    reshard_after_forward=never, or default under PP); DDP's gradient buckets, a second copy of
-    the gradients;
+    reshard_after_forward=never, or default under PP; with their unsharded fp32 gradients where
+    a pipeline accumulates them over several microbatches); under TP at least the embedding's
+    whole gradient, which DTensor computes on every rank; DDP's gradient buckets, a second copy
+    of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
     the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
     none), a share of it (selective per op), or, under AC, the one block being recomputed;
@@ -19,8 +21,8 @@
     TP the output projection's gathered input;
   * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
     data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
-    peak memory there is what torch's caching allocator reserved; the allocator's slack is its own part
-    (GpuMemory), and the activations are scaled to what a GPU's kernels keep.
+    peak memory there is what torch's caching allocator reserved; the allocator's slack is its
+    own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep.
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
