@@ -55,7 +55,7 @@ def overrides_for(model: str, layers: int, nodes: int, layout: list[str], rank: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from titan_exp.perf.memory import predict_memory
+    from titan_exp.perf.memory import predict_memory, tensor_gib
     from titan_exp.validation import resolve
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         full = resolve(job_config([o for o in overrides if not o.startswith("model.n_layers")]))
         pp_rank = rank // (full.world_size // full.parallelism.pipeline_parallel_degree)
         at_depth = predict_memory(full, pp_rank=pp_rank)["total"]
-        tensors = p["total"] - p["runtime"] - p["allocator"]  # less the process's own and the allocator's slack
+        tensors = tensor_gib(p)
         error = 100 * (p["total"] / m["peak_gib"] - 1)
         tensor_error = 100 * (tensors / m["tensor_peak_gib"] - 1)
         rows.append({"case": name, "world": report["world"], "layers": layers, **m, "predicted": p,

@@ -148,7 +148,8 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
         b = pl.step.breakdown()
         lines.append(f"| {i} | {pl.name} | {pl.local_batch_size} | {pl.step.step_s:.3f} | {pl.tokens_per_s:,.0f} "
                      f"| {b['compute']:.3f} | {b['exposed_comm']:.3f} | {b['bubble']:.3f} | {b['recompute']:.3f} "
-                     f"| {pl.memory_gib:.2f} | {pl.parts_gib['states']:.2f} | {pl.parts_gib['activations'] + pl.parts_gib['checkpoints']:.2f} "
+                     f"| {pl.memory_gib:.2f} | {pl.parts_gib['states']:.2f} "
+                     f"| {pl.parts_gib['activations'] + pl.parts_gib['checkpoints']:.2f} "
                      f"| {'yes' if pl.fits else 'NO'} |" + (f" {' '.join(pl.across_nodes) or '-'} |" if nodes else ""))
     return "\n".join(lines) + "\n"
 

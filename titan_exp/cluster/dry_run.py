@@ -262,6 +262,8 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
 
 def table(report: dict[str, Any]) -> str:
     """The dry run's numbers beside the planner's, as the launcher prints them."""
+    from titan_exp.perf.memory import tensor_gib
+
     m, p = report["measured"], report["predicted"]
     gib = 2**30
     rows = [
@@ -271,7 +273,7 @@ def table(report: dict[str, Any]) -> str:
         ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
         (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
         ("peak of live tensors during the step (planner: less runtime and allocator slack)",
-         m["tensor_peak_gib"], p["total"] - p["runtime"] - p["allocator"]),
+         m["tensor_peak_gib"], tensor_gib(p)),
         (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
     ]
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",

@@ -16,7 +16,7 @@ from titan_exp.parallel.context import apply_cp
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.expert import apply_ep
 from titan_exp.parallel.fsdp import apply_ddp, apply_fsdp
-from titan_exp.parallel.tensor import apply_tp, enable_async_tp
+from titan_exp.parallel.tensor import apply_tp, enable_async_tp, float8_collectives
 from titan_exp.precision import DTYPES, fsdp_param_dtype
 
 logger = logging.getLogger("titan_exp")
@@ -32,13 +32,10 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
         apply_ep(model, dims.mesh("ep"))
     if dims.tp > 1:
         tp_mesh = dims.mesh("tp")
-        # torchao's float8 TP styles all-gather in float8, which gloo cannot carry; there the
-        # collectives stay in high precision and only the matmuls are float8.
-        float8_collectives = p.converter == "float8" and p.float8_recipe == "tensorwise"
-        if float8_collectives and tp_mesh.device_type != "cuda":
+        float8 = float8_collectives(job, cuda=tp_mesh.device_type == "cuda")
+        if p.converter == "float8" and p.float8_recipe == "tensorwise" and not float8:
             logger.info("float8: TP collectives in high precision (gloo has no float8 dtype); matmuls are float8")
-            float8_collectives = False
-        apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8_collectives)
+        apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8)
         if job.parallelism.enable_async_tensor_parallel:
             enable_async_tp(tp_mesh)
     if dims.cp > 1:

@@ -70,6 +70,13 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     return e
 
 
+def float8_collectives(job: JobConfig, cuda: bool) -> bool:
+    """Whether TP's collectives run in float8: torchao's float8 TP styles do for tensorwise
+    float8, on NCCL only (gloo has no float8 dtype; there only the matmuls are float8)."""
+    p = job.precision
+    return cuda and p.converter == "float8" and p.float8_recipe == "tensorwise"
+
+
 def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = False) -> None:
     """`float8`: the block linears are tensorwise float8; their styles then all-gather and
     reduce-scatter in float8 too (torchao's float8 variants of the same plan)."""

@@ -64,6 +64,12 @@ class GpuMemory:
 AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
 
 
+def tensor_gib(parts: dict[str, float]) -> float:
+    """What a predicted peak holds in live tensors: its total less the process's own runtime
+    (CPU) and the allocator's slack (GPU). The dry run measures this (its tensor peak)."""
+    return parts["total"] - parts["runtime"] - parts["allocator"]
+
+
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
                    gpu: GpuMemory = GpuMemory()) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position

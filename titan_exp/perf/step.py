@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
+from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
 from titan_exp.validation import resolve
@@ -241,8 +242,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         else:
             # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
             # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
-            float8_tp = cuda and pr.converter == "float8" and pr.float8_recipe == "tensorwise"
-            fwd_gather = act_elements if float8_tp else act_bytes  # float8: a byte each
+            fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
             per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
             ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
         parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
