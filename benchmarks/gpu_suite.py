@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the checkout's titan_exp, installed or not
 from conftest import job_config, run_job  # noqa: E402
 
 COMPILE = ["compile.enable=true"]

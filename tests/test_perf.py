@@ -15,7 +15,7 @@ from conftest import REPO, SMALL, job_config, launch_cli
 from titan_exp.perf import fit
 from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
-from titan_exp.perf.step import across_nodes, predict_step
+from titan_exp.perf.step import across_nodes, block_tensors, fresh_bytes, predict_step
 from titan_exp.plan import with_layout
 
 TINY = ["model.n_layers=4", "training.seq_len=64"]
@@ -125,6 +125,34 @@ def test_dims_across_nodes_pay_the_inter_node_costs(base):
     assert again.inter_node == slow.inter_node and again.collective("all_reduce", 2, True) == Line(1e-3, 1e-8)
 
 
+def test_fresh_memory_over_the_mmap_threshold():
+    """On a CPU a step pays page faults for each tensor glibc maps afresh, those at or over
+    cluster.cpu_malloc_mmap_threshold_mib: 100M's FSDP flat buffers (25 MB a block) at the
+    default 16 MiB, while its weights' gradients (at most 6 MB each) fault only under a lower
+    threshold; a GPU pays nothing."""
+    m100 = job_config(["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=4"])
+    flat = sum(n * k for n, k in block_tensors(m100))
+    assert 16 * 2**20 <= flat * 4 and flat * 4 / 2 < 16 * 2**20
+
+    def fresh(threshold_mib, **degrees):
+        job = layout(m100, global_batch=4, **degrees)
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, cpu_malloc_mmap_threshold_mib=threshold_mib))
+        return fresh_bytes(job, job.model.n_layers, True, True, accumulation=1), job
+
+    ddp16, _ = fresh(16, dp_replicate=2)
+    ddp1, _ = fresh(1, dp_replicate=2)
+    fsdp16, fsdp = fresh(16, dp_shard=2)
+    fsdp1, _ = fresh(1, dp_shard=2)
+    assert ddp16 == 0 < ddp1 < fsdp1
+    # Per block: two all-gathers' flat fp32 buffers and the reduce-scatter's flat input (its
+    # output, half as large, stays under the threshold).
+    assert fsdp16 == pytest.approx(m100.model.n_layers * 3 * flat * 4)
+    assert fresh(None, dp_shard=2)[0] == 0  # glibc's own threshold rises to 32 MiB
+    profile = dataclasses.replace(synthetic(fsdp, 2), fresh_memory_s_per_byte=1e-9)
+    assert predict_step(fsdp, profile, cuda=False).parts["fresh_memory"] == pytest.approx(fsdp16 * 1e-9)
+    assert "fresh_memory" not in predict_step(fsdp, profile, cuda=True).parts
+
+
 def test_refit_recovers_a_scale(base):
     profile = synthetic(base, 4)
     jobs = [layout(base, dp_shard=4), layout(base, dp_replicate=4), layout(base, tp=2, dp_shard=2), layout(base, pp=4),
@@ -161,6 +189,7 @@ def test_calibration_profile_file(tmp_path):
     assert set(profile.collectives) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"}
     assert all(line(1 << 20) > 0 for by_g in profile.collectives.values() for line in by_g.values())
     assert 1.0 <= profile.concurrency <= 2.0 and 0.0 <= profile.overlap <= 1.0 and profile.optimizer_s_per_param > 0
+    assert profile.fresh_memory_s_per_byte > 0 and "fresh pages" in first.stdout
     assert "block tp=2" in first.stdout and "all_gather: 2 ranks" in first.stdout
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "reusing" in again.stdout and json.loads(path.read_text()) == data

@@ -64,6 +64,8 @@ def print_table(profile: MachineProfile, shape: str) -> None:
                               for g, line in sorted(by_g.items()))
             print(f"  {op}{where}: {cells}")
     print(f"  AdamW: {profile.optimizer_s_per_param * 1e9:.2f} ns/param"
+          + (f"; fresh pages {1 / profile.fresh_memory_s_per_byte / 1e9:.2f} GB/s"
+             if profile.fresh_memory_s_per_byte else "")
           + (f"; compiled block {profile.compile_speedup:.2f}x eager" if profile.compile_speedup else ""))
 
 

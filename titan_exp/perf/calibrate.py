@@ -17,7 +17,8 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   reduce-scatter, all-reduce, all-to-all; send/recv between rank pairs;
 - how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
 - how much of an all-gather hides behind a concurrent matmul;
-- AdamW's step per parameter; optionally (`compile`) the compiled block's speed-up.
+- AdamW's step per parameter; on a CPU, what memory fresh from the OS costs to touch (page
+  faults); optionally (`compile`) the compiled block's speed-up.
 """
 
 from __future__ import annotations
@@ -383,6 +384,20 @@ def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> fl
     return together(opt.step, opts.reps, device) / sum(p.numel() for p in params)
 
 
+def measure_fresh_memory(opts: Options, device: torch.device) -> float:
+    """Seconds per byte of filling memory just mapped from the OS, beyond filling memory already
+    mapped: the page faults (and the unmapping when it is freed) of a buffer glibc serves by mmap.
+    Every rank at once, as in a step. 48 MiB is over glibc's largest mmap threshold (32 MiB), so
+    each allocation is mapped afresh whatever cluster.cpu_malloc_mmap_threshold_mib says."""
+    if device.type != "cpu":
+        return 0.0  # the caching allocator keeps what it got
+    n = 48 << 20
+    reused = torch.empty(n, dtype=torch.uint8)
+    mapped = together(lambda: reused.fill_(1), opts.reps, device)
+    fresh = together(lambda: torch.empty(n, dtype=torch.uint8).fill_(1), opts.reps, device)
+    return max(0.0, fresh - mapped) / n
+
+
 def measure_compile(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> float:
     """Eager over compiled time of a block's forward + backward."""
     block, _, fwd_bwd = block_runs(m, 1, opts.sequences[-1], seq_len, device)
@@ -449,6 +464,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         profile.collectives, profile.inter_node = measure_collectives(world, opts, device, nodes) if world > 1 else ({}, {})
         profile.overlap = measure_overlap(world, opts, device) if world > 1 else 0.0
         profile.optimizer_s_per_param = measure_optimizer(m, opts, device)
+        profile.fresh_memory_s_per_byte = measure_fresh_memory(opts, device)
         profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs
     if opts.compile:
         profile.compile_speedup = measure_compile(m, seq_len, opts, device)

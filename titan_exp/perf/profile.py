@@ -21,6 +21,9 @@ measured sizes, so the model can ask for sizes that were not measured:
                                 2-core CPU at 1 thread per rank; the world size on GPUs)
     overlap                     the share of a collective that hides behind concurrent compute
     optimizer_s_per_param       AdamW step, per local parameter
+    fresh_memory_s_per_byte     CPU: what touching memory just mapped from the OS costs (page
+                                faults), per byte: glibc maps every allocation over its mmap
+                                threshold afresh, so a step pays it for each large buffer
     step_overhead_s             the fixed cost of a step (Python, data, logging): not measured by
                                 calibration; refit from real runs (autotune)
 
@@ -152,6 +155,7 @@ class MachineProfile:
     collectives: dict[str, dict[int, Line]] = field(default_factory=dict)  # op -> group size -> by bytes
     inter_node: dict[str, dict[int, Line]] = field(default_factory=dict)  # the same, one rank per node
     optimizer_s_per_param: float = 0.0
+    fresh_memory_s_per_byte: float = 0.0  # CPU page faults (0: not measured, or a GPU)
     step_overhead_s: float = 0.0
     compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
     corrections: Corrections = field(default_factory=Corrections)
@@ -169,6 +173,7 @@ class MachineProfile:
             "inter_node": {op: {str(g): line.to_list() for g, line in by_g.items()}
                            for op, by_g in self.inter_node.items()},
             "optimizer_s_per_param": self.optimizer_s_per_param, "step_overhead_s": self.step_overhead_s,
+            "fresh_memory_s_per_byte": self.fresh_memory_s_per_byte,
             "compile_speedup": self.compile_speedup, "corrections": dataclasses.asdict(self.corrections), "notes": self.notes,
         }
 
@@ -185,6 +190,7 @@ class MachineProfile:
             collectives={op: {int(g): Line.of(v) for g, v in by_g.items()} for op, by_g in d["collectives"].items()},
             inter_node={op: {int(g): Line.of(v) for g, v in by_g.items()} for op, by_g in d.get("inter_node", {}).items()},
             optimizer_s_per_param=d["optimizer_s_per_param"], step_overhead_s=d["step_overhead_s"],
+            fresh_memory_s_per_byte=d.get("fresh_memory_s_per_byte", 0.0),  # absent from older profiles
             compile_speedup=d.get("compile_speedup"), corrections=Corrections(**d["corrections"]), notes=d.get("notes", []),
         )
 

@@ -40,6 +40,12 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
 Then the optimizer step (AdamW on the local shard) and a fixed per-step overhead.
 
+Fresh memory (CPU). glibc serves each allocation at or over its mmap threshold
+(cluster.cpu_malloc_mmap_threshold_mib) with pages fresh from the OS, and a rank pays their page
+faults every step (fresh_bytes): on the 100M model's FSDP at the default 16 MiB, 0.44 s of a 6.6 s
+step; at 1 MiB every layout pays for its gradients too. Activations are in the calibrated block
+costs, which were measured under the calibration job's threshold.
+
 MoE models: a block's FLOPs are those of its active parameters (the experts a token goes to);
 under TP the router and routed experts run whole on every TP rank, so only the rest is divided
 by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well.
@@ -65,7 +71,7 @@ NONMATMUL = 1.3  # a block's time over its matmuls' when no block was measured (
 
 # How the parts add up into the report's breakdown.
 COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p", "ep")
-BREAKDOWN = {"compute": ("compute", "optimizer", "overhead"), "exposed_comm": COMM_PARTS,
+BREAKDOWN = {"compute": ("compute", "optimizer", "fresh_memory", "overhead"), "exposed_comm": COMM_PARTS,
              "bubble": ("bubble",), "recompute": ("recompute",)}
 
 
@@ -106,6 +112,62 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
         return 1.0
     share = min(1.0, fp32(flops) / max(block_s, 1e-12))
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
+
+
+def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
+    """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
+    mode = job.parallelism.fsdp_reshard_after_forward
+    per_step = job.parallelism.pipeline_parallel_degree > 1 and mode == "default"  # PP stages keep parameters gathered
+    return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
+
+
+def block_tensors(job: JobConfig) -> list[tuple[float, float]]:
+    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
+    the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
+    three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
+    m, p = job.model, job.parallelism
+    tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
+    q, kv = m.dim * m.n_heads * m.head_dim / tp, m.dim * m.kv_heads * m.head_dim / tp
+    moe = m.n_moe_layers / m.n_layers
+    out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
+    if moe:
+        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim, 3 * moe)]
+        if m.n_shared_experts:
+            out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
+    return out
+
+
+def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulation: int) -> float:
+    """Bytes a CPU rank's step takes fresh from the OS: each tensor at or over glibc's mmap
+    threshold (with none set, glibc's own rises to at most 32 MiB) that is allocated anew every
+    step. Every layout: each weight's gradient (zero_grad sets them to None). FSDP, per unit and
+    round: the flat all-gather buffer and the gathered weights (per all-gather), the unsharded
+    gradients (freed after the reduce-scatter), and the reduce-scatter's flat input and output."""
+    p, m = job.parallelism, job.model
+    mib = job.cluster.cpu_malloc_mmap_threshold_mib
+    threshold = (32 if mib is None else mib) * 2**20
+    tp = p.tensor_parallel_degree
+    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
+
+    def over(n_bytes: float) -> float:
+        return n_bytes if n_bytes >= threshold else 0.0
+
+    # The rank's units: its blocks (the mean block's tensors), the embedding, the output.
+    units = [(block_tensors(job), blocks)] + [([(m.embedding_params / tp, 1.0)], 1)] * first + (
+        [([(m.vocab_size * m.dim / tp, 1.0)], 1)] if last and not m.tie_word_embeddings else [])
+    shard = p.data_parallel_shard_degree * p.context_parallel_degree
+    total = 0.0
+    for tensors, count in units:
+        each = sum(k * over(n * param_bytes) for n, k in tensors)  # every weight (or gradient) its own tensor
+        if shard == 1:  # the gradients
+            total += count * each
+            continue
+        rounds, gathers = fsdp_rounds(job, accumulation)
+        flat = sum(n * k for n, k in tensors)
+        # all-gathers (flat buffer, gathered weights), unsharded gradients, reduce-scatter in and out
+        total += count * rounds * (gathers * (over(flat * param_bytes) + each) + each
+                                   + over(flat * 4) + over(flat * 4 / shard))
+    return total
 
 
 def across_nodes(job: JobConfig) -> set[str]:
@@ -209,10 +271,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     if shard > 1:
         wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
         ag, rs = profile.collective("all_gather", shard, wide), profile.collective("reduce_scatter", shard, wide)
-        mode = p.fsdp_reshard_after_forward
-        per_step = pp > 1 and mode == "default"  # PP stages keep their parameters gathered
-        gathers = 1 if per_step or mode == "never" else 2
-        rounds = 1 if per_step else accumulation
+        rounds, gathers = fsdp_rounds(job, accumulation)
         comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
         efsdp = shard // ep
         if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
@@ -271,6 +330,9 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             parts[part] = max(0.0, parts[part]) * profile.corrections.communication
     local_params = sum(units) / shard + (worst.blocks * routed / shard if ep > 1 else 0.0)
     parts["optimizer"] = local_params * profile.optimizer_s_per_param * profile.corrections.compute
+    if not cuda and profile.fresh_memory_s_per_byte:
+        parts["fresh_memory"] = (fresh_bytes(job, worst.blocks, worst.first, worst.last, accumulation)
+                                 * profile.fresh_memory_s_per_byte * profile.corrections.compute)
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
     step = sum(parts.values())
     tokens = t.global_batch_size * t.seq_len
