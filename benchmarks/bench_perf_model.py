@@ -32,7 +32,7 @@ from titan_exp.plan import plan  # noqa: E402
 
 # By default the runs are measured as a user runs them: cluster.cpu_malloc_mmap_threshold_mib at its
 # default (16 MiB). --threshold-mib 1 makes the peak RSS track memory in use (glibc's heap keeps the
-# freed buffers under the threshold: +0.2 to +0.5 GiB on the 100M model's FSDP, CP and TP layouts at
+# freed buffers under the threshold: +0.1 to +0.55 GiB on the 100M model's FSDP, CP and TP layouts at
 # 16 MiB), but every buffer over 1 MiB is then mapped afresh each step, and its page faults cost 5-21 %
 # of the 100M model's throughput by layout (BENCHMARKS.md). The memory model predicts memory in use;
 # the performance model, with the page faults over the job's own threshold, the default's speed.
