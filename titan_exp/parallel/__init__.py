@@ -33,7 +33,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
     if dims.tp > 1:
         tp_mesh = dims.mesh("tp")
         float8 = float8_collectives(job, cuda=tp_mesh.device_type == "cuda")
-        if p.converter == "float8" and p.float8_recipe == "tensorwise" and not float8:
+        if float8_collectives(job, cuda=True) and not float8:  # the styles would, but not over gloo
             logger.info("float8: TP collectives in high precision (gloo has no float8 dtype); matmuls are float8")
         apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8)
         if job.parallelism.enable_async_tensor_parallel:

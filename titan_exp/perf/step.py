@@ -156,13 +156,13 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
     units = [(block_tensors(job), blocks)] + [([(m.embedding_params / tp, 1.0)], 1)] * first + (
         [([(m.vocab_size * m.dim / tp, 1.0)], 1)] if last and not m.tie_word_embeddings else [])
     shard = p.data_parallel_shard_degree * p.context_parallel_degree
+    rounds, gathers = fsdp_rounds(job, accumulation)
     total = 0.0
     for tensors, count in units:
         each = sum(k * over(n * param_bytes) for n, k in tensors)  # every weight (or gradient) its own tensor
         if shard == 1:  # the gradients
             total += count * each
             continue
-        rounds, gathers = fsdp_rounds(job, accumulation)
         flat = sum(n * k for n, k in tensors)
         # all-gathers (flat buffer, gathered weights), unsharded gradients, reduce-scatter in and out
         total += count * rounds * (gathers * (over(flat * param_bytes) + each) + each
