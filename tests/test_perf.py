@@ -153,6 +153,36 @@ def test_fresh_memory_over_the_mmap_threshold():
     assert "fresh_memory" not in predict_step(fsdp, profile, cuda=True).parts
 
 
+def test_a_measured_fsdp_block_replaces_the_lines(base):
+    """Where calibration measured a real FSDP block at the shard degree, each block costs what it
+    added, scaled by the collectives' lines to the job's gathers and dtype; its fresh buffers are
+    in that cost, not counted again; other shard degrees and TP keep the lines."""
+    plain = synthetic(base, 4)
+    cost = plain.blocks[model_shape(base)][1]
+    extra = Line(0.05, 0.0)
+    measured = dataclasses.replace(plain, fresh_memory_s_per_byte=1e-9, blocks={model_shape(base): {
+        **plain.blocks[model_shape(base)], 1: dataclasses.replace(cost, fsdp_extra={2: extra})}})
+    plain = dataclasses.replace(plain, fresh_memory_s_per_byte=1e-9)
+    m, ag, rs = base.model, plain.collective("all_gather", 2), plain.collective("reduce_scatter", 2)
+    lines = 2 * ag(m.block_params * 4) + rs(m.block_params * 4)  # two fp32 all-gathers and a reduce-scatter
+
+    def fsdp(job, profile):
+        return predict_step(job, profile, cuda=False).parts["fsdp"]
+
+    job = layout(base, dp_shard=2)
+    assert fsdp(job, measured) - fsdp(job, plain) == pytest.approx(m.n_layers * (0.05 - lines))
+    every_buffer = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, cpu_malloc_mmap_threshold_mib=0))
+    ends = fresh_bytes(every_buffer, 0, True, True, 1)  # the embedding's and output's buffers only
+    assert predict_step(every_buffer, measured, cuda=False).parts["fresh_memory"] == pytest.approx(ends * 1e-9)
+    assert predict_step(every_buffer, plain, cuda=False).parts["fresh_memory"] > ends * 1e-9
+    # Once-gathered parameters (reshard_after_forward=never): the measured cost scaled by the lines.
+    never = dataclasses.replace(job, parallelism=dataclasses.replace(job.parallelism, fsdp_reshard_after_forward="never"))
+    once = ag(m.block_params * 4) + rs(m.block_params * 4)
+    assert fsdp(never, measured) - fsdp(never, plain) == pytest.approx(m.n_layers * (0.05 * once / lines - once))
+    for other in (layout(base, dp_shard=4), layout(base, dp_shard=2, tp=2)):  # not measured: the lines
+        assert fsdp(other, measured) == pytest.approx(fsdp(other, plain))
+
+
 def test_refit_recovers_a_scale(base):
     profile = synthetic(base, 4)
     jobs = [layout(base, dp_shard=4), layout(base, dp_replicate=4), layout(base, tp=2, dp_shard=2), layout(base, pp=4),
@@ -184,7 +214,8 @@ def test_calibration_profile_file(tmp_path):
     for tp, cost in profile.blocks[shape].items():  # tiny sizes are noisy: only what noise cannot flip
         assert cost.fwd_bwd(2) > cost.fwd(2) > 0 and cost.head(2) >= 0
         assert (cost.tp_comm is not None) == (tp > 1)
-    assert set(profile.blocks[shape][1].cp_extra) == {2}
+    assert set(profile.blocks[shape][1].cp_extra) == {2} and set(profile.blocks[shape][1].fsdp_extra) == {2}
+    assert not profile.blocks[shape][2].fsdp_extra  # measured at tp 1 only
     assert {"float32", "bfloat16"} <= set(profile.gemm) and all(r[3] > 0 for r in profile.gemm_shapes["float32"])
     assert set(profile.collectives) == {"all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv"}
     assert all(line(1 << 20) > 0 for by_g in profile.collectives.values() for line in by_g.values())

@@ -13,6 +13,9 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   (tensor + sequence parallel when tp > 1): the rest of the model (the 1-block model minus its
   block), and what TP adds (a real TP block, 2 blocks minus 1, minus its compute);
 - a real context-parallel block at every CP degree: what CP adds to the block;
+- a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
+  to the block: its two all-gathers and reduce-scatter with their copies, the buffers it maps
+  afresh (under the job's cluster.cpu_malloc_mmap_threshold_mib) and the waits for other ranks;
 - collectives over groups of every size dividing the world, all groups at once: all-gather,
   reduce-scatter, all-reduce, all-to-all; send/recv between rank pairs;
 - how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
@@ -230,6 +233,39 @@ def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, d
     return out
 
 
+def measure_fsdp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
+    """Per shard degree: one block of a real FSDP model (titan_exp.parallel.fsdp, fp32, resharded
+    after forward), forward + backward with the gradients set to None between steps as training
+    does, by sequences (2 blocks minus 1). Every group of that size runs at once."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.parallel.fsdp import apply_fsdp
+
+    out = {}
+    for shard in [s for s in range(2, world + 1) if world % s == 0]:
+        mesh = init_device_mesh(device.type, (world // shard, shard), mesh_dim_names=("rest", "shard"))["shard"]
+        models = {}
+        for layers in (1, 2):
+            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
+            apply_fsdp(models[layers], mesh, param_dtype=None, reduce_dtype=torch.float32, reshard_mode="default",
+                       pp_enabled=False)
+            models[layers].init_weights(0)
+        rows = []
+        for seqs in opts.sequences:
+            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
+            labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
+
+            def step(model):
+                model.zero_grad(set_to_none=True)
+                F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
+
+            per_model = {n: together(lambda model=model: step(model), opts.reps, device) for n, model in models.items()}
+            rows.append(per_model[2] - per_model[1])
+        out[shard] = Line.fit(opts.sequences, rows)
+    return out
+
+
 def concurrency(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> float:
     """How many ranks compute at full speed at once: world x (time alone / time together)."""
     _, _, fwd_bwd = block_runs(m, 1, opts.sequences[-1], seq_len, device)
@@ -436,6 +472,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     plain = measure_blocks(m, seq_len, world, opts, device)
     real = measure_real_blocks(m, seq_len, world, opts, device)
     cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
+    fsdp_blocks = measure_fsdp_blocks(m, seq_len, world, opts, device)
     # A block inside the real model costs more than by itself (memory traffic, autograd across
     # blocks): one factor, from tp = 1 over every size measured (a ratio of sums: the 2-minus-1
     # block differences are noisy one by one), scales every block's compute.
@@ -455,7 +492,11 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         cp_extra = {cp: Line(max(0.0, line.latency_s - fwd_bwd.latency_s),
                              max(0.0, line.per_unit_s - fwd_bwd.per_unit_s / cp))
                     for cp, line in cp_blocks.items()} if tp == 1 else {}
-        profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra)
+        # What FSDP adds: the real FSDP block minus the block.
+        fsdp_extra = {shard: Line(max(0.0, line.latency_s - fwd_bwd.latency_s), max(0.0, line.per_unit_s - fwd_bwd.per_unit_s))
+                      for shard, line in fsdp_blocks.items()} if tp == 1 else {}
+        profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra,
+                                              fsdp_extra=fsdp_extra)
     profile.notes = [f"a block in the model costs {in_situ:.2f}x the block by itself (tp 1)"]
     gemm, tables = measure_gemms(m, seq_len, opts, device)
     profile.gemm.update(gemm)

@@ -13,6 +13,8 @@ measured sizes, so the model can ask for sizes that were not measured:
                                 output projection, loss, forward + backward
     blocks[shape][tp].tp_comm   what a real TP + SP block adds to the plain sharded one (tp > 1)
     blocks[shape][1].cp_extra   what a real context-parallel block adds, by cp degree
+    blocks[shape][1].fsdp_extra what a real FSDP block (resharded after forward, fp32) adds, by
+                                shard degree: collectives, copies, fresh buffers, waits
     collectives[op][group size] seconds by bytes, every group of that size running at once
                                 (groups of consecutive ranks: inside a node when they fit)
     inter_node[op][group size]  the same over groups of one rank per node (a profile of more
@@ -99,6 +101,9 @@ class BlockCost:
     # tp = 1, by cp degree: a real context-parallel block (its K/V all-gather, masked attention over
     # the whole sequence) minus the plain block on 1/cp of the sequence: what CP adds per block.
     cp_extra: dict[int, Line] = field(default_factory=dict)
+    # tp = 1, by shard degree: a real FSDP block (two all-gathers, a reduce-scatter, their copies
+    # and fresh buffers, the waits for other ranks) minus the plain block: what FSDP adds per block.
+    fsdp_extra: dict[int, Line] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fwd": self.fwd.to_list(), "fwd_bwd": self.fwd_bwd.to_list(), "head": self.head.to_list()}
@@ -106,13 +111,16 @@ class BlockCost:
             out["tp_comm"] = self.tp_comm.to_list()
         if self.cp_extra:
             out["cp_extra"] = {str(cp): line.to_list() for cp, line in self.cp_extra.items()}
+        if self.fsdp_extra:
+            out["fsdp_extra"] = {str(s): line.to_list() for s, line in self.fsdp_extra.items()}
         return out
 
     @classmethod
     def of(cls, d: dict[str, Any]) -> "BlockCost":
         return cls(Line.of(d["fwd"]), Line.of(d["fwd_bwd"]), Line.of(d["head"]),
                    Line.of(d["tp_comm"]) if "tp_comm" in d else None,
-                   {int(cp): Line.of(v) for cp, v in d.get("cp_extra", {}).items()})
+                   {int(cp): Line.of(v) for cp, v in d.get("cp_extra", {}).items()},
+                   {int(s): Line.of(v) for s, v in d.get("fsdp_extra", {}).items()})
 
 
 @dataclass

@@ -22,7 +22,10 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
   FSDP   all-gather per block forward (and again in backward when resharded after forward;
          once per step under PP, whose stages keep parameters gathered), reduce-scatter per block;
          hidden behind compute by the measured overlap only on GPUs (FSDP2 prefetches on a
-         separate stream; on a CPU there is none).
+         separate stream; on a CPU there is none). Where calibration measured a real FSDP block
+         at the shard degree (tp 1), a block costs what it added (its copies, fresh buffers and
+         waits for other ranks as well), scaled from two fp32 all-gathers and a reduce-scatter
+         to the job's gathers and dtype by the collectives' lines.
   HSDP   + an all-reduce of each block's gradient shard over the replicas.
   DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
   TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
@@ -268,11 +271,18 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     if spans and not profile.inter_node:
         notes.append("mesh dims across nodes are costed as inside one: the profile has no inter-node "
                      "measurements (calibrate on the nodes: python -m titan_exp.calibrate cluster.nnodes=N ...)")
+    # A real FSDP block measured at this shard degree (tp 1, dense or EP-less, inside a node).
+    measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
+                     and not {"dp_shard", "cp"} & spans else None)
     if shard > 1:
         wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
         ag, rs = profile.collective("all_gather", shard, wide), profile.collective("reduce_scatter", shard, wide)
         rounds, gathers = fsdp_rounds(job, accumulation)
         comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
+        if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
+            block_u = units[0]
+            lines = gathers * ag(block_u * param_bytes) + rs(block_u * 4)
+            comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / (2 * ag(block_u * 4) + rs(block_u * 4)) - lines)
         efsdp = shard // ep
         if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
             eag, ers = profile.collective("all_gather", efsdp, wide), profile.collective("reduce_scatter", efsdp, wide)
@@ -331,7 +341,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     local_params = sum(units) / shard + (worst.blocks * routed / shard if ep > 1 else 0.0)
     parts["optimizer"] = local_params * profile.optimizer_s_per_param * profile.corrections.compute
     if not cuda and profile.fresh_memory_s_per_byte:
-        parts["fresh_memory"] = (fresh_bytes(job, worst.blocks, worst.first, worst.last, accumulation)
+        blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
+        parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
                                  * profile.fresh_memory_s_per_byte * profile.corrections.compute)
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
     step = sum(parts.values())
