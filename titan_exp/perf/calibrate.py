@@ -173,96 +173,82 @@ def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, devi
     return out
 
 
-def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
-                        device: torch.device) -> dict[int, tuple[Line, Line]]:
-    """Per TP degree (1 included): the real model's forward + backward with its loss, by
-    sequences, as (a 2-block model minus a 1-block one, the 1-block model), tensor parallel
-    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) when tp > 1."""
+def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
+                     parallelize: Callable[[nn.Module], object], *, free_grads: bool = False) -> tuple[Line, Line]:
+    """A real model with 1 and with 2 blocks, `parallelize`d in place, forward + backward with its
+    loss on sequences of seq_len positions, by sequences: (2 blocks minus 1, the 1-block model).
+    `free_grads` sets the gradients to None before each step, as training does."""
+    from titan_exp.models.llama import Transformer
+
+    models = {}
+    for layers in (1, 2):
+        models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
+        parallelize(models[layers])
+        models[layers].init_weights(0)  # an MoE's experts and buffers start empty
+    one, two = [], []
+    for seqs in opts.sequences:
+        tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
+        labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
+
+        def step(model):
+            if free_grads:
+                model.zero_grad(set_to_none=True)
+            F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
+
+        one.append(together(lambda: step(models[1]), opts.reps, device))
+        two.append(together(lambda: step(models[2]), opts.reps, device))
+    return Line.fit(opts.sequences, [b - a for a, b in zip(one, two)]), Line.fit(opts.sequences, one)
+
+
+def submesh(world: int, size: int, name: str, device: torch.device):
+    """The groups of `size` consecutive ranks, all at once: a mesh dim named `name`."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from titan_exp.models.llama import Transformer
+    return init_device_mesh(device.type, (world // size, size), mesh_dim_names=("rest", name))[name]
+
+
+def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
+                        device: torch.device) -> dict[int, tuple[Line, Line]]:
+    """Per TP degree (1 included): the real model (real_model_lines), tensor parallel
+    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) when tp > 1."""
     from titan_exp.parallel.tensor import apply_tp
 
     out = {}
     for tp in tp_degrees(m, world):
-        mesh = init_device_mesh(device.type, (world // tp, tp), mesh_dim_names=("rest", "tp"))["tp"] if tp > 1 else None
-        models = {}
-        for layers in (1, 2):
-            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
+        mesh = submesh(world, tp, "tp", device) if tp > 1 else None
+
+        def parallelize(model, mesh=mesh):
             if mesh is not None:
-                apply_tp(models[layers], mesh, loss_parallel=False)
-            models[layers].init_weights(0)  # an MoE's experts and buffers start empty
-        one, two = [], []
-        for seqs in opts.sequences:
-            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
-            labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
+                apply_tp(model, mesh, loss_parallel=False)
 
-            def step(model):
-                F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
-
-            one.append(together(lambda: step(models[1]), opts.reps, device))
-            two.append(together(lambda: step(models[2]), opts.reps, device))
-        out[tp] = (Line.fit(opts.sequences, [b - a for a, b in zip(one, two)]), Line.fit(opts.sequences, one))
+        out[tp] = real_model_lines(m, seq_len, opts, device, parallelize)
     return out
 
 
 def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
     """Per CP degree: one block of a real context-parallel model (titan_exp.parallel.context) on
     this rank's seq_len / cp positions, forward + backward, by sequences (2 blocks minus 1)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from titan_exp.models.llama import Transformer
     from titan_exp.parallel.context import apply_cp
 
     out = {}
     for cp in [c for c in range(2, world + 1) if world % c == 0 and seq_len % (2 * c) == 0]:
-        mesh = init_device_mesh(device.type, (world // cp, cp), mesh_dim_names=("rest", "cp"))["cp"]
-        models = {}
-        for layers in (1, 2):
-            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
-            apply_cp(models[layers], mesh, seq_len)
-            models[layers].init_weights(0)
-        rows = []
-        for seqs in opts.sequences:
-            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len // cp), device=device)
-            labels = torch.randint(0, m.vocab_size, (seqs * seq_len // cp,), device=device)
-            per_model = {n: together(lambda model=model: F.cross_entropy(model(tokens).flatten(0, 1), labels).backward(),
-                                     opts.reps, device) for n, model in models.items()}
-            rows.append(per_model[2] - per_model[1])
-        out[cp] = Line.fit(opts.sequences, rows)
+        mesh = submesh(world, cp, "cp", device)
+        out[cp] = real_model_lines(m, seq_len // cp, opts, device, lambda model: apply_cp(model, mesh, seq_len))[0]
     return out
 
 
 def measure_fsdp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
     """Per shard degree: one block of a real FSDP model (titan_exp.parallel.fsdp, fp32, resharded
-    after forward), forward + backward with the gradients set to None between steps as training
-    does, by sequences (2 blocks minus 1). Every group of that size runs at once."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    from titan_exp.models.llama import Transformer
+    after forward), forward + backward with the gradients freed between steps as training does,
+    by sequences (2 blocks minus 1). Every group of that size runs at once."""
     from titan_exp.parallel.fsdp import apply_fsdp
 
     out = {}
     for shard in [s for s in range(2, world + 1) if world % s == 0]:
-        mesh = init_device_mesh(device.type, (world // shard, shard), mesh_dim_names=("rest", "shard"))["shard"]
-        models = {}
-        for layers in (1, 2):
-            models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
-            apply_fsdp(models[layers], mesh, param_dtype=None, reduce_dtype=torch.float32, reshard_mode="default",
-                       pp_enabled=False)
-            models[layers].init_weights(0)
-        rows = []
-        for seqs in opts.sequences:
-            tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
-            labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
-
-            def step(model):
-                model.zero_grad(set_to_none=True)
-                F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
-
-            per_model = {n: together(lambda model=model: step(model), opts.reps, device) for n, model in models.items()}
-            rows.append(per_model[2] - per_model[1])
-        out[shard] = Line.fit(opts.sequences, rows)
+        mesh = submesh(world, shard, "shard", device)
+        out[shard] = real_model_lines(m, seq_len, opts, device, lambda model: apply_fsdp(
+            model, mesh, param_dtype=None, reduce_dtype=torch.float32, reshard_mode="default", pp_enabled=False),
+            free_grads=True)[0]
     return out
 
 

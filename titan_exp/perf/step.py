@@ -271,7 +271,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     if spans and not profile.inter_node:
         notes.append("mesh dims across nodes are costed as inside one: the profile has no inter-node "
                      "measurements (calibrate on the nodes: python -m titan_exp.calibrate cluster.nnodes=N ...)")
-    # A real FSDP block measured at this shard degree (tp 1, dense or EP-less, inside a node).
+    # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
     measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
                      and not {"dp_shard", "cp"} & spans else None)
     if shard > 1:
