@@ -56,6 +56,11 @@ HELD_OUT = {
     "dim512-L6:4": (["model=debugmodel", "model.dim=512", "model.n_layers=6", "model.n_heads=8", "model.n_kv_heads=4",
                      "training.seq_len=192", "training.global_batch_size=8", "training.local_batch_size=8",
                      "training.steps=3", "metrics.warmup_steps=1"], 4),
+    # Named 2026-11-23 (stop 12), after the CPU heap term (HEAP_FSDP_BLOCKS) was fitted and before
+    # this shape was measured: its blocks' flat buffers (17.7 MB) are just over 16 MiB, and under it at tp 2.
+    "dim640-L8:4": (["model=debugmodel", "model.dim=640", "model.n_layers=8", "model.n_heads=20", "model.n_kv_heads=4",
+                     "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
+                     "training.steps=3", "metrics.warmup_steps=1"], 4),
 }
 
 

@@ -14,6 +14,7 @@ import yaml
 from conftest import REPO, SMALL, job_config, launch_cli
 from titan_exp.perf import fit
 from titan_exp.perf.calibrate import model_shape
+from titan_exp.perf.memory import HEAP_FSDP_BLOCKS, GpuMemory, predict_memory
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
 from titan_exp.perf.step import across_nodes, block_tensors, fresh_bytes, predict_step
 from titan_exp.plan import with_layout
@@ -151,6 +152,33 @@ def test_fresh_memory_over_the_mmap_threshold():
     profile = dataclasses.replace(synthetic(fsdp, 2), fresh_memory_s_per_byte=1e-9)
     assert predict_step(fsdp, profile, cuda=False).parts["fresh_memory"] == pytest.approx(fsdp16 * 1e-9)
     assert "fresh_memory" not in predict_step(fsdp, profile, cuda=True).parts
+
+
+def test_heap_slack_under_the_mmap_threshold():
+    """On a CPU the FSDP per-block buffers under the mmap threshold come from glibc's heap, which
+    holds HEAP_FSDP_BLOCKS blocks' worth of them beyond the live ones: the memory model's CPU
+    allocator part. 100M at FSDP 2: at 16 MiB every gathered weight and unsharded gradient and the
+    reduce-scatter's output (a 12.6 MB half), not the 25 MB flat buffers, which are mapped; under
+    TP 2 the flat buffers too; none where nothing is gathered per block."""
+    m100 = job_config(["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=4"])
+    flat = sum(n * k for n, k in block_tensors(m100)) * 4
+
+    def slack(threshold_mib=16, mode="default", **degrees):
+        job = layout(m100, global_batch=4, **degrees)
+        job = dataclasses.replace(job, cluster=dataclasses.replace(job.cluster, cpu_malloc_mmap_threshold_mib=threshold_mib),
+                                  parallelism=dataclasses.replace(job.parallelism, fsdp_reshard_after_forward=mode))
+        return predict_memory(job)["allocator"] * 2**30
+
+    assert slack(dp_shard=2) == pytest.approx(HEAP_FSDP_BLOCKS * (2 * flat + flat / 2))
+    assert slack(dp_shard=2, tp=2) == pytest.approx(HEAP_FSDP_BLOCKS * (flat / 2 * 4 + flat / 4))  # 12.6 MB blocks
+    assert slack(None, dp_shard=2) == pytest.approx(HEAP_FSDP_BLOCKS * (4 * flat + flat / 2))  # glibc's own: 32 MiB
+    assert 0 < slack(1, dp_shard=2) < 0.1 * slack(dp_shard=2)  # only the K and V weights (0.8 MB) stay in the heap
+    for none in (slack(dp_replicate=2), slack(tp=2), slack(pp=2, dp_shard=2), slack(dp_shard=2, mode="never")):
+        assert none == 0
+    job = layout(m100, global_batch=4, dp_shard=2)
+    gpu = predict_memory(job, cuda=True)
+    assert gpu["allocator"] == pytest.approx(
+        (GpuMemory().allocator_overhead - 1) * (gpu["activations"] + gpu["checkpoints"] + gpu["logits"]))
 
 
 def test_a_measured_fsdp_block_replaces_the_lines(base):

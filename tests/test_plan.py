@@ -101,7 +101,8 @@ def test_memory_model_counts_what_grows_at_scale():
     assert on_gpu["activations"] == pytest.approx(fsdp["activations"] * gpu.activation_scale)
     assert on_gpu["allocator"] == pytest.approx(
         (gpu.allocator_overhead - 1) * (on_gpu["activations"] + fsdp["checkpoints"] + fsdp["logits"]))
-    assert on_cpu["allocator"] == 0
+    # A CPU's slack is glibc's heap, not GpuMemory's (tests/test_perf.py::test_heap_slack_under_the_mmap_threshold).
+    assert on_cpu["allocator"] == plan.predict_memory(layout, gpu=AS_COUNTED)["allocator"] < on_gpu["allocator"]
 
     no_loss_parallel = plan.predict_memory(plan.with_layout(
         job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1", "precision=bf16",

@@ -22,7 +22,10 @@
   * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
     data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
     peak memory there is what torch's caching allocator reserved; the allocator's slack is its
-    own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep.
+    own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep;
+  * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
+    the mmap threshold (HEAP_FSDP_BLOCKS); a CPU's measured peak is the resident set, which
+    counts them.
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
@@ -46,6 +49,9 @@ ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
+# CPU: blocks' worth of FSDP's per-block buffers under the mmap threshold that glibc's heap holds
+# beyond the live ones (fitted on issue 13's sittings at the default 16 MiB; BENCHMARKS.md).
+HEAP_FSDP_BLOCKS = 3.5
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,49 @@ class GpuMemory:
 
 
 AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
+
+
+def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
+    """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
+    mode = job.parallelism.fsdp_reshard_after_forward
+    per_step = job.parallelism.pipeline_parallel_degree > 1 and mode == "default"  # PP stages keep parameters gathered
+    return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
+
+
+def block_tensors(job: JobConfig) -> list[tuple[float, float]]:
+    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
+    the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
+    three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
+    m, p = job.model, job.parallelism
+    tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
+    q, kv = m.dim * m.n_heads * m.head_dim / tp, m.dim * m.kv_heads * m.head_dim / tp
+    moe = m.n_moe_layers / m.n_layers
+    out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
+    if moe:
+        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim, 3 * moe)]
+        if m.n_shared_experts:
+            out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
+    return out
+
+
+def mmap_threshold(job: JobConfig) -> float:
+    """Bytes from which glibc serves a CPU rank's allocation with fresh pages from the OS (and
+    unmaps them when freed): cluster.cpu_malloc_mmap_threshold_mib, or with none set glibc's own,
+    which rises to at most 32 MiB. Smaller ones come from the heap."""
+    mib = job.cluster.cpu_malloc_mmap_threshold_mib
+    return (32 if mib is None else mib) * 2**20
+
+
+def fsdp_buffers(job: JobConfig, tensors: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """What FSDP allocates anew for a unit of these weights (block_tensors' form), as (bytes, how
+    many): per all-gather, the flat buffer and each gathered weight; per reduce-scatter, each
+    unsharded gradient, the flat fp32 input and the shard it returns. All are freed again within
+    the step."""
+    shard = job.parallelism.data_parallel_shard_degree * job.parallelism.context_parallel_degree
+    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
+    flat = sum(n * k for n, k in tensors)
+    each = [(n * param_bytes, k) for n, k in tensors]
+    return [(flat * param_bytes, 1.0), *each], [*each, (flat * 4, 1.0), (flat * 4 / shard, 1.0)]
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
@@ -172,6 +221,13 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     if cuda:
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
+    elif fsdp and not keeps_gathered and not accumulates:
+        # glibc's heap serves FSDP's per-block buffers under the mmap threshold; freed after each
+        # block, they leave holes the activations allocated meanwhile split, so the heap grows by
+        # about HEAP_FSDP_BLOCKS blocks' worth of them beyond what is live (little at a 1 MiB threshold,
+        # where they are mapped and unmapped instead).
+        threshold = mmap_threshold(job)
+        slack = HEAP_FSDP_BLOCKS * sum(b * k for b, k in sum(fsdp_buffers(job, block_tensors(job)), []) if b < threshold)
     gib = 2**30
     parts = {
         "states": states / gib,

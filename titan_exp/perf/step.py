@@ -63,6 +63,7 @@ from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.calibrate import model_shape
+from titan_exp.perf.memory import block_tensors, fsdp_buffers, fsdp_rounds, mmap_threshold
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
 from titan_exp.validation import resolve
 
@@ -117,43 +118,19 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
 
 
-def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
-    """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
-    mode = job.parallelism.fsdp_reshard_after_forward
-    per_step = job.parallelism.pipeline_parallel_degree > 1 and mode == "default"  # PP stages keep parameters gathered
-    return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
-
-
-def block_tensors(job: JobConfig) -> list[tuple[float, float]]:
-    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
-    the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
-    three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
-    m, p = job.model, job.parallelism
-    tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
-    q, kv = m.dim * m.n_heads * m.head_dim / tp, m.dim * m.kv_heads * m.head_dim / tp
-    moe = m.n_moe_layers / m.n_layers
-    out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
-    if moe:
-        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim, 3 * moe)]
-        if m.n_shared_experts:
-            out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
-    return out
-
-
 def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulation: int) -> float:
     """Bytes a CPU rank's step takes fresh from the OS: each tensor at or over glibc's mmap
-    threshold (with none set, glibc's own rises to at most 32 MiB) that is allocated anew every
-    step. Every layout: each weight's gradient (zero_grad sets them to None). FSDP, per unit and
-    round: the flat all-gather buffer and the gathered weights (per all-gather), the unsharded
-    gradients (freed after the reduce-scatter), and the reduce-scatter's flat input and output."""
+    threshold (perf.memory.mmap_threshold) that is allocated anew every step. Every layout: each
+    weight's gradient (zero_grad sets them to None). FSDP, per unit and round, what
+    perf.memory.fsdp_buffers lists (per all-gather, and per reduce-scatter). Those under the
+    threshold come from the heap instead: the memory model's CPU allocator slack."""
     p, m = job.parallelism, job.model
-    mib = job.cluster.cpu_malloc_mmap_threshold_mib
-    threshold = (32 if mib is None else mib) * 2**20
+    threshold = mmap_threshold(job)
     tp = p.tensor_parallel_degree
     param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
 
-    def over(n_bytes: float) -> float:
-        return n_bytes if n_bytes >= threshold else 0.0
+    def over(buffers: list[tuple[float, float]]) -> float:
+        return sum(k * b for b, k in buffers if b >= threshold)
 
     # The rank's units: its blocks (the mean block's tensors), the embedding, the output.
     units = [(block_tensors(job), blocks)] + [([(m.embedding_params / tp, 1.0)], 1)] * first + (
@@ -162,14 +139,11 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
     rounds, gathers = fsdp_rounds(job, accumulation)
     total = 0.0
     for tensors, count in units:
-        each = sum(k * over(n * param_bytes) for n, k in tensors)  # every weight (or gradient) its own tensor
-        if shard == 1:  # the gradients
-            total += count * each
+        if shard == 1:  # the gradients, every weight's its own tensor
+            total += count * over([(n * param_bytes, k) for n, k in tensors])
             continue
-        flat = sum(n * k for n, k in tensors)
-        # all-gathers (flat buffer, gathered weights), unsharded gradients, reduce-scatter in and out
-        total += count * rounds * (gathers * (over(flat * param_bytes) + each) + each
-                                   + over(flat * 4) + over(flat * 4 / shard))
+        gather, reduce = fsdp_buffers(job, tensors)
+        total += count * rounds * (gathers * over(gather) + over(reduce))
     return total
 
 
