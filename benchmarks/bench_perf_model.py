@@ -34,8 +34,9 @@ from titan_exp.plan import plan  # noqa: E402
 # default (16 MiB). --threshold-mib 1 makes the peak RSS track memory in use (glibc's heap keeps the
 # freed buffers under the threshold: +0.1 to +0.55 GiB on the 100M model's FSDP, CP and TP layouts at
 # 16 MiB), but every buffer over 1 MiB is then mapped afresh each step, and its page faults cost 5-21 %
-# of the 100M model's throughput by layout (BENCHMARKS.md). The memory model predicts memory in use;
-# the performance model, with the page faults over the job's own threshold, the default's speed.
+# of the 100M model's throughput by layout (BENCHMARKS.md). The memory model predicts the resident
+# set at the job's threshold (memory in use plus the heap's hold on FSDP's per-block buffers under
+# it); the performance model, with the page faults over it, the default's speed.
 COMMON = ["metrics.log_freq=100", "lr_scheduler.warmup_steps=1"]
 CASES = {
     "debug:4": (["model=debugmodel", "training.seq_len=128", "training.global_batch_size=16",

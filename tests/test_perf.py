@@ -7,6 +7,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -263,6 +264,31 @@ def test_plan_prints_times_and_the_profile(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "DEFAULT costs" in out.stdout and "python -m titan_exp.calibrate --world 4" in out.stdout
     assert "| step s | tokens/s/device |" in out.stdout
+
+
+def test_the_grid_estimate_prices_compile_from_compiled_members(base):
+    """Autotune's estimate of the whole grid's machine time takes each candidate's start-up from
+    the measured members compiled alike: a compiled member's compile is not an eager member's."""
+    from titan_exp.config import AutotuneAxis
+    from titan_exp.perf.autotune import Autotune, Member, candidates
+
+    job = dataclasses.replace(base, autotune=dataclasses.replace(base.autotune, search=[AutotuneAxis.layout, AutotuneAxis.compile]))
+    profile = synthetic(base, 2)
+    grid = candidates(job, 2, cuda=False, profile=profile, memory_gib=1e9)
+    eager = [c for c in grid if not c.job.compile.enable]
+    compiled = [c for c in grid if c.job.compile.enable]
+    assert len(eager) == len(compiled) >= 2
+    a = job.autotune
+    # Two eager members measured and one compiled, exactly as predicted: a mean over all three
+    # (10 s) would price the grid differently.
+    for c, start in ((eager[0], 5.0), (eager[1], 5.0), (compiled[0], 20.0)):
+        steps = [c.predicted_step_s] * a.steps
+        c.members.append(Member(0, "run", "ok", steps, wall_s=start + sum(steps)))
+    tune = Autotune(job, [], launch=lambda batch: [], sweep_dir=Path("."), cuda=False, profile=profile)
+    tune.tokens_per_step = job.training.global_batch_size * job.training.seq_len  # as run() sets it
+    record = tune._record(grid, None, "done", 60.0)
+    steps = sum((a.warmup_steps + a.steps) * c.predicted_step_s for c in grid)
+    assert record["grid"]["estimated_s"] == pytest.approx(steps + 5.0 * len(eager) + 20.0 * len(compiled))
 
 
 def test_autotune_sweep(tmp_path, titan_cache):

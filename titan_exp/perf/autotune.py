@@ -309,11 +309,18 @@ class Autotune:
     def _record(self, grid: list[Candidate], winner: Candidate | None, stop_reason: str, budget_s: float) -> dict:
         a = self.job.autotune
         # The whole grid, each candidate once with the first round's steps: the measured
-        # per-member overhead plus its predicted steps, scaled by how the predictions did.
+        # per-member overhead (start-up, and a compiled member's compile: the mean of the measured
+        # members compiled alike, else of all) plus its predicted steps, scaled by how the
+        # predictions did.
         first = [c for c in grid if c.members and c.members[0].status == Status.ok]
-        overhead = statistics.fmean(c.members[0].wall_s - sum(c.members[0].step_times_s) for c in first) if first else 0.0
+        overheads = [(c.job.compile.enable, c.members[0].wall_s - sum(c.members[0].step_times_s)) for c in first]
+
+        def overhead(c: Candidate) -> float:
+            alike = [o for compiled, o in overheads if compiled == c.job.compile.enable]
+            return statistics.fmean(alike or [o for _, o in overheads]) if overheads else 0.0
+
         ratio = statistics.median(statistics.fmean(c.members[0].step_times_s) / c.predicted_step_s for c in first) if first else 1.0
-        grid_s = sum(overhead + (a.warmup_steps + a.steps) * c.predicted_step_s * ratio for c in grid)
+        grid_s = sum(overhead(c) + (a.warmup_steps + a.steps) * c.predicted_step_s * ratio for c in grid)
 
         def entry(c: Candidate) -> dict:
             m = c.measured(self.tokens_per_step, self.world)
