@@ -68,6 +68,7 @@ class GpuMemory:
 
 
 AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
+Sizes = list[tuple[float, float]]  # (bytes, how many)
 
 
 def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
@@ -101,7 +102,7 @@ def mmap_threshold(job: JobConfig) -> float:
     return (32 if mib is None else mib) * 2**20
 
 
-def fsdp_buffers(job: JobConfig, tensors: list[tuple[float, float]]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+def fsdp_buffers(job: JobConfig, tensors: list[tuple[float, float]]) -> tuple[Sizes, Sizes]:
     """What FSDP allocates anew for a unit of these weights (block_tensors' form), as (bytes, how
     many): per all-gather, the flat buffer and each gathered weight; per reduce-scatter, each
     unsharded gradient, the flat fp32 input and the shard it returns. All are freed again within
@@ -115,7 +116,8 @@ def fsdp_buffers(job: JobConfig, tensors: list[tuple[float, float]]) -> tuple[li
 
 def tensor_gib(parts: dict[str, float]) -> float:
     """What a predicted peak holds in live tensors: its total less the process's own runtime
-    (CPU) and the allocator's slack (GPU). The dry run measures this (its tensor peak)."""
+    (CPU) and the allocator's slack (GPU: the caching allocator's; CPU: glibc's heap). The dry run
+    measures this (its tensor peak)."""
     return parts["total"] - parts["runtime"] - parts["allocator"]
 
 
@@ -155,7 +157,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     low = job.precision.full_bf16 or (cuda and job.precision.param_dtype == "bfloat16")
     gathered = act_bytes = 2 if low else 4
     fsdp = dps * cp > 1
-    keeps_gathered = p.fsdp_reshard_after_forward == "never" or (p.fsdp_reshard_after_forward == "default" and pp > 1)
+    keeps_gathered = fsdp_rounds(job, 1)[1] == 1  # one all-gather a round: gathered from forward to backward
     microbatch = p.pipeline_parallel_microbatch_size if pp > 1 else t.local_batch_size
     n_mb = t.local_batch_size // microbatch
     # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its gradients
@@ -224,10 +226,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     elif fsdp and not keeps_gathered and not accumulates:
         # glibc's heap serves FSDP's per-block buffers under the mmap threshold; freed after each
         # block, they leave holes the activations allocated meanwhile split, so the heap grows by
-        # about HEAP_FSDP_BLOCKS blocks' worth of them beyond what is live (little at a 1 MiB threshold,
-        # where they are mapped and unmapped instead).
-        threshold = mmap_threshold(job)
-        slack = HEAP_FSDP_BLOCKS * sum(b * k for b, k in sum(fsdp_buffers(job, block_tensors(job)), []) if b < threshold)
+        # about HEAP_FSDP_BLOCKS blocks' worth of them beyond what is live (little at a 1 MiB
+        # threshold, where they are mapped and unmapped instead).
+        gather, reduce = fsdp_buffers(job, block_tensors(job))
+        slack = HEAP_FSDP_BLOCKS * sum(b * k for b, k in gather + reduce if b < mmap_threshold(job))
     gib = 2**30
     parts = {
         "states": states / gib,
