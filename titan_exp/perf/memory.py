@@ -50,7 +50,9 @@ SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 # CPU: blocks' worth of FSDP's per-block buffers under the mmap threshold that glibc's heap holds
-# beyond the live ones (fitted on issue 13's sittings at the default 16 MiB; BENCHMARKS.md).
+# beyond the live ones (fitted on the 16 MiB rows of issue 13's 06:13 sitting; BENCHMARKS.md). Flat
+# buffers just under the threshold (12 MiB on 100M at tp 2) are kept about once per block instead:
+# measured, not yet modelled.
 HEAP_FSDP_BLOCKS = 3.5
 
 
@@ -68,7 +70,7 @@ class GpuMemory:
 
 
 AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
-Sizes = list[tuple[float, float]]  # (bytes, how many)
+Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
 
 
 def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
@@ -78,7 +80,7 @@ def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
 
 
-def block_tensors(job: JobConfig) -> list[tuple[float, float]]:
+def block_tensors(job: JobConfig) -> Sizes:
     """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
     the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
     three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
@@ -102,7 +104,7 @@ def mmap_threshold(job: JobConfig) -> float:
     return (32 if mib is None else mib) * 2**20
 
 
-def fsdp_buffers(job: JobConfig, tensors: list[tuple[float, float]]) -> tuple[Sizes, Sizes]:
+def fsdp_buffers(job: JobConfig, tensors: Sizes) -> tuple[Sizes, Sizes]:
     """What FSDP allocates anew for a unit of these weights (block_tensors' form), as (bytes, how
     many): per all-gather, the flat buffer and each gathered weight; per reduce-scatter, each
     unsharded gradient, the flat fp32 input and the shard it returns. All are freed again within

@@ -63,7 +63,7 @@ from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.calibrate import model_shape
-from titan_exp.perf.memory import block_tensors, fsdp_buffers, fsdp_rounds, mmap_threshold
+from titan_exp.perf.memory import Sizes, block_tensors, fsdp_buffers, fsdp_rounds, mmap_threshold
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile
 from titan_exp.validation import resolve
 
@@ -129,7 +129,7 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
     tp = p.tensor_parallel_degree
     param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
 
-    def over(buffers: list[tuple[float, float]]) -> float:
+    def over(buffers: Sizes) -> float:
         return sum(k * b for b, k in buffers if b >= threshold)
 
     # The rank's units: its blocks (the mean block's tensors), the embedding, the output.
@@ -139,7 +139,7 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
     rounds, gathers = fsdp_rounds(job, accumulation)
     total = 0.0
     for tensors, count in units:
-        if shard == 1:  # the gradients, every weight's its own tensor
+        if shard == 1:  # the gradients, each weight's its own tensor
             total += count * over([(n * param_bytes, k) for n, k in tensors])
             continue
         gather, reduce = fsdp_buffers(job, tensors)
