@@ -15,7 +15,7 @@ import yaml
 from conftest import REPO, SMALL, job_config, launch_cli
 from titan_exp.perf import fit
 from titan_exp.perf.calibrate import model_shape
-from titan_exp.perf.memory import HEAP_FSDP_BLOCKS, GpuMemory, predict_memory
+from titan_exp.perf.memory import GpuMemory, predict_memory
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
 from titan_exp.perf.step import across_nodes, block_tensors, fresh_bytes, predict_step
 from titan_exp.plan import with_layout
@@ -157,12 +157,12 @@ def test_fresh_memory_over_the_mmap_threshold():
 
 def test_heap_slack_under_the_mmap_threshold():
     """On a CPU the FSDP per-block buffers under the mmap threshold come from glibc's heap, which
-    holds HEAP_FSDP_BLOCKS blocks' worth of them beyond the live ones: the memory model's CPU
-    allocator part. 100M at FSDP 2: at 16 MiB every gathered weight and unsharded gradient and the
-    reduce-scatter's output (a 12.6 MB half), not the 25 MB flat buffers, which are mapped; under
-    TP 2 the flat buffers too; none where nothing is gathered per block."""
+    holds every block's flat buffers and one block's gathered weights and gradients beyond the
+    live ones: the memory model's CPU allocator part. 100M (16 blocks) at FSDP 2 and 16 MiB: the
+    reduce-scatter's output (a 12.6 MB half) of each block, not its 25 MB flat buffers, which are
+    mapped; under TP 2 the flat buffers too; none where nothing is gathered per block."""
     m100 = job_config(["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=4"])
-    flat = sum(n * k for n, k in block_tensors(m100)) * 4
+    flat, blocks = sum(n * k for n, k in block_tensors(m100)) * 4, m100.model.n_layers
 
     def slack(threshold_mib=16, mode="default", **degrees):
         job = layout(m100, global_batch=4, **degrees)
@@ -170,10 +170,12 @@ def test_heap_slack_under_the_mmap_threshold():
                                   parallelism=dataclasses.replace(job.parallelism, fsdp_reshard_after_forward=mode))
         return predict_memory(job)["allocator"] * 2**30
 
-    assert slack(dp_shard=2) == pytest.approx(HEAP_FSDP_BLOCKS * (2 * flat + flat / 2))
-    assert slack(dp_shard=2, tp=2) == pytest.approx(HEAP_FSDP_BLOCKS * (flat / 2 * 4 + flat / 4))  # 12.6 MB blocks
-    assert slack(None, dp_shard=2) == pytest.approx(HEAP_FSDP_BLOCKS * (4 * flat + flat / 2))  # glibc's own: 32 MiB
+    weights = 2 * flat  # one block's gathered weights and its unsharded gradients
+    assert slack(dp_shard=2) == pytest.approx(blocks * flat / 2 + weights)
+    assert slack(dp_shard=2, tp=2) == pytest.approx(blocks * (flat / 2 + flat / 2 + flat / 4) + weights / 2)  # 12.6 MB
+    assert slack(None, dp_shard=2) == pytest.approx(blocks * (flat + flat + flat / 2) + weights)  # glibc's own: 32 MiB
     assert 0 < slack(1, dp_shard=2) < 0.1 * slack(dp_shard=2)  # only the K and V weights (0.8 MB) stay in the heap
+    assert slack(dp_shard=4) == pytest.approx(blocks * flat / 4 + weights)  # a smaller shard returned
     for none in (slack(dp_replicate=2), slack(tp=2), slack(pp=2, dp_shard=2), slack(dp_shard=2, mode="never")):
         assert none == 0
     job = layout(m100, global_batch=4, dp_shard=2)

@@ -117,6 +117,18 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
     return slowest(timed(fn, reps, device), device)
 
 
+def paired(base: Callable[[], object], other: Callable[[], object], opts: Options,
+           device: torch.device) -> tuple[float, float]:
+    """(base's time, other's time minus base's), each the median over rounds that alternate the
+    two, every rank at once. A difference of two timings taken one after the other takes any slow
+    spell of a shared machine between them in full (issue 13's sittings saw a real block's cost
+    double from one calibration to the next); taken round by round, a spell spoils one round."""
+    rounds = 1 if opts.tiny else 3
+    reps = max(1, opts.reps // rounds)
+    times = [(together(base, reps, device), together(other, reps, device)) for _ in range(rounds)]
+    return statistics.median(a for a, _ in times), statistics.median(b - a for a, b in times)
+
+
 # -- compute -------------------------------------------------------------------------------
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
     """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width. For
@@ -185,7 +197,7 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
         models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
         parallelize(models[layers])
         models[layers].init_weights(0)  # an MoE's experts and buffers start empty
-    one, two = [], []
+    one, extra = [], []  # by sequences: the 1-block model; the second block
     for seqs in opts.sequences:
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
@@ -195,9 +207,10 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
                 model.zero_grad(set_to_none=True)
             F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
 
-        one.append(together(lambda: step(models[1]), opts.reps, device))
-        two.append(together(lambda: step(models[2]), opts.reps, device))
-    return Line.fit(opts.sequences, [b - a for a, b in zip(one, two)]), Line.fit(opts.sequences, one)
+        alone, second = paired(lambda: step(models[1]), lambda: step(models[2]), opts, device)
+        one.append(alone)
+        extra.append(second)
+    return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one)
 
 
 def submesh(world: int, size: int, name: str, device: torch.device):
@@ -415,9 +428,8 @@ def measure_fresh_memory(opts: Options, device: torch.device) -> float:
         return 0.0  # the caching allocator keeps what it got
     n = 48 << 20
     reused = torch.empty(n, dtype=torch.uint8)
-    mapped = together(lambda: reused.fill_(1), opts.reps, device)
-    fresh = together(lambda: torch.empty(n, dtype=torch.uint8).fill_(1), opts.reps, device)
-    return max(0.0, fresh - mapped) / n
+    _, fresh = paired(lambda: reused.fill_(1), lambda: torch.empty(n, dtype=torch.uint8).fill_(1), opts, device)
+    return max(0.0, fresh) / n
 
 
 def measure_compile(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> float:

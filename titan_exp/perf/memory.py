@@ -24,8 +24,7 @@
     peak memory there is what torch's caching allocator reserved; the allocator's slack is its
     own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep;
   * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
-    the mmap threshold (HEAP_FSDP_BLOCKS); a CPU's measured peak is the resident set, which
-    counts them.
+    the mmap threshold (heap_slack); a CPU's measured peak is the resident set, which counts them.
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
@@ -49,11 +48,6 @@ ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
-# CPU: blocks' worth of FSDP's per-block buffers under the mmap threshold that glibc's heap holds
-# beyond the live ones (fitted on the 16 MiB rows of issue 13's 06:13 sitting; BENCHMARKS.md). Flat
-# buffers just under the threshold (12 MiB on 100M at tp 2) are kept about once per block instead:
-# measured, not yet modelled.
-HEAP_FSDP_BLOCKS = 3.5
 
 
 @dataclass(frozen=True)
@@ -104,16 +98,48 @@ def mmap_threshold(job: JobConfig) -> float:
     return (32 if mib is None else mib) * 2**20
 
 
-def fsdp_buffers(job: JobConfig, tensors: Sizes) -> tuple[Sizes, Sizes]:
-    """What FSDP allocates anew for a unit of these weights (block_tensors' form), as (bytes, how
-    many): per all-gather, the flat buffer and each gathered weight; per reduce-scatter, each
-    unsharded gradient, the flat fp32 input and the shard it returns. All are freed again within
-    the step."""
+@dataclass(frozen=True)
+class FsdpBuffers:
+    """What FSDP allocates anew for a unit's all-gather and reduce-scatter, as (bytes, how many);
+    all are freed again within the step. `weights`: each gathered weight (all-gather), and as
+    many unsharded gradients (reduce-scatter), in the parameter dtype. `flat`: the all-gather's
+    flat output, the reduce-scatter's flat fp32 input and the shard it returns."""
+
+    weights: Sizes
+    flat: Sizes
+
+    @property
+    def gather(self) -> Sizes:
+        """Per all-gather: its flat output and the weights viewed out of it."""
+        return [self.flat[0], *self.weights]
+
+    @property
+    def reduce(self) -> Sizes:
+        """Per reduce-scatter: the unsharded gradients, the flat input and the shard."""
+        return [*self.weights, *self.flat[1:]]
+
+
+def fsdp_buffers(job: JobConfig, tensors: Sizes) -> FsdpBuffers:
+    """FSDP's buffers for a unit of these weights (block_tensors' form)."""
     shard = job.parallelism.data_parallel_shard_degree * job.parallelism.context_parallel_degree
     param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
     flat = sum(n * k for n, k in tensors)
-    each = [(n * param_bytes, k) for n, k in tensors]
-    return [(flat * param_bytes, 1.0), *each], [*each, (flat * 4, 1.0), (flat * 4 / shard, 1.0)]
+    return FsdpBuffers([(n * param_bytes, k) for n, k in tensors],
+                       [(flat * param_bytes, 1.0), (flat * 4, 1.0), (flat * 4 / shard, 1.0)])
+
+
+def heap_slack(job: JobConfig, blocks: int) -> float:
+    """Bytes glibc's heap holds beyond the live tensors on a CPU rank whose `blocks` FSDP blocks
+    are gathered one at a time: the buffers under the mmap threshold (fsdp_buffers), which
+    the heap serves. A block's flat buffers, freed, leave holes that the activations allocated
+    meanwhile split, so the next block's do not fit there: every block's stay. Its gathered
+    weights and gradients, smaller, are mostly reused: one block's worth stays. Neither count
+    is fitted. Least squares on issue 13's 14:29 sitting (96 FSDP rows, seven shapes,
+    BENCHMARKS.md) gives 0.96 and 1.10."""
+    threshold = mmap_threshold(job)
+    bufs = fsdp_buffers(job, block_tensors(job))
+    under = lambda sizes: sum(b * k for b, k in sizes if b < threshold)  # noqa: E731
+    return blocks * under(bufs.flat) + 2 * under(bufs.weights)
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
@@ -226,12 +252,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
     elif fsdp and not keeps_gathered and not accumulates:
-        # glibc's heap serves FSDP's per-block buffers under the mmap threshold; freed after each
-        # block, they leave holes the activations allocated meanwhile split, so the heap grows by
-        # about HEAP_FSDP_BLOCKS blocks' worth of them beyond what is live (little at a 1 MiB
-        # threshold, where they are mapped and unmapped instead).
-        gather, reduce = fsdp_buffers(job, block_tensors(job))
-        slack = HEAP_FSDP_BLOCKS * sum(b * k for b, k in gather + reduce if b < mmap_threshold(job))
+        slack = heap_slack(job, worst.blocks)  # little at a 1 MiB threshold: mapped and unmapped instead
     gib = 2**30
     parts = {
         "states": states / gib,

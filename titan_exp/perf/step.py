@@ -123,7 +123,7 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
     threshold (perf.memory.mmap_threshold) that is allocated anew every step. Every layout: each
     weight's gradient (zero_grad sets them to None). FSDP, per unit and round, what
     perf.memory.fsdp_buffers lists (per all-gather, and per reduce-scatter). Those under the
-    threshold come from the heap instead: the memory model's CPU allocator slack."""
+    threshold come from the heap instead: the memory model's CPU allocator slack (heap_slack)."""
     p, m = job.parallelism, job.model
     threshold = mmap_threshold(job)
     tp = p.tensor_parallel_degree
@@ -142,8 +142,8 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
         if shard == 1:  # the gradients, each weight's its own tensor
             total += count * over([(n * param_bytes, k) for n, k in tensors])
             continue
-        gather, reduce = fsdp_buffers(job, tensors)
-        total += count * rounds * (gathers * over(gather) + over(reduce))
+        bufs = fsdp_buffers(job, tensors)
+        total += count * rounds * (gathers * over(bufs.gather) + over(bufs.reduce))
     return total
 
 
