@@ -293,6 +293,33 @@ def test_the_grid_estimate_prices_compile_from_compiled_members(base):
     assert record["grid"]["estimated_s"] == pytest.approx(steps + 5.0 * len(eager) + 20.0 * len(compiled))
 
 
+def test_a_trace_counts_the_waits_for_collectives_and_transfers(tmp_path):
+    """A traced step's communication is where it waited: DTensor's functional collectives are
+    waited for in `_c10d_functional::wait_tensor` and a gloo send or receive in `gloo:send` /
+    `gloo:recv`, not in the c10d op that started them (a pp4 x tp2 step on 8 gloo ranks spent
+    1.4 s of 3.2 in the former and 1.0 s in the latter, 0.1 s in c10d ops). Events on other
+    threads (gloo's own) are not the step's."""
+    from titan_exp.perf.trace import step_breakdown
+
+    def op(name, ts, dur, tid=1, cat="cpu_op"):
+        return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat}
+
+    events = [op("ProfilerStep#5", 0, 10_000, cat="user_annotation"),
+              op("c10d::allgather_into_tensor_coalesced_", 1_000, 100),
+              op("_c10d_functional::wait_tensor", 2_000, 2_000),
+              op("_c10d_functional::wait_tensor", 3_000, 500),  # overlapping: counted once
+              op("c10d::send", 5_000, 50), op("gloo:send", 5_050, 1_450, cat="user_annotation"),
+              op("gloo:recv", 7_000, 1_000, cat="user_annotation"),
+              op("gloo:all_reduce", 0, 9_000, tid=2, cat="user_annotation"),
+              op("aten::mm", 8_500, 1_000)]
+    trace = tmp_path / "rank0_trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    parts = step_breakdown(trace)
+    assert parts["exposed_comm"] == pytest.approx(0.0021)
+    assert parts["p2p_and_bubble"] == pytest.approx(0.0025)
+    assert parts["compute"] == pytest.approx(0.0054) and parts["step_s"] == pytest.approx(0.010)
+
+
 def test_autotune_sweep(tmp_path, titan_cache):
     """A real autotune sweep on 2 ranks: the memory model prunes, successive halving measures
     3 then 2 members, profiling writes traces whose breakdown reaches the report, the record says

@@ -1,10 +1,13 @@
 """A step's time split from a torch.profiler trace (profiling.enable_profiling).
 
 On the thread that ran the step (the one with the `ProfilerStep#N` range), time inside
-collectives (`c10d::...` ops: the time the step waited for them, whatever ran them) is exposed
-communication; inside point-to-point ops (send/recv) it is the pipeline's transfers and its
-bubble, which a trace cannot tell apart; the rest is compute. Recomputation runs the same ops as
-the forward, so a trace does not separate it either: the report takes it from the model.
+communication is exposed: the c10d ops that start collectives (`c10d::...`), the waits for
+functional collectives (`_c10d_functional::wait_tensor`: DTensor's, which TP, SP and the loss
+use, start asynchronously and are waited for where their result is needed) and the process
+group's own waits (`gloo:...`, a blocking send, receive or collective). Point-to-point ones
+(send/recv) are the pipeline's transfers and its bubble, which a trace cannot tell apart; the
+rest is compute. Recomputation runs the same ops as the forward, so a trace does not separate it
+either: the report takes it from the model.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import re
 from pathlib import Path
 
+COMM = re.compile(r"^(c10d::|_c10d_functional::|gloo:|nccl:)")
 P2P = re.compile(r"send|recv", re.IGNORECASE)
 
 
@@ -35,7 +39,7 @@ def step_breakdown(trace: Path) -> dict[str, float] | None:
         return None
     step = max(steps, key=lambda e: e["ts"])
     start, end, tid = step["ts"], step["ts"] + step["dur"], step["tid"]
-    inside = [e for e in events if e["tid"] == tid and start <= e["ts"] < end and e["name"].startswith("c10d::")]
+    inside = [e for e in events if e["tid"] == tid and start <= e["ts"] < end and COMM.match(e["name"])]
     comm = [(e["ts"], min(end, e["ts"] + e["dur"])) for e in inside if not P2P.search(e["name"])]
     p2p = [(e["ts"], min(end, e["ts"] + e["dur"])) for e in inside if P2P.search(e["name"])]
     comm_s, p2p_s = _union(comm) / 1e6, _union(p2p) / 1e6
