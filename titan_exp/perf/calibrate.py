@@ -2,7 +2,9 @@
 (started by an executor, like training: `titan_exp.calibrate` is the command).
 
 All ranks measure at the same time, as they would compute during training, so a machine with
-fewer cores than ranks shows it in every number. Rank 0 writes the profile (perf.profile) and the
+fewer cores than ranks shows it in every number. What is compared (a line's sizes, two models'
+difference) is timed side by side in rounds (in_rounds), so a slow spell of the machine spoils a
+round, not the comparison. Rank 0 writes the profile (perf.profile) and the
 run's summary.json. What is measured, each over a few sizes and fitted as a Line:
 
 - matmuls of the model's own GEMM shapes (fp32, bf16; float8 on GPUs that have it);
@@ -117,16 +119,20 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
     return slowest(timed(fn, reps, device), device)
 
 
-def paired(base: Callable[[], object], other: Callable[[], object], opts: Options,
-           device: torch.device) -> tuple[float, float]:
-    """(base's time, other's time minus base's), each the median over rounds that alternate the
-    two, every rank at once. A difference of two timings taken one after the other takes any slow
-    spell of a shared machine between them in full (issue 13's sittings saw a real block's cost
-    double from one calibration to the next); taken round by round, a spell spoils one round."""
+def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.device) -> list[list[float]]:
+    """Each of `fns` timed in turn, every rank at once, round after round: [round][fn] seconds.
+    Timings compared with each other (sizes fitted as a line, a difference of two models) are
+    taken side by side in every round, so a slow spell of a shared machine spoils one round's
+    (issue 13's sittings saw a block's cost double from one calibration to the next, and a line
+    fitted on sizes timed one after the other bend with the machine's speed)."""
     rounds = 1 if opts.tiny else 3
     reps = max(1, opts.reps // rounds)
-    times = [(together(base, reps, device), together(other, reps, device)) for _ in range(rounds)]
-    return statistics.median(a for a, _ in times), statistics.median(b - a for a, b in times)
+    return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
+
+
+def medians(times: list[list[float]]) -> list[float]:
+    """in_rounds' timings: each fn's median over the rounds."""
+    return [statistics.median(column) for column in zip(*times)]
 
 
 # -- compute -------------------------------------------------------------------------------
@@ -176,12 +182,9 @@ def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, devi
     """Per TP degree: one TP rank's share of a block by itself, (forward, forward + backward)."""
     out = {}
     for tp in tp_degrees(m, world):
-        fwd_s, both_s = [], []
-        for seqs in opts.sequences:
-            _, fwd, fwd_bwd = block_runs(m, tp, seqs, seq_len, device)
-            fwd_s.append(together(fwd, opts.reps, device))
-            both_s.append(together(fwd_bwd, opts.reps, device))
-        out[tp] = (Line.fit(opts.sequences, fwd_s), Line.fit(opts.sequences, both_s))
+        runs = [block_runs(m, tp, seqs, seq_len, device)[1:] for seqs in opts.sequences]
+        times = medians(in_rounds([fn for run in runs for fn in run], opts, device))
+        out[tp] = (Line.fit(opts.sequences, times[0::2]), Line.fit(opts.sequences, times[1::2]))
     return out
 
 
@@ -197,19 +200,20 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
         models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
         parallelize(models[layers])
         models[layers].init_weights(0)  # an MoE's experts and buffers start empty
-    one, extra = [], []  # by sequences: the 1-block model; the second block
+    steps = []
     for seqs in opts.sequences:
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
 
-        def step(model):
+        def step(model, tokens=tokens, labels=labels):
             if free_grads:
                 model.zero_grad(set_to_none=True)
             F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
 
-        alone, second = paired(lambda: step(models[1]), lambda: step(models[2]), opts, device)
-        one.append(alone)
-        extra.append(second)
+        steps += [lambda step=step: step(models[1]), lambda step=step: step(models[2])]
+    times = in_rounds(steps, opts, device)
+    one = medians(times)[0::2]
+    extra = medians([[b - a for a, b in zip(r[0::2], r[1::2])] for r in times])  # per round: the second block
     return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one)
 
 
@@ -428,8 +432,8 @@ def measure_fresh_memory(opts: Options, device: torch.device) -> float:
         return 0.0  # the caching allocator keeps what it got
     n = 48 << 20
     reused = torch.empty(n, dtype=torch.uint8)
-    _, fresh = paired(lambda: reused.fill_(1), lambda: torch.empty(n, dtype=torch.uint8).fill_(1), opts, device)
-    return max(0.0, fresh) / n
+    times = in_rounds([lambda: reused.fill_(1), lambda: torch.empty(n, dtype=torch.uint8).fill_(1)], opts, device)
+    return max(0.0, statistics.median(fresh - mapped for mapped, fresh in times)) / n
 
 
 def measure_compile(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> float:

@@ -133,12 +133,15 @@ def heap_slack(job: JobConfig, blocks: int) -> float:
     are gathered one at a time: the buffers under the mmap threshold (fsdp_buffers), which
     the heap serves. A block's flat buffers, freed, leave holes that the activations allocated
     meanwhile split, so the next block's do not fit there: every block's stay. Its gathered
-    weights and gradients, smaller, are mostly reused: one block's worth stays. Neither count
-    is fitted. Least squares on issue 13's 14:29 sitting (96 FSDP rows, seven shapes,
-    BENCHMARKS.md) gives 0.96 and 1.10."""
+    weights and gradients, smaller, are mostly reused: one block's worth stays. The two counts
+    (every block, one block) are a least-squares fit rounded to whole blocks: on the FSDP rows of
+    issue 13's 13:28 sitting (48 rows, seven shapes; BENCHMARKS.md) it gives 0.96 and 1.10."""
     threshold = mmap_threshold(job)
     bufs = fsdp_buffers(job, block_tensors(job))
-    under = lambda sizes: sum(b * k for b, k in sizes if b < threshold)  # noqa: E731
+
+    def under(sizes: Sizes) -> float:
+        return sum(b * k for b, k in sizes if b < threshold)
+
     return blocks * under(bufs.flat) + 2 * under(bufs.weights)
 
 
