@@ -4,7 +4,7 @@ measured tokens/s per device and peak memory, in one sitting.
     python benchmarks/bench_perf_model.py                    # the four cases of issue 13
     python benchmarks/bench_perf_model.py --case debug:4     # one case
     python benchmarks/bench_perf_model.py --held-out         # the memory model's held-out cases
-    python benchmarks/bench_perf_model.py --held-out --case dim512-L12:2  # one of them
+    python benchmarks/bench_perf_model.py --case dim512-L12:2 # one of them (memory only)
     python benchmarks/bench_perf_model.py --threshold-mib 1  # peak RSS close to memory in use
 
 For each (model, world) it calibrates the machine (reusing the cached profile unless --refresh),
@@ -139,15 +139,14 @@ def markdown(result: dict, memory_only: bool = False) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", action="append", choices=sorted(CASES | HELD_OUT),
-                        help="default: the four cases (with --held-out: every held-out case)")
-    parser.add_argument("--held-out", action="store_true", help="the memory model's held-out cases only")
+                        help="default: the four cases (a held-out case measures memory only)")
+    parser.add_argument("--held-out", action="store_true", help="every held-out case, memory only")
     parser.add_argument("--refresh", action="store_true", help="recalibrate")
     parser.add_argument("--out", type=Path, default=None, help="also write the results as JSON")
     parser.add_argument("--threshold-mib", type=int, default=None,
                         help="cluster.cpu_malloc_mmap_threshold_mib of every run (default: the config's, 16)")
     args = parser.parse_args()
-    pool = HELD_OUT if args.held_out else CASES | HELD_OUT
-    chosen = {k: pool[k] for k in (args.case or (HELD_OUT if args.held_out else CASES))}
+    chosen = {k: (CASES | HELD_OUT)[k] for k in args.case} if args.case else HELD_OUT if args.held_out else CASES
     results = []
     for name, (overrides, world) in chosen.items():
         memory_only = name in HELD_OUT

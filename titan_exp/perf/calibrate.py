@@ -122,9 +122,9 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
 def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.device) -> list[list[float]]:
     """Each of `fns` timed in turn, every rank at once, round after round: [round][fn] seconds.
     Timings compared with each other (sizes fitted as a line, a difference of two models) are
-    taken side by side in every round, so a slow spell of a shared machine spoils one round's
-    (issue 13's sittings saw a block's cost double from one calibration to the next, and a line
-    fitted on sizes timed one after the other bend with the machine's speed)."""
+    taken side by side in every round, so a slow spell of a shared machine spoils one round, not
+    the comparison (issue 13's sittings saw a block's cost double from one calibration to the
+    next, and a line fitted on sizes timed one after the other bends with the machine's speed)."""
     rounds = 1 if opts.tiny else 3
     reps = max(1, opts.reps // rounds)
     return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
