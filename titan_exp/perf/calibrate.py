@@ -29,6 +29,7 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -200,17 +201,17 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
         models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
         parallelize(models[layers])
         models[layers].init_weights(0)  # an MoE's experts and buffers start empty
-    steps = []
+
+    def step(model: nn.Module, tokens: torch.Tensor, labels: torch.Tensor) -> None:
+        if free_grads:
+            model.zero_grad(set_to_none=True)
+        F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
+
+    steps = []  # by sequences: the 1-block model, then the 2-block one
     for seqs in opts.sequences:
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
-
-        def step(model, tokens=tokens, labels=labels):
-            if free_grads:
-                model.zero_grad(set_to_none=True)
-            F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
-
-        steps += [lambda step=step: step(models[1]), lambda step=step: step(models[2])]
+        steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, 2)]
     times = in_rounds(steps, opts, device)
     one = medians(times)[0::2]
     extra = medians([[b - a for a, b in zip(r[0::2], r[1::2])] for r in times])  # per round: the second block

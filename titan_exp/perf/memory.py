@@ -101,22 +101,21 @@ def mmap_threshold(job: JobConfig) -> float:
 @dataclass(frozen=True)
 class FsdpBuffers:
     """What FSDP allocates anew for a unit's all-gather and reduce-scatter, as (bytes, how many);
-    all are freed again within the step. `weights`: each gathered weight (all-gather), and as
-    many unsharded gradients (reduce-scatter), in the parameter dtype. `flat`: the all-gather's
-    flat output, the reduce-scatter's flat fp32 input and the shard it returns."""
+    all are freed again within the step."""
 
-    weights: Sizes
-    flat: Sizes
+    weights: Sizes  # each gathered weight (all-gather), and as many unsharded gradients (reduce-scatter)
+    gather_flat: Sizes  # the all-gather's flat output
+    reduce_flat: Sizes  # the reduce-scatter's flat fp32 input and the shard it returns
 
     @property
     def gather(self) -> Sizes:
         """Per all-gather: its flat output and the weights viewed out of it."""
-        return [self.flat[0], *self.weights]
+        return [*self.gather_flat, *self.weights]
 
     @property
     def reduce(self) -> Sizes:
         """Per reduce-scatter: the unsharded gradients, the flat input and the shard."""
-        return [*self.weights, *self.flat[1:]]
+        return [*self.weights, *self.reduce_flat]
 
 
 def fsdp_buffers(job: JobConfig, tensors: Sizes) -> FsdpBuffers:
@@ -124,8 +123,8 @@ def fsdp_buffers(job: JobConfig, tensors: Sizes) -> FsdpBuffers:
     shard = job.parallelism.data_parallel_shard_degree * job.parallelism.context_parallel_degree
     param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
     flat = sum(n * k for n, k in tensors)
-    return FsdpBuffers([(n * param_bytes, k) for n, k in tensors],
-                       [(flat * param_bytes, 1.0), (flat * 4, 1.0), (flat * 4 / shard, 1.0)])
+    return FsdpBuffers([(n * param_bytes, k) for n, k in tensors], [(flat * param_bytes, 1.0)],
+                       [(flat * 4, 1.0), (flat * 4 / shard, 1.0)])
 
 
 def heap_slack(job: JobConfig, blocks: int) -> float:
@@ -142,7 +141,7 @@ def heap_slack(job: JobConfig, blocks: int) -> float:
     def under(sizes: Sizes) -> float:
         return sum(b * k for b, k in sizes if b < threshold)
 
-    return blocks * under(bufs.flat) + 2 * under(bufs.weights)
+    return blocks * under(bufs.gather_flat + bufs.reduce_flat) + 2 * under(bufs.weights)  # weights and gradients
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
