@@ -11,9 +11,9 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
 - one block by itself at every TP degree the world allows (heads and the SwiGLU width divided by
   tp), forward and forward + backward: its compute, and the forward that AC redoes, scaled by how
   much more a block costs inside the real model (measured at tp 1);
-- the real model, forward + backward with its loss, with 1 and 2 blocks, at every TP degree
+- the real model, forward + backward with its loss, with 1 and 3 blocks, at every TP degree
   (tensor + sequence parallel when tp > 1): the rest of the model (the 1-block model minus its
-  block), and what TP adds (a real TP block, 2 blocks minus 1, minus its compute);
+  block), and what TP adds (a real TP block, half of 3 blocks minus 1, minus its compute);
 - a real context-parallel block at every CP degree: what CP adds to the block;
 - a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
   to the block: its two all-gathers and reduce-scatter with their copies, the buffers it maps
@@ -120,14 +120,19 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
     return slowest(timed(fn, reps, device), device)
 
 
+# Rounds of a full calibration: the median of 5 rather than 3 (stop 13's 100M world-2 profiles
+# priced TP at 0.6 s and at 2.0 s a step in two calibrations an hour apart).
+ROUNDS = 5
+
+
 def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.device) -> list[list[float]]:
     """Each of `fns` timed in turn, every rank at once, round after round: [round][fn] seconds.
     Timings compared with each other (sizes fitted as a line, a difference of two models) are
     taken side by side in every round, so a slow spell of a shared machine spoils one round, not
     the comparison (issue 13's sittings saw a block's cost double from one calibration to the
     next, and a line fitted on sizes timed one after the other bends with the machine's speed)."""
-    rounds = 1 if opts.tiny else 3
-    reps = max(1, opts.reps // rounds)
+    rounds = 1 if opts.tiny else ROUNDS
+    reps = max(1, opts.reps // 3)
     return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
 
 
@@ -189,15 +194,22 @@ def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, devi
     return out
 
 
+# The real models compared: a block in situ is (MORE_BLOCKS-block model - 1-block model) / (MORE_BLOCKS - 1).
+# 3 rather than 2: the difference is twice the signal for the same timing noise (a calibration of
+# the 100M model at world 2 saw one block's in-situ cost at 4 sequences come out 0.23, 0.30 and
+# 0.25 s in three rounds of 1 vs 2 blocks), for a third more time.
+MORE_BLOCKS = 3
+
+
 def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
                      parallelize: Callable[[nn.Module], object], *, free_grads: bool = False) -> tuple[Line, Line]:
-    """A real model with 1 and with 2 blocks, `parallelize`d in place, forward + backward with its
-    loss on sequences of seq_len positions, by sequences: (2 blocks minus 1, the 1-block model).
-    `free_grads` sets the gradients to None before each step, as training does."""
+    """A real model with 1 and with MORE_BLOCKS blocks, `parallelize`d in place, forward +
+    backward with its loss on sequences of seq_len positions, by sequences: (one more block, the
+    1-block model). `free_grads` sets the gradients to None before each step, as training does."""
     from titan_exp.models.llama import Transformer
 
     models = {}
-    for layers in (1, 2):
+    for layers in (1, MORE_BLOCKS):
         models[layers] = Transformer(dataclasses.replace(m, n_layers=layers)).to(device)
         parallelize(models[layers])
         models[layers].init_weights(0)  # an MoE's experts and buffers start empty
@@ -207,14 +219,15 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
             model.zero_grad(set_to_none=True)
         F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
 
-    steps = []  # by sequences: the 1-block model, then the 2-block one
+    steps = []  # by sequences: the 1-block model, then the bigger one
     for seqs in opts.sequences:
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
-        steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, 2)]
+        steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, MORE_BLOCKS)]
     times = in_rounds(steps, opts, device)
     one = medians(times)[0::2]
-    extra = medians([[b - a for a, b in zip(r[0::2], r[1::2])] for r in times])  # per round: the second block
+    # Per round: a block's share of the difference.
+    extra = medians([[(b - a) / (MORE_BLOCKS - 1) for a, b in zip(r[0::2], r[1::2])] for r in times])
     return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one)
 
 
@@ -245,7 +258,7 @@ def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
 
 def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
     """Per CP degree: one block of a real context-parallel model (titan_exp.parallel.context) on
-    this rank's seq_len / cp positions, forward + backward, by sequences (2 blocks minus 1)."""
+    this rank's seq_len / cp positions, forward + backward, by sequences (a block of real_model_lines)."""
     from titan_exp.parallel.context import apply_cp
 
     out = {}
@@ -258,7 +271,7 @@ def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, d
 def measure_fsdp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
     """Per shard degree: one block of a real FSDP model (titan_exp.parallel.fsdp, fp32, resharded
     after forward), forward + backward with the gradients freed between steps as training does,
-    by sequences (2 blocks minus 1). Every group of that size runs at once."""
+    by sequences (a block of real_model_lines). Every group of that size runs at once."""
     from titan_exp.parallel.fsdp import apply_fsdp
 
     out = {}
@@ -477,20 +490,20 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
     fsdp_blocks = measure_fsdp_blocks(m, seq_len, world, opts, device)
     # A block inside the real model costs more than by itself (memory traffic, autograd across
-    # blocks): one factor, from tp = 1 over every size measured (a ratio of sums: the 2-minus-1
+    # blocks): one factor, from tp = 1 over every size measured (a ratio of sums: the in-situ
     # block differences are noisy one by one), scales every block's compute.
     sizes = opts.sequences
     real_block, plain_block = sum(real[1][0](n) for n in sizes), sum(plain[1][1](n) for n in sizes)
     in_situ = min(3.0, max(1.0, real_block / plain_block))
     profile.blocks[shape] = {}
     for tp, (fwd, fwd_bwd) in plain.items():
-        two_minus_one, one = real[tp]
+        in_situ_block, one = real[tp]
         fwd, fwd_bwd = (Line(x.latency_s * in_situ, x.per_unit_s * in_situ) for x in (fwd, fwd_bwd))
         # The rest of the model: the 1-block model minus its block. What TP adds: the real TP
-        # block (2 blocks minus 1) minus its compute. Both floored at 0 (noise).
+        # block (real_model_lines) minus its compute. Both floored at 0 (noise).
         rest = Line(max(0.0, one.latency_s - fwd_bwd.latency_s), max(0.0, one.per_unit_s - fwd_bwd.per_unit_s))
-        tp_comm = Line(max(0.0, two_minus_one.latency_s - fwd_bwd.latency_s),
-                       max(0.0, two_minus_one.per_unit_s - fwd_bwd.per_unit_s)) if tp > 1 else None
+        tp_comm = Line(max(0.0, in_situ_block.latency_s - fwd_bwd.latency_s),
+                       max(0.0, in_situ_block.per_unit_s - fwd_bwd.per_unit_s)) if tp > 1 else None
         # What CP adds: the real CP block on seq/cp positions minus the block on as many tokens.
         cp_extra = {cp: Line(max(0.0, line.latency_s - fwd_bwd.latency_s),
                              max(0.0, line.per_unit_s - fwd_bwd.per_unit_s / cp))
