@@ -153,7 +153,9 @@ def markdown(result: dict, memory_only: bool = False) -> str:
                      f"{b['bubble']:.3f} / {b['recompute']:.3f} |")
     mem = result["memory_errors"]
     lines.append("")
-    if not memory_only:
+    if not mem:
+        lines.append("no layout ran: the rows' status says why")
+    elif not memory_only:
         lines.append(f"Spearman {result['spearman']:.2f}; median |tokens/s error| {median_abs(result['tps_errors']):.1%}; "
                      f"memory: median |error| {median_abs(mem):.1%}, worst {max(mem, key=abs):+.1%}")
     else:

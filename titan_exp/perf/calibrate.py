@@ -130,7 +130,8 @@ def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.devi
     Timings compared with each other (sizes fitted as a line, a difference of two models) are
     taken side by side in every round, so a slow spell of a shared machine spoils one round, not
     the comparison (issue 13's sittings saw a block's cost double from one calibration to the
-    next, and a line fitted on sizes timed one after the other bends with the machine's speed)."""
+    next, and a line fitted on sizes timed one after the other bends with the machine's speed).
+    A round times each fn as the median of a third of `opts.reps` calls (2 in a full calibration)."""
     rounds = 1 if opts.tiny else ROUNDS
     reps = max(1, opts.reps // 3)
     return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
