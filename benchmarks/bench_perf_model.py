@@ -119,7 +119,10 @@ def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_
                      "wall_s": sum(run["wall_s"] for run in runs[pl.name]), "runs_tps": [run["tps"] for run in runs[pl.name]],
                      "breakdown": pl.step.breakdown(), "status": runs[pl.name][-1]["status"]})
     ok = [r for r in rows if r["measured_tps"]]
-    result = {"case": name, "world": world, "profile": profile.name, "rounds": rounds, "rows": rows,
+    # The profile itself goes with the results, so a later change to the model can be re-scored on
+    # this sitting's measurements (MachineProfile.from_dict) after the cached one is recalibrated.
+    result = {"case": name, "world": world, "profile": profile.name, "profile_data": profile.to_dict(),
+              "rounds": rounds, "rows": rows,
               "memory_errors": relative_errors([r["predicted_gib"] for r in ok], [r["measured_gib"] for r in ok])}
     if not memory_only:
         result["spearman"] = spearman([r["predicted_tps"] for r in ok], [r["measured_tps"] for r in ok])
