@@ -131,9 +131,9 @@ def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.devi
     taken side by side in every round, so a slow spell of a shared machine spoils one round, not
     the comparison (issue 13's sittings saw a block's cost double from one calibration to the
     next, and a line fitted on sizes timed one after the other bends with the machine's speed).
-    A round times each fn as the median of a third of `opts.reps` calls (2 in a full calibration)."""
-    rounds = 1 if opts.tiny else ROUNDS
-    reps = max(1, opts.reps // 3)
+    A full calibration's round times each fn as the median of a third of `opts.reps` calls (2); a
+    tiny one (the tests) is one round of all of them."""
+    rounds, reps = (1, opts.reps) if opts.tiny else (ROUNDS, max(1, opts.reps // 3))
     return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
 
 
