@@ -214,6 +214,27 @@ def test_a_measured_fsdp_block_replaces_the_lines(base):
         assert fsdp(other, measured) == pytest.approx(fsdp(other, plain))
 
 
+def test_a_measured_tp_optimizer_phase_replaces_the_per_parameter_cost(base):
+    """Under TP the optimizer phase is the calibrated real TP model's, by the rank's blocks and its
+    share of the rest (a pipeline stage without the embedding or the output pays none of theirs);
+    without TP, or at a TP degree with no measurement, AdamW's cost per local parameter."""
+    plain = synthetic(base, 8)
+    by_tp = plain.blocks[model_shape(base)]
+    measured = dataclasses.replace(plain, blocks={model_shape(base): {
+        **by_tp, 2: dataclasses.replace(by_tp[2], update=Line(0.2, 0.05))}})
+
+    def optimizer(job, profile):
+        return predict_step(job, profile).parts["optimizer"]
+
+    n = base.model.n_layers
+    assert optimizer(layout(base, tp=2, dp_shard=4), measured) == pytest.approx(0.2 + 0.05 * n)
+    # pp 2 over 4 layers: each stage holds 2 blocks and one of the embedding and the output.
+    assert optimizer(layout(base, pp=2, tp=2, dp_shard=2), measured) == pytest.approx(0.1 + 0.05 * n / 2)
+    for other in (layout(base, dp_shard=8), layout(base, tp=4, dp_shard=2)):
+        assert optimizer(other, measured) == pytest.approx(optimizer(other, plain)) and optimizer(other, plain) < 0.01
+    assert optimizer(layout(base, tp=2, dp_shard=4), plain) < 0.01
+
+
 def test_refit_recovers_a_scale(base):
     profile = synthetic(base, 4)
     jobs = [layout(base, dp_shard=4), layout(base, dp_replicate=4), layout(base, tp=2, dp_shard=2), layout(base, pp=4),
@@ -244,7 +265,8 @@ def test_calibration_profile_file(tmp_path):
     assert set(profile.blocks[shape]) == {1, 2}  # every TP degree 2 ranks allow
     for tp, cost in profile.blocks[shape].items():  # tiny sizes are noisy: only what noise cannot flip
         assert cost.fwd_bwd(2) > cost.fwd(2) > 0 and cost.head(2) >= 0
-        assert (cost.tp_comm is not None) == (tp > 1)
+        assert (cost.tp_comm is not None) == (tp > 1) and (cost.update is not None) == (tp > 1)
+    assert profile.blocks[shape][2].update(1) > 0 and "optimizer phase" in first.stdout
     assert set(profile.blocks[shape][1].cp_extra) == {2} and set(profile.blocks[shape][1].fsdp_extra) == {2}
     assert not profile.blocks[shape][2].fsdp_extra  # measured at tp 1 only
     assert {"float32", "bfloat16"} <= set(profile.gemm) and all(r[3] > 0 for r in profile.gemm_shapes["float32"])

@@ -56,7 +56,9 @@ def print_table(profile: MachineProfile, shape: str) -> None:
               f"{'; largest shapes (TFLOP/s): ' + rates if rates else ''}")
     for tp, cost in sorted(profile.blocks.get(shape, {}).items()):
         print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} "
-              f"ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), head {cost.head.per_unit_s * 1e3:.2f} ms/seq")
+              f"ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), head {cost.head.per_unit_s * 1e3:.2f} ms/seq"
+              + (f"; optimizer phase {cost.update.per_unit_s * 1e3:.1f} ms/block + {cost.update.latency_s * 1e3:.1f} ms"
+                 if cost.update else ""))
     for where, table in (("", profile.collectives), (" across nodes", profile.inter_node)):
         for op, by_g in table.items():
             cells = ", ".join(f"{g} ranks {line.latency_s * 1e6:.0f} us"

@@ -13,7 +13,8 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   much more a block costs inside the real model (measured at tp 1);
 - the real model, forward + backward with its loss, with 1 and 3 blocks, at every TP degree
   (tensor + sequence parallel when tp > 1): the rest of the model (the 1-block model minus its
-  block), and what TP adds (a real TP block, half of 3 blocks minus 1, minus its compute);
+  block), and what TP adds (a real TP block, half of 3 blocks minus 1, minus its compute), and
+  under TP the optimizer phase (gradient norm, clipping, AdamW) of both models;
 - a real context-parallel block at every CP degree: what CP adds to the block;
 - a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
   to the block: its two all-gathers and reduce-scatter with their copies, the buffers it maps
@@ -22,7 +23,7 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   reduce-scatter, all-reduce, all-to-all; send/recv between rank pairs;
 - how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
 - how much of an all-gather hides behind a concurrent matmul;
-- AdamW's step per parameter; on a CPU, what memory fresh from the OS costs to touch (page
+- AdamW's step per parameter, on as many parameters as the model has; on a CPU, what memory fresh from the OS costs to touch (page
   faults); optionally (`compile`) the compiled block's speed-up.
 """
 
@@ -203,11 +204,19 @@ MORE_BLOCKS = 3
 
 
 def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
-                     parallelize: Callable[[nn.Module], object], *, free_grads: bool = False) -> tuple[Line, Line]:
+                     parallelize: Callable[[nn.Module], object], *, free_grads: bool = False,
+                     update: bool = False) -> tuple[Line, Line, Line | None]:
     """A real model with 1 and with MORE_BLOCKS blocks, `parallelize`d in place, forward +
     backward with its loss on sequences of seq_len positions, by sequences: (one more block, the
-    1-block model). `free_grads` sets the gradients to None before each step, as training does."""
+    1-block model, and with `update` the optimizer phase by blocks). `free_grads` sets the
+    gradients to None before each step, as training does. `update` also times what a training
+    step does after backward, the gradient norm and clipping (train.trainer.clip_grad_norm_) and
+    AdamW's step, on each model's own gradients: a Line whose latency is the model's rest and
+    whose per-unit cost is a block's. On DTensor parameters (TP) that phase is DTensor's dispatch
+    per parameter and an all-reduce per gradient norm, not AdamW's arithmetic: a debug-model tp8
+    step at world 8 spent 1.2 of its 3.2 s there."""
     from titan_exp.models.llama import Transformer
+    from titan_exp.train.trainer import clip_grad_norm_
 
     models = {}
     for layers in (1, MORE_BLOCKS):
@@ -225,11 +234,22 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
         steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, MORE_BLOCKS)]
+    n = len(steps)
+    if update:  # after the forward + backward steps of each round, so every model has gradients
+        for layers in (1, MORE_BLOCKS):
+            params = list(models[layers].parameters())
+            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+            steps.append(functools.partial(lambda params, opt: (clip_grad_norm_(params, 1.0), opt.step()), params, opt))
     times = in_rounds(steps, opts, device)
-    one = medians(times)[0::2]
+    one = medians([r[:n] for r in times])[0::2]
     # Per round: a block's share of the difference.
-    extra = medians([[(b - a) / (MORE_BLOCKS - 1) for a, b in zip(r[0::2], r[1::2])] for r in times])
-    return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one)
+    extra = medians([[(b - a) / (MORE_BLOCKS - 1) for a, b in zip(r[0:n:2], r[1:n:2])] for r in times])
+    updates = None
+    if update:
+        first, more = medians([r[n:] for r in times])
+        per_block = max(0.0, (more - first) / (MORE_BLOCKS - 1))
+        updates = Line(max(0.0, first - per_block), per_block)
+    return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one), updates
 
 
 def submesh(world: int, size: int, name: str, device: torch.device):
@@ -240,9 +260,10 @@ def submesh(world: int, size: int, name: str, device: torch.device):
 
 
 def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
-                        device: torch.device) -> dict[int, tuple[Line, Line]]:
+                        device: torch.device) -> dict[int, tuple[Line, Line, Line | None]]:
     """Per TP degree (1 included): the real model (real_model_lines), tensor parallel
-    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) when tp > 1."""
+    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) and with
+    its optimizer phase timed when tp > 1."""
     from titan_exp.parallel.tensor import apply_tp
 
     out = {}
@@ -253,7 +274,7 @@ def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
             if mesh is not None:
                 apply_tp(model, mesh, loss_parallel=False)
 
-        out[tp] = real_model_lines(m, seq_len, opts, device, parallelize)
+        out[tp] = real_model_lines(m, seq_len, opts, device, parallelize, update=tp > 1)
     return out
 
 
@@ -430,8 +451,19 @@ def measure_overlap(world: int, opts: Options, device: torch.device) -> float:
     return max(0.0, min(1.0, (comm + compute - both_s) / max(min(comm, compute), 1e-9)))
 
 
+# The most memory a full calibration's AdamW timing takes, all ranks together: parameters,
+# gradients and two moments, 16 bytes a parameter.
+OPTIMIZER_BYTES = 8 << 30
+
+
 def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> float:
-    params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(4 if opts.tiny else 16)]
+    """AdamW's step per parameter, every rank at once on as many parameters as the whole model
+    (a data-parallel rank's), so that the step streams its state from memory as a real one does:
+    16 matrices of dim x dim (1M parameters for the debug model) had it at 4.7 ns a parameter,
+    where the 100M model's step takes 6.2 ns at world 2 (up to OPTIMIZER_BYTES over all ranks)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    count = 4 if opts.tiny else max(1, min(m.num_params, OPTIMIZER_BYTES // (16 * world)) // (m.dim * m.dim))
+    params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(count)]
     for p in params:
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
@@ -498,7 +530,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     in_situ = min(3.0, max(1.0, real_block / plain_block))
     profile.blocks[shape] = {}
     for tp, (fwd, fwd_bwd) in plain.items():
-        in_situ_block, one = real[tp]
+        in_situ_block, one, updates = real[tp]
         fwd, fwd_bwd = (Line(x.latency_s * in_situ, x.per_unit_s * in_situ) for x in (fwd, fwd_bwd))
         # The rest of the model: the 1-block model minus its block. What TP adds: the real TP
         # block (real_model_lines) minus its compute. Both floored at 0 (noise).
@@ -513,7 +545,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         fsdp_extra = {shard: Line(max(0.0, line.latency_s - fwd_bwd.latency_s), max(0.0, line.per_unit_s - fwd_bwd.per_unit_s))
                       for shard, line in fsdp_blocks.items()} if tp == 1 else {}
         profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra,
-                                              fsdp_extra=fsdp_extra)
+                                              fsdp_extra=fsdp_extra, update=updates)
     profile.notes = [f"a block in the model costs {in_situ:.2f}x the block by itself (tp 1)"]
     gemm, tables = measure_gemms(m, seq_len, opts, device)
     profile.gemm.update(gemm)

@@ -15,6 +15,8 @@ measured sizes, so the model can ask for sizes that were not measured:
     blocks[shape][1].cp_extra   what a real context-parallel block adds, by cp degree
     blocks[shape][1].fsdp_extra what a real FSDP block (resharded after forward, fp32) adds, by
                                 shard degree: collectives, copies, fresh buffers, waits
+    blocks[shape][tp].update    a real TP model's optimizer phase by blocks (tp > 1): DTensor's
+                                dispatch per parameter, the gradient norm's all-reduces, AdamW
     collectives[op][group size] seconds by bytes, every group of that size running at once
                                 (groups of consecutive ranks: inside a node when they fit)
     inter_node[op][group size]  the same over groups of one rank per node (a profile of more
@@ -22,7 +24,7 @@ measured sizes, so the model can ask for sizes that were not measured:
     concurrency                 how many ranks compute at full speed at the same time (2 on a
                                 2-core CPU at 1 thread per rank; the world size on GPUs)
     overlap                     the share of a collective that hides behind concurrent compute
-    optimizer_s_per_param       AdamW step, per local parameter
+    optimizer_s_per_param       AdamW step, per local parameter (plain tensors, the model's size)
     fresh_memory_s_per_byte     CPU: what touching memory just mapped from the OS costs (page
                                 faults), per byte: glibc maps every allocation over its mmap
                                 threshold afresh, so a step pays it for each large buffer
@@ -104,6 +106,9 @@ class BlockCost:
     # tp = 1, by shard degree: a real FSDP block (two all-gathers, a reduce-scatter, their copies
     # and fresh buffers, the waits for other ranks) minus the plain block: what FSDP adds per block.
     fsdp_extra: dict[int, Line] = field(default_factory=dict)
+    # tp > 1: a real TP model's optimizer phase (gradient norm, clipping, AdamW's step), seconds
+    # by blocks: its latency is the rest of the model's, its per-unit cost a block's.
+    update: Optional[Line] = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"fwd": self.fwd.to_list(), "fwd_bwd": self.fwd_bwd.to_list(), "head": self.head.to_list()}
@@ -113,6 +118,8 @@ class BlockCost:
             out["cp_extra"] = {str(cp): line.to_list() for cp, line in self.cp_extra.items()}
         if self.fsdp_extra:
             out["fsdp_extra"] = {str(s): line.to_list() for s, line in self.fsdp_extra.items()}
+        if self.update:
+            out["update"] = self.update.to_list()
         return out
 
     @classmethod
@@ -120,7 +127,8 @@ class BlockCost:
         return cls(Line.of(d["fwd"]), Line.of(d["fwd_bwd"]), Line.of(d["head"]),
                    Line.of(d["tp_comm"]) if "tp_comm" in d else None,
                    {int(cp): Line.of(v) for cp, v in d.get("cp_extra", {}).items()},
-                   {int(s): Line.of(v) for s, v in d.get("fsdp_extra", {}).items()})
+                   {int(s): Line.of(v) for s, v in d.get("fsdp_extra", {}).items()},
+                   Line.of(d["update"]) if "update" in d else None)
 
 
 @dataclass

@@ -41,7 +41,10 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
          and the token-count exchange before each forward one. The routed experts are gathered by
          FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
-Then the optimizer step (AdamW on the local shard) and a fixed per-step overhead.
+Then the optimizer phase and a fixed per-step overhead. The optimizer phase is AdamW on the local
+shard, per parameter; under TP, what a real TP model's gradient norm, clipping and AdamW step took
+by blocks (calibrated), since there DTensor's dispatch per parameter and the norm's all-reduces
+outweigh the arithmetic (a debug-model tp8 step on a 2-core CPU: 1.2 s of 3.2).
 
 Fresh memory (CPU). glibc serves each allocation at or over its mmap threshold
 (cluster.cpu_malloc_mmap_threshold_mib) with pages fresh from the OS, and a rank pays their page
@@ -313,7 +316,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if part in parts:
             parts[part] = max(0.0, parts[part]) * profile.corrections.communication
     local_params = sum(units) / shard + (worst.blocks * routed / shard if ep > 1 else 0.0)
-    parts["optimizer"] = local_params * profile.optimizer_s_per_param * profile.corrections.compute
+    if tp > 1 and cost.update is not None:  # a real TP model's, measured: its blocks and its rest
+        rest = (worst.first + worst.last) / 2  # the embedding's and the output's halves of it
+        parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * worst.blocks
+    else:
+        parts["optimizer"] = local_params * profile.optimizer_s_per_param
+    parts["optimizer"] *= profile.corrections.compute
     if not cuda and profile.fresh_memory_s_per_byte:
         blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
         parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
