@@ -23,8 +23,9 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   reduce-scatter, all-reduce, all-to-all; send/recv between rank pairs;
 - how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
 - how much of an all-gather hides behind a concurrent matmul;
-- AdamW's step per parameter, on as many parameters as the model has; on a CPU, what memory fresh from the OS costs to touch (page
-  faults); optionally (`compile`) the compiled block's speed-up.
+- AdamW's step per parameter, on as many parameters as the model has; on a CPU, what memory
+  fresh from the OS costs to touch (page faults); optionally (`compile`) the compiled block's
+  speed-up.
 """
 
 from __future__ import annotations
