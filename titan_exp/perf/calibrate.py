@@ -235,12 +235,15 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
         steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, MORE_BLOCKS)]
+    def optimizer_phase(params: list[nn.Parameter], opt: torch.optim.Optimizer) -> None:
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+
     n = len(steps)
     if update:  # after the forward + backward steps of each round, so every model has gradients
         for layers in (1, MORE_BLOCKS):
             params = list(models[layers].parameters())
-            opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
-            steps.append(functools.partial(lambda params, opt: (clip_grad_norm_(params, 1.0), opt.step()), params, opt))
+            steps.append(functools.partial(optimizer_phase, params, torch.optim.AdamW(params, lr=1e-4, foreach=True)))
     times = in_rounds(steps, opts, device)
     one = medians([r[:n] for r in times])[0::2]
     # Per round: a block's share of the difference.
