@@ -251,6 +251,32 @@ def test_refit_recovers_a_scale(base):
     assert rate == pytest.approx(500) and low < rate < high
 
 
+def test_measurements_compared_are_timed_in_the_same_rounds():
+    """calibrate.side_by_side: every Runs' fns are timed in each round before the next round
+    starts (a block and the real model's block, compared, then see the same spell of the
+    machine), and each Runs gets back its own columns, round by round."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_exp.perf import calibrate
+
+    calls: list[str] = []
+
+    def runs(name: str, n: int) -> calibrate.Runs:
+        return calibrate.Runs([lambda i=i: calls.append(f"{name}{i}") for i in range(n)], lambda times: times)
+
+    groups = [runs("a", 2), runs("b", 1), runs("c", 3)]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        times = calibrate.side_by_side(groups, calibrate.Options(), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    per_call = 1 + calibrate.Options().reps // 3  # a warm-up and the timed calls
+    one_round = [f"{name}{i}" for name, n in (("a", 2), ("b", 1), ("c", 3)) for i in range(n) for _ in range(per_call)]
+    assert calls == one_round * calibrate.ROUNDS
+    assert [[len(row) for row in t] for t in times] == [[n] * calibrate.ROUNDS for n in (2, 1, 3)]
+
+
 def test_calibration_profile_file(tmp_path):
     """A real 2-rank calibration writes the profile (every part the model reads, with sane
     values); a second run reuses it without starting ranks; --refresh measures again."""

@@ -14,7 +14,9 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
 - the real model, forward + backward with its loss, with 1 and 3 blocks, at every TP degree
   (tensor + sequence parallel when tp > 1): the rest of the model (the 1-block model minus its
   block), and what TP adds (a real TP block, half of 3 blocks minus 1, minus its compute), and
-  under TP the optimizer phase (gradient norm, clipping, AdamW) of both models;
+  under TP the optimizer phase (gradient norm, clipping, AdamW) of both models; the blocks by
+  themselves and the real models of every TP degree are timed in the same rounds
+  (measure_compute), since each of these is a comparison between them;
 - a real context-parallel block at every CP degree: what CP adds to the block;
 - a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
   to the block: its two all-gathers and reduce-scatter with their copies, the buffers it maps
@@ -40,7 +42,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -144,6 +146,24 @@ def medians(times: list[list[float]]) -> list[float]:
     return [statistics.median(column) for column in zip(*times)]
 
 
+@dataclass
+class Runs:
+    """Callables to time in rounds, and how their timings ([round][fn]) become the measurement."""
+
+    fns: list[Callable[[], object]]
+    finish: Callable[[list[list[float]]], Any]
+
+
+def side_by_side(runs: list[Runs], opts: Options, device: torch.device) -> list[list[list[float]]]:
+    """Several Runs' fns timed in the same rounds (in_rounds): each one's timings, [round][fn]."""
+    times = in_rounds([fn for r in runs for fn in r.fns], opts, device)
+    out, start = [], 0
+    for r in runs:
+        out.append([row[start:start + len(r.fns)] for row in times])
+        start += len(r.fns)
+    return out
+
+
 # -- compute -------------------------------------------------------------------------------
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
     """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width. For
@@ -187,14 +207,16 @@ def block_runs(m: ModelConfig, tp: int, seqs: int, seq_len: int, device: torch.d
     return block, fwd, fwd_bwd
 
 
-def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, tuple[Line, Line]]:
-    """Per TP degree: one TP rank's share of a block by itself, (forward, forward + backward)."""
-    out = {}
-    for tp in tp_degrees(m, world):
-        runs = [block_runs(m, tp, seqs, seq_len, device)[1:] for seqs in opts.sequences]
-        times = medians(in_rounds([fn for run in runs for fn in run], opts, device))
-        out[tp] = (Line.fit(opts.sequences, times[0::2]), Line.fit(opts.sequences, times[1::2]))
-    return out
+def plain_block_runs(m: ModelConfig, tp: int, seq_len: int, opts: Options, device: torch.device) -> Runs:
+    """One TP rank's share of a block by itself, forward and forward + backward, by sequences:
+    finished as (forward, forward + backward) Lines."""
+    runs = [block_runs(m, tp, seqs, seq_len, device)[1:] for seqs in opts.sequences]
+
+    def finish(times: list[list[float]]) -> tuple[Line, Line]:
+        t = medians(times)
+        return Line.fit(opts.sequences, t[0::2]), Line.fit(opts.sequences, t[1::2])
+
+    return Runs([fn for run in runs for fn in run], finish)
 
 
 # The real models compared: a block in situ is (MORE_BLOCKS-block model - 1-block model) / (MORE_BLOCKS - 1).
@@ -204,18 +226,18 @@ def measure_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, devi
 MORE_BLOCKS = 3
 
 
-def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
-                     parallelize: Callable[[nn.Module], object], *, free_grads: bool = False,
-                     update: bool = False) -> tuple[Line, Line, Line | None]:
+def real_model_runs(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
+                    parallelize: Callable[[nn.Module], object], *, free_grads: bool = False,
+                    update: bool = False) -> Runs:
     """A real model with 1 and with MORE_BLOCKS blocks, `parallelize`d in place, forward +
-    backward with its loss on sequences of seq_len positions, by sequences: (one more block, the
-    1-block model, and with `update` the optimizer phase by blocks). `free_grads` sets the
-    gradients to None before each step, as training does. `update` also times what a training
-    step does after backward, the gradient norm and clipping (train.trainer.clip_grad_norm_) and
-    AdamW's step, on each model's own gradients: a Line whose latency is the model's rest and
-    whose per-unit cost is a block's. On DTensor parameters (TP) that phase is DTensor's dispatch
-    per parameter and an all-reduce per gradient norm, not AdamW's arithmetic: a debug-model tp8
-    step at world 8 spent 1.2 of its 3.2 s there."""
+    backward with its loss on sequences of seq_len positions, by sequences: finished as (one
+    more block, the 1-block model, and with `update` the optimizer phase by blocks), each a Line.
+    `free_grads` sets the gradients to None before each step, as training does. `update` also
+    times what a training step does after backward, the gradient norm and clipping
+    (train.trainer.clip_grad_norm_) and AdamW's step, on each model's own gradients: a Line whose
+    latency is the model's rest and whose per-unit cost is a block's. On DTensor parameters (TP)
+    that phase is DTensor's dispatch per parameter and an all-reduce per gradient norm, not
+    AdamW's arithmetic: a debug-model tp8 step at world 8 spent 1.2 of its 3.2 s there."""
     from titan_exp.models.llama import Transformer
     from titan_exp.train.trainer import clip_grad_norm_
 
@@ -230,30 +252,46 @@ def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.
             model.zero_grad(set_to_none=True)
         F.cross_entropy(model(tokens).flatten(0, 1), labels).backward()
 
+    def optimizer_phase(params: list[nn.Parameter], opt: torch.optim.Optimizer) -> None:
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+
     steps = []  # by sequences: the 1-block model, then the bigger one
     for seqs in opts.sequences:
         tokens = torch.randint(0, m.vocab_size, (seqs, seq_len), device=device)
         labels = torch.randint(0, m.vocab_size, (seqs * seq_len,), device=device)
         steps += [functools.partial(step, models[layers], tokens, labels) for layers in (1, MORE_BLOCKS)]
-    def optimizer_phase(params: list[nn.Parameter], opt: torch.optim.Optimizer) -> None:
-        clip_grad_norm_(params, 1.0)
-        opt.step()
-
     n = len(steps)
     if update:  # after the forward + backward steps of each round, so every model has gradients
         for layers in (1, MORE_BLOCKS):
             params = list(models[layers].parameters())
             steps.append(functools.partial(optimizer_phase, params, torch.optim.AdamW(params, lr=1e-4, foreach=True)))
-    times = in_rounds(steps, opts, device)
-    one = medians([r[:n] for r in times])[0::2]
-    # Per round: a block's share of the difference.
-    extra = medians([[(b - a) / (MORE_BLOCKS - 1) for a, b in zip(r[0:n:2], r[1:n:2])] for r in times])
-    updates = None
-    if update:
-        first, more = medians([r[n:] for r in times])
-        per_block = max(0.0, (more - first) / (MORE_BLOCKS - 1))
-        updates = Line(max(0.0, first - per_block), per_block)
-    return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one), updates
+
+    def finish(times: list[list[float]]) -> tuple[Line, Line, Line | None]:
+        one = medians([r[:n] for r in times])[0::2]
+        updates = None
+        if update:
+            first, more = medians([r[n:] for r in times])
+            per_block = max(0.0, (more - first) / (MORE_BLOCKS - 1))
+            updates = Line(max(0.0, first - per_block), per_block)
+        extra = medians([block_differences(r, len(opts.sequences)) for r in times])
+        return Line.fit(opts.sequences, extra), Line.fit(opts.sequences, one), updates
+
+    return Runs(steps, finish)
+
+
+def block_differences(round_times: list[float], sizes: int) -> list[float]:
+    """One round of real_model_runs' timings: one block's share of the difference between the
+    two models, by sequences."""
+    steps = round_times[:2 * sizes]
+    return [(b - a) / (MORE_BLOCKS - 1) for a, b in zip(steps[0::2], steps[1::2])]
+
+
+def real_model_lines(m: ModelConfig, seq_len: int, opts: Options, device: torch.device,
+                     parallelize: Callable[[nn.Module], object], **kwargs) -> tuple[Line, Line, Line | None]:
+    """real_model_runs, timed by themselves."""
+    runs = real_model_runs(m, seq_len, opts, device, parallelize, **kwargs)
+    return runs.finish(in_rounds(runs.fns, opts, device))
 
 
 def submesh(world: int, size: int, name: str, device: torch.device):
@@ -263,23 +301,37 @@ def submesh(world: int, size: int, name: str, device: torch.device):
     return init_device_mesh(device.type, (world // size, size), mesh_dim_names=("rest", name))[name]
 
 
-def measure_real_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options,
-                        device: torch.device) -> dict[int, tuple[Line, Line, Line | None]]:
-    """Per TP degree (1 included): the real model (real_model_lines), tensor parallel
-    (titan_exp.parallel.tensor's plan with sequence parallel, on a mesh of that size) and with
-    its optimizer phase timed when tp > 1."""
+def measure_compute(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device
+                    ) -> tuple[dict[int, tuple[Line, Line]], dict[int, tuple[Line, Line, Line | None]], float]:
+    """Per TP degree (1 included): the plain block (plain_block_runs) and the real model
+    (real_model_runs: tensor parallel with titan_exp.parallel.tensor's plan and sequence parallel
+    on a mesh of that size, its optimizer phase timed when tp > 1); and how much more a block
+    costs inside the real model than by itself (tp 1). All of them are timed side by side in the
+    same rounds: a block's compute, TP's addition (real minus plain) and the in-situ factor (real
+    over plain) are each a comparison, and timed a minute apart they took the machine's drift
+    between the two for a cost (the 100M model's block came out 30 % dearer in one calibration
+    than in the one before, on a machine 10 % slower, and pipeline layouts, priced on one
+    sequence's block, lost their rank at world 2). The factor is the median over rounds of each
+    round's ratio of sums over the sizes (one size's block difference is noisy by itself)."""
     from titan_exp.parallel.tensor import apply_tp
 
-    out = {}
-    for tp in tp_degrees(m, world):
+    degrees = tp_degrees(m, world)
+    plain, real = {}, {}
+    for tp in degrees:
         mesh = submesh(world, tp, "tp", device) if tp > 1 else None
 
         def parallelize(model, mesh=mesh):
             if mesh is not None:
                 apply_tp(model, mesh, loss_parallel=False)
 
-        out[tp] = real_model_lines(m, seq_len, opts, device, parallelize, update=tp > 1)
-    return out
+        plain[tp] = plain_block_runs(m, tp, seq_len, opts, device)
+        real[tp] = real_model_runs(m, seq_len, opts, device, parallelize, update=tp > 1)
+    times = side_by_side([plain[tp] for tp in degrees] + [real[tp] for tp in degrees], opts, device)
+    plain_times, real_times = dict(zip(degrees, times)), dict(zip(degrees, times[len(degrees):]))
+    sizes = len(opts.sequences)
+    ratios = [sum(block_differences(r, sizes)) / sum(p[1::2]) for r, p in zip(real_times[1], plain_times[1])]
+    return ({tp: plain[tp].finish(plain_times[tp]) for tp in degrees},
+            {tp: real[tp].finish(real_times[tp]) for tp in degrees}, statistics.median(ratios))
 
 
 def measure_cp_blocks(m: ModelConfig, seq_len: int, world: int, opts: Options, device: torch.device) -> dict[int, Line]:
@@ -522,16 +574,12 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     # Compute is measured with every rank computing at once, as in a data-parallel step; the
     # model scales it for layouts where fewer ranks compute at a time (pipeline bubbles), by
     # `concurrency`, so a noisy concurrency only touches those.
-    plain = measure_blocks(m, seq_len, world, opts, device)
-    real = measure_real_blocks(m, seq_len, world, opts, device)
+    # A block inside the real model costs more than by itself (memory traffic, autograd across
+    # blocks): one factor, from tp = 1 (measure_compute), scales every block's compute.
+    plain, real, ratio = measure_compute(m, seq_len, world, opts, device)
+    in_situ = min(3.0, max(1.0, ratio))  # below 1 is noise: a block has no cheaper place than alone
     cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
     fsdp_blocks = measure_fsdp_blocks(m, seq_len, world, opts, device)
-    # A block inside the real model costs more than by itself (memory traffic, autograd across
-    # blocks): one factor, from tp = 1 over every size measured (a ratio of sums: the in-situ
-    # block differences are noisy one by one), scales every block's compute.
-    sizes = opts.sequences
-    real_block, plain_block = sum(real[1][0](n) for n in sizes), sum(plain[1][1](n) for n in sizes)
-    in_situ = min(3.0, max(1.0, real_block / plain_block))
     profile.blocks[shape] = {}
     for tp, (fwd, fwd_bwd) in plain.items():
         in_situ_block, one, updates = real[tp]
@@ -550,7 +598,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
                       for shard, line in fsdp_blocks.items()} if tp == 1 else {}
         profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra,
                                               fsdp_extra=fsdp_extra, update=updates)
-    profile.notes = [f"a block in the model costs {in_situ:.2f}x the block by itself (tp 1)"]
+    profile.notes = [f"a block in the model costs {ratio:.2f}x the block by itself (tp 1): {in_situ:.2f}x used"]
     gemm, tables = measure_gemms(m, seq_len, opts, device)
     profile.gemm.update(gemm)
     profile.gemm_shapes.update(tables)
