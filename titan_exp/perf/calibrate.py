@@ -309,9 +309,10 @@ def measure_compute(m: ModelConfig, seq_len: int, world: int, opts: Options, dev
     costs inside the real model than by itself (tp 1). All of them are timed side by side in the
     same rounds: a block's compute, TP's addition (real minus plain) and the in-situ factor (real
     over plain) are each a comparison, and timed a minute apart they took the machine's drift
-    between the two for a cost (the 100M model's block came out 30 % dearer in one calibration
-    than in the one before, on a machine 10 % slower, and pipeline layouts, priced on one
-    sequence's block, lost their rank at world 2). The factor is the median over rounds of each
+    between the two for a cost. The factor scales the layouts without TP and cancels out of the
+    TP ones (priced by their real TP block): the 100M model's at world 2 came out 1.14 and 1.24 in
+    two calibrations timed apart, 1.00 in two side by side, and at 1.24 `pp2` and `dp_replicate2`
+    fell below `tp2` (BENCHMARKS.md, stop 16). The factor is the median over rounds of each
     round's ratio of sums over the sizes (one size's block difference is noisy by itself)."""
     from titan_exp.parallel.tensor import apply_tp
 
@@ -577,7 +578,7 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     # A block inside the real model costs more than by itself (memory traffic, autograd across
     # blocks): one factor, from tp = 1 (measure_compute), scales every block's compute.
     plain, real, ratio = measure_compute(m, seq_len, world, opts, device)
-    in_situ = min(3.0, max(1.0, ratio))  # below 1 is noise: a block has no cheaper place than alone
+    in_situ = min(3.0, max(1.0, ratio))  # below 1 taken as noise (0.78 for the debug model at world 8)
     cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
     fsdp_blocks = measure_fsdp_blocks(m, seq_len, world, opts, device)
     profile.blocks[shape] = {}
