@@ -160,7 +160,9 @@ def test_heap_slack_under_the_mmap_threshold():
     holds every block's flat buffers and one block's gathered weights and gradients beyond the
     live ones: the memory model's CPU allocator part. 100M (16 blocks) at FSDP 2 and 16 MiB: the
     reduce-scatter's output (a 12.6 MB half) of each block, not its 25 MB flat buffers, which are
-    mapped; under TP 2 the flat buffers too; none where nothing is gathered per block."""
+    mapped; under TP 2 the flat buffers too; none where nothing is gathered per block. Under TP
+    the heap also holds each block's sequence-sharded reduce-scatter outputs, when under the
+    threshold."""
     m100 = job_config(["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=4"])
     flat, blocks = sum(n * k for n, k in block_tensors(m100)) * 4, m100.model.n_layers
 
@@ -171,12 +173,17 @@ def test_heap_slack_under_the_mmap_threshold():
         return predict_memory(job)["allocator"] * 2**30
 
     weights = 2 * flat  # one block's gathered weights and its unsharded gradients
+    dim = m100.model.dim
+    sp = 4 * blocks * 256 * dim * 4  # TP: four sequence-sharded reduce-scatter outputs a block, 2 x 256 tokens / tp 2
     assert slack(dp_shard=2) == pytest.approx(blocks * flat / 2 + weights)
-    assert slack(dp_shard=2, tp=2) == pytest.approx(blocks * (flat / 2 + flat / 2 + flat / 4) + weights / 2)  # 12.6 MB
+    assert slack(dp_shard=2, tp=2) == pytest.approx(blocks * (flat / 2 + flat / 2 + flat / 4) + weights / 2 + sp)  # 12.6 MB
+    assert slack(tp=2) == pytest.approx(2 * sp)  # 4 x 256 tokens / tp 2: 1.5 MiB outputs, under 16 MiB
+    assert slack(tp=4) == pytest.approx(sp)
+    assert slack(1, tp=2) == 0  # mapped at 1 MiB
     assert slack(None, dp_shard=2) == pytest.approx(blocks * (flat + flat + flat / 2) + weights)  # glibc's own: 32 MiB
     assert 0 < slack(1, dp_shard=2) < 0.1 * slack(dp_shard=2)  # only the K and V weights (0.8 MB) stay in the heap
     assert slack(dp_shard=4) == pytest.approx(blocks * flat / 4 + weights)  # a smaller shard returned
-    for none in (slack(dp_replicate=2), slack(tp=2), slack(pp=2, dp_shard=2), slack(dp_shard=2, mode="never")):
+    for none in (slack(dp_replicate=2), slack(pp=2, dp_shard=2), slack(dp_shard=2, mode="never")):
         assert none == 0
     job = layout(m100, global_batch=4, dp_shard=2)
     gpu = predict_memory(job, cuda=True)

@@ -24,7 +24,8 @@
     peak memory there is what torch's caching allocator reserved; the allocator's slack is its
     own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep;
   * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
-    the mmap threshold (heap_slack); a CPU's measured peak is the resident set, which counts them.
+    the mmap threshold (heap_slack), and under TP each block's freed sequence-sharded outputs
+    (sp_heap_slack); a CPU's measured peak is the resident set, which counts them.
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
@@ -47,6 +48,7 @@ ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
+SP_HEAP_PER_BLOCK = 4  # sequence-sharded reduce-scatter outputs per block the CPU heap holds (sp_heap_slack)
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 
 
@@ -142,6 +144,19 @@ def heap_slack(job: JobConfig, blocks: int) -> float:
         return sum(b * k for b, k in sizes if b < threshold)
 
     return blocks * under(bufs.gather_flat + bufs.reduce_flat) + 2 * under(bufs.weights)  # weights and gradients
+
+
+def sp_heap_slack(job: JobConfig, blocks: int, tokens: float, act_bytes: int) -> float:
+    """Bytes glibc's heap holds beyond the live tensors on a CPU rank under TP (which always runs
+    with sequence parallel): each block's four sequence-sharded outputs of its reduce-scatters
+    (attention's and the feed-forward's, forward and backward; tokens / tp x dim each), when
+    under the mmap threshold. Each is freed right after the residual add that consumes it, between
+    tensors the block keeps, so its hole stays. The count is a least-squares fit, rounded: on the
+    TP-only layouts of six shapes at tp 2 and 4 (dry runs at 16 MiB, issue 13's stop 17 in
+    BENCHMARKS.md) it gives 4.25."""
+    tp = job.parallelism.tensor_parallel_degree
+    sharded = tokens / tp * job.model.dim * act_bytes
+    return SP_HEAP_PER_BLOCK * blocks * sharded if tp > 1 and sharded < mmap_threshold(job) else 0.0
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
@@ -253,8 +268,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     if cuda:
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
-    elif fsdp and not keeps_gathered and not accumulates:
-        slack = heap_slack(job, worst.blocks)  # little at a 1 MiB threshold: mapped and unmapped instead
+    else:  # little at a 1 MiB threshold: mapped and unmapped instead
+        if fsdp and not keeps_gathered and not accumulates:
+            slack = heap_slack(job, worst.blocks)
+        slack += sp_heap_slack(job, worst.blocks, tokens, act_bytes)
     gib = 2**30
     parts = {
         "states": states / gib,
