@@ -6,6 +6,7 @@ measured tokens/s per device and peak memory, in one sitting.
     python benchmarks/bench_perf_model.py --held-out         # the memory model's held-out cases
     python benchmarks/bench_perf_model.py --case dim512-L12:2 # one of them (memory only)
     python benchmarks/bench_perf_model.py --threshold-mib 1  # peak RSS close to memory in use
+    python benchmarks/bench_perf_model.py --rescore          # memory model vs BENCHMARKS.md's tables, no runs
 
 For each (model, world) it calibrates the machine (reusing the cached profile unless --refresh;
 not for a held-out case, whose memory prediction reads no profile),
@@ -129,7 +130,8 @@ def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_
     ok = [r for r in rows if r["measured_tps"]]
     # The profile itself goes with the results, so a later change to the model can be re-scored on
     # this sitting's measurements (MachineProfile.from_dict) after the cached one is recalibrated.
-    result = {"case": name, "world": world, "profile": profile.name, "profile_data": profile.to_dict(),
+    result = {"case": name, "world": world, "profile": "none read: memory only" if memory_only else profile.name,
+              "profile_data": profile.to_dict(),
               "rounds": rounds, "rows": rows,
               "memory_errors": relative_errors([r["predicted_gib"] for r in ok], [r["measured_gib"] for r in ok])}
     if not memory_only:
@@ -174,6 +176,30 @@ def markdown(result: dict, memory_only: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recorded_memory(name: str, text: str) -> dict[str, float]:
+    """The measured GiB per layout in BENCHMARKS.md's newest table of a case (its first
+    `#### <case> (world` heading: the sittings are recorded newest first)."""
+    start = text.index(f"#### {name} (world")
+    lines = text[start:].split("\n\n")[1].splitlines()  # the table: the paragraph after the heading
+    column = [c.strip() for c in lines[0].strip("|").split("|")].index("measured GiB")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    return {r[0]: float(r[column]) for r in rows if len(r) > column and r[column]}
+
+
+def rescore(names: list[str]) -> None:
+    """The memory model as it is now against the recorded measurements of each case: a change to
+    the model is re-scored on every earlier sitting's rows without running them again."""
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    for name in names:
+        overrides, world = (CASES | HELD_OUT)[name]
+        measured = recorded_memory(name, text)
+        plans = plan(job_config([*overrides, *COMMON]), world, device_memory_gib=1e9)
+        errors = {pl.name: pl.memory_gib / measured[pl.name] - 1 for pl in plans if pl.name in measured}
+        worst = max(errors, key=lambda k: abs(errors[k]))
+        print(f"{name}: {len(errors)} rows, {sum(abs(e) <= 0.1 for e in errors.values())} within 10 %, "
+              f"median |error| {median_abs(list(errors.values())):.1%}, worst {errors[worst]:+.1%} ({worst})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", action="append", choices=sorted(CASES | HELD_OUT),
@@ -185,7 +211,11 @@ def main() -> None:
                         help="runs of every layout, round after round (default: ROUNDS, else 1)")
     parser.add_argument("--threshold-mib", type=int, default=None,
                         help="cluster.cpu_malloc_mmap_threshold_mib of every run (default: the config's, 16)")
+    parser.add_argument("--rescore", action="store_true",
+                        help="no runs: the memory model against the measured GiB recorded in BENCHMARKS.md")
     args = parser.parse_args()
+    if args.rescore:
+        return rescore(args.case or [*CASES, *HELD_OUT])
     chosen = {k: (CASES | HELD_OUT)[k] for k in args.case} if args.case else HELD_OUT if args.held_out else CASES
     results = []
     for name, (overrides, world) in chosen.items():

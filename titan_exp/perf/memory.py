@@ -264,13 +264,12 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     logits = tokens * m.vocab_size * (act_bytes + 8) / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
     logits = logits if worst.last else 0.0
     activations = saved + recompute
-    slack = 0.0
     if cuda:
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
-    else:  # little at a 1 MiB threshold: mapped and unmapped instead
-        if fsdp and not keeps_gathered and not accumulates:
-            slack = heap_slack(job, worst.blocks)
+    else:  # glibc's heap (little at a 1 MiB threshold: mapped and unmapped instead)
+        per_block_fsdp = fsdp and not keeps_gathered and not accumulates
+        slack = heap_slack(job, worst.blocks) if per_block_fsdp else 0.0
         slack += sp_heap_slack(job, worst.blocks, tokens, act_bytes)
     gib = 2**30
     parts = {
