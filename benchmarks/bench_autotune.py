@@ -1,4 +1,4 @@
-"""Autotune against the exhaustive grid, in one sitting.
+"""Autotune against the exhaustive grid, in one run.
 
     python benchmarks/bench_autotune.py [--world 4] [--search layout,activation_checkpoint] [--budget 30]
         [--global-batch 16] [--threshold-mib N]
@@ -50,7 +50,7 @@ def main() -> None:
 
     # This machine's profile for the model (kept if there is one): what autotune predicts from.
     compile_ = ["--compile"] if "compile" in args.search.split(",") else []
-    subprocess.run([sys.executable, "-m", "titan_exp.calibrate", *job, "--world", str(args.world), *compile_], cwd=ROOT,
+    subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *job, "--world", str(args.world), *compile_], cwd=ROOT,
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp) / "autotune"

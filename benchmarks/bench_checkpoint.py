@@ -1,4 +1,4 @@
-"""Checkpoint cost on this machine, in one sitting.
+"""Checkpoint cost on this machine, in one run.
 
     python benchmarks/bench_checkpoint.py [--model llama3_100m]
 

@@ -1,4 +1,4 @@
-"""Every layout of the debug model at world size 1, 2, 4 and 8, measured in one sitting.
+"""Every layout of the debug model at world size 1, 2, 4 and 8, measured in one run.
 
     python benchmarks/bench_layouts.py [--steps 10] [--out layouts.md]
 

@@ -1,5 +1,5 @@
 """Expert parallel 1, 2 and 4 of the debug MoE against the dense debugmodel of equal active
-parameters, on 4 local ranks under FSDP, measured in one sitting (issue 18).
+parameters, on 4 local ranks under FSDP, measured in one run (issue 18).
 
     python benchmarks/bench_moe.py [--steps 12] [--seq-len 256] [--repeats 2]
 

@@ -1,12 +1,12 @@
 """The performance and memory models against measurements: every valid layout, predicted vs
-measured tokens/s per device and peak memory, in one sitting.
+measured tokens/s per device and peak memory, in one run.
 
     python benchmarks/bench_perf_model.py                    # the four cases of issue 13
     python benchmarks/bench_perf_model.py --case debug:4     # one case
     python benchmarks/bench_perf_model.py --held-out         # the memory model's held-out cases
     python benchmarks/bench_perf_model.py --case dim512-L12:2 # one of them (memory only)
     python benchmarks/bench_perf_model.py --threshold-mib 1  # peak RSS close to memory in use
-    python benchmarks/bench_perf_model.py --rescore          # memory model vs BENCHMARKS.md's tables, no runs
+    python benchmarks/bench_perf_model.py --rescore          # memory model vs the recorded GiB, no runs
 
 For each (model, world) it calibrates the machine (reusing the cached profile unless --refresh;
 not for a held-out case, whose memory prediction reads no profile),
@@ -34,7 +34,7 @@ from conftest import job_config, run_job  # noqa: E402
 
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
 from titan_exp.perf.profile import this_machine  # noqa: E402
-from titan_exp.plan import plan  # noqa: E402
+from titan_exp.perf.plan import plan  # noqa: E402
 
 # By default the runs are measured as a user runs them: cluster.cpu_malloc_mmap_threshold_mib at its
 # default (16 MiB). --threshold-mib 1 makes the peak RSS track memory in use (glibc's heap keeps the
@@ -55,8 +55,8 @@ CASES = {
                 "training.local_batch_size=4", "training.steps=7", "metrics.warmup_steps=2"], 4),
 }
 # Rounds of runs per case (--rounds overrides). 100M at world 2 has five layouts, the fastest three
-# within 9 % of each other, and one layout measured 100, 109 and 115 tokens/s in three sittings of
-# stop 13: one run each ranks them by the machine's mood. Three rounds cost 9 more minutes.
+# within 9 % of each other, and one layout measured 100, 109 and 115 tokens/s in three runs on
+# 2026-11-23: one run each ranks them by the machine's mood. Three rounds cost 9 more minutes.
 ROUNDS = {"100m:2": 3}
 # Memory only, on a shape and world size the memory model was not built on (named before measuring).
 HELD_OUT = {
@@ -67,18 +67,18 @@ HELD_OUT = {
     "dim512-L6:4": (["model=debugmodel", "model.dim=512", "model.n_layers=6", "model.n_heads=8", "model.n_kv_heads=4",
                      "training.seq_len=192", "training.global_batch_size=8", "training.local_batch_size=8",
                      "training.steps=3", "metrics.warmup_steps=1"], 4),
-    # Named 2026-11-23 (stop 12), after the CPU heap term (HEAP_FSDP_BLOCKS) was fitted and before
+    # Named 2026-11-23 (issue 13), after the CPU heap term (HEAP_FSDP_BLOCKS) was fitted and before
     # this shape was measured: its blocks' flat buffers (17.7 MB) are just over 16 MiB, and under it at tp 2.
     "dim640-L8:4": (["model=debugmodel", "model.dim=640", "model.n_layers=8", "model.n_heads=20", "model.n_kv_heads=4",
                      "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
                      "training.steps=3", "metrics.warmup_steps=1"], 4),
-    # Named 2026-11-23 (stop 13), after the heap term became every block's flat buffers plus one
+    # Named 2026-11-23 (issue 13), after the heap term became every block's flat buffers plus one
     # block's weights (perf.memory.heap_slack) and before this shape was measured: 12 blocks whose
     # flat buffers (13 MiB) are all under 16 MiB, so the heap holds 0.41 GiB of its FSDP layouts' 1.85.
     "dim512-L12:2": (["model=debugmodel", "model.dim=512", "model.n_layers=12", "model.n_heads=8", "model.n_kv_heads=8",
                       "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
                       "training.steps=3", "metrics.warmup_steps=1"], 2),
-    # Named 2026-11-24 (stop 17), after the TP heap term (perf.memory.sp_heap_slack) was fitted on
+    # Named 2026-11-24 (issue 13), after the TP heap term (perf.memory.sp_heap_slack) was fitted on
     # dry runs of six shapes at tp 2 and 4 and before this shape was measured: a new dim, depth and
     # sequence length, and a world size (3) no case has used, so TP runs at a degree (3) outside the fit.
     "dim576-L9:3": (["model=debugmodel", "model.dim=576", "model.n_layers=9", "model.n_heads=9", "model.n_kv_heads=3",
@@ -88,7 +88,7 @@ HELD_OUT = {
 
 
 def calibrate(overrides: list[str], world: int, refresh: bool) -> None:
-    cmd = [sys.executable, "-m", "titan_exp.calibrate", *overrides, "--world", str(world)] + (["--refresh"] if refresh else [])
+    cmd = [sys.executable, "-m", "titan_exp.perf.calibrate", *overrides, "--world", str(world)] + (["--refresh"] if refresh else [])
     subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -129,7 +129,7 @@ def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_
                      "breakdown": pl.step.breakdown(), "status": runs[pl.name][-1]["status"]})
     ok = [r for r in rows if r["measured_tps"]]
     # The profile itself goes with the results, so a later change to the model can be re-scored on
-    # this sitting's measurements (MachineProfile.from_dict) after the cached one is recalibrated.
+    # this run's measurements (MachineProfile.from_dict) after the cached one is recalibrated.
     result = {"case": name, "world": world, "profile": "none read: memory only" if memory_only else profile.name,
               "profile_data": profile.to_dict(),
               "rounds": rounds, "rows": rows,
@@ -176,23 +176,25 @@ def markdown(result: dict, memory_only: bool = False) -> str:
     return "\n".join(lines) + "\n"
 
 
-def recorded_memory(name: str, text: str) -> dict[str, float]:
-    """The measured GiB per layout in BENCHMARKS.md's newest table of a case (its first
-    `#### <case> (world` heading: the sittings are recorded newest first)."""
-    start = text.index(f"#### {name} (world")
-    lines = text[start:].split("\n\n")[1].splitlines()  # the table: the paragraph after the heading
-    column = [c.strip() for c in lines[0].strip("|").split("|")].index("measured GiB")
-    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    return {r[0]: float(r[column]) for r in rows if len(r) > column and r[column]}
+def recorded_memory(name: str, rows: list[dict[str, str]]) -> dict[str, float]:
+    """The measured GiB per layout in the newest recorded table of a case: of its rows in
+    benchmarks/data/perf_model_cpu.csv that have a measured GiB, those of the latest date and start."""
+    mine = [r for r in rows if r["case"] == name and r["measured_gib"]]
+    newest = max((r["date"], r["start"]) for r in mine)
+    return {r["layout"]: float(r["measured_gib"]) for r in mine if (r["date"], r["start"]) == newest}
 
 
 def rescore(names: list[str]) -> None:
-    """The memory model as it is now against the recorded measurements of each case: a change to
-    the model is re-scored on every earlier sitting's rows without running them again."""
-    text = (ROOT / "BENCHMARKS.md").read_text()
+    """The memory model as it is now against the recorded measurements of each case
+    (benchmarks/data/perf_model_cpu.csv): a change to the model is re-scored on every earlier
+    run's rows without running them again."""
+    import csv
+
+    with (ROOT / "benchmarks" / "data" / "perf_model_cpu.csv").open(newline="") as f:
+        recorded = list(csv.DictReader(f))
     for name in names:
         overrides, world = (CASES | HELD_OUT)[name]
-        measured = recorded_memory(name, text)
+        measured = recorded_memory(name, recorded)
         plans = plan(job_config([*overrides, *COMMON]), world, device_memory_gib=1e9)
         errors = {pl.name: pl.memory_gib / measured[pl.name] - 1 for pl in plans if pl.name in measured}
         worst = max(errors, key=lambda k: abs(errors[k]))
@@ -212,7 +214,7 @@ def main() -> None:
     parser.add_argument("--threshold-mib", type=int, default=None,
                         help="cluster.cpu_malloc_mmap_threshold_mib of every run (default: the config's, 16)")
     parser.add_argument("--rescore", action="store_true",
-                        help="no runs: the memory model against the measured GiB recorded in BENCHMARKS.md")
+                        help="no runs: the memory model against benchmarks/data/perf_model_cpu.csv's measured GiB")
     args = parser.parse_args()
     if args.rescore:
         return rescore(args.case or [*CASES, *HELD_OUT])

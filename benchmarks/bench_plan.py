@@ -2,7 +2,7 @@
 
     python benchmarks/bench_plan.py [--world 4] [overrides ...]
 
-Runs every layout `titan_exp.plan` finds valid for the model (default: llama3_100m, batch 4 x 256
+Runs every layout `titan_exp.perf.plan` finds valid for the model (default: llama3_100m, batch 4 x 256
 tokens, 3 steps), plus AC variants of FSDP, and prints predicted vs measured peak memory per device
 (the most loaded rank: RSS on CPU) and the error. Target: within +-15 %.
 """
@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import job_config, run_job  # noqa: E402
 
-from titan_exp.plan import layout_overrides, predict_memory, valid_layouts  # noqa: E402
+from titan_exp.perf.plan import layout_overrides, predict_memory, valid_layouts  # noqa: E402
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=4",
         "training.steps=3", "metrics.log_freq=3", "lr_scheduler.warmup_steps=1",

@@ -9,7 +9,7 @@
    device has MX matmuls (compute capability >= 10.0; on Hopper the row says why it is skipped);
 3. the planner's predicted peak memory and step time next to each measurement
    (`titan_exp.perf.memory.predict_memory`, `titan_exp.perf.step.predict_step` on a profile the
-   suite calibrates first: `python -m titan_exp.calibrate <model> --world 1 --compile`);
+   suite calibrates first: `python -m titan_exp.perf.calibrate <model> --world 1 --compile`);
 4. compile cold vs warm: the bf16 + compile run again, on the cache the first one filled;
 5. what reading losses from the device every step costs: bf16 + compile with metrics.log_freq=1
    (a host read, hence a device sync, every step) against the default, which reads only on log
@@ -84,7 +84,7 @@ def calibrate(base: list[str], smoke: bool) -> str:
     step-time predictions below come from a calibrated profile; returns how long it took."""
     overrides = [o for o in base if not o.startswith(FLAGS)]
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", *overrides, "--world", "1",
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *overrides, "--world", "1",
                           *(["--tiny"] if smoke else ["--compile"])], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     if out.returncode:

@@ -11,6 +11,7 @@ import torch
 
 from conftest import SMALL, run_job
 from titan_exp.config import ModelConfig
+from titan_exp.config.hf import model_fields
 from titan_exp.models import hf
 from titan_exp.models.llama import Transformer
 
@@ -33,7 +34,7 @@ def tiny_llama(folder, *, tie: bool = False):
 
 
 def ours_from(folder) -> tuple[Transformer, ModelConfig]:
-    cfg = ModelConfig(**hf.model_fields(json.loads((folder / "config.json").read_text())))
+    cfg = ModelConfig(**model_fields(json.loads((folder / "config.json").read_text())))
     model = Transformer(cfg)
     hf.load_into([model], folder, cfg)
     return model.eval(), cfg

@@ -19,18 +19,37 @@ from titan_exp.validation import validate
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """A venv holding titan_exp from its wheel. It sees this interpreter's packages
-    (--system-site-packages) for torch and the other dependencies, which are not what is under
-    test and are too big to install again, so the wheel goes in with --no-deps."""
+    """A venv holding titan_exp from its wheel. For torch and the other dependencies, which are not
+    what is under test and are too big to install again, it sees the site-packages of the
+    interpreter running the tests (a .pth file naming them: the outer virtual environment's when
+    the suite runs in one, which --system-site-packages would skip for the base interpreter's), so
+    the wheel goes in with --no-deps. A .pth file names directories without running theirs, so an
+    editable install of the checkout there stays out of sight."""
     root = tmp_path_factory.mktemp("install")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
                     str(root / "dist"), str(REPO)], check=True, capture_output=True, timeout=300)
     wheel = next((root / "dist").glob("titan_exp-*.whl"))
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(root / "venv")
+    venv.EnvBuilder(with_pip=False).create(root / "venv")
     bin_dir = root / "venv" / "bin"
+    purelib = subprocess.run([str(bin_dir / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    outer = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (Path(purelib) / "outer_site_packages.pth").write_text("\n".join(outer) + "\n")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(bin_dir / "python"), "install", "--no-deps",
                     "--no-index", "-q", str(wheel)], check=True, capture_output=True, timeout=300)
     return bin_dir
+
+
+def test_every_package_of_the_tree_is_in_the_wheel(installed):
+    """pyproject lists the packages (conf/ and sweeps/ are mapped into the package): a package
+    added to the tree but not to that list would be missing from every install but editable ones."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    site = Path(subprocess.run([str(installed / "python"), "-c", "import titan_exp; print(titan_exp.__file__)"],
+                               check=True, capture_output=True, text=True, cwd=installed, env=env).stdout.strip()).parent
+    assert site.is_relative_to(installed.parent)  # the wheel's copy, not the checkout
+    tree = {p.parent.relative_to(REPO / "titan_exp") for p in (REPO / "titan_exp").rglob("__init__.py")}
+    assert {d for d in tree if not (site / d / "__init__.py").is_file()} == set()
+    assert (site / "conf" / "config.yaml").is_file() and (site / "sweeps" / "autotune.yaml").is_file()
 
 
 def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
@@ -51,7 +70,7 @@ def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
     assert summary["status"] == "ok" and len(summary["losses"]) == 2
     # Named sweeps come from the package; the planner writes the user's into ./sweeps.
     assert "parallelism: fsdp,ddp,tp,pp,cp" in run("titan-exp", "+sweep=layouts_2", "--cfg", "hydra").stdout
-    planned = run("python", "-m", "titan_exp.plan", "--world", "2", "--top", "2", "--write-sweep", "mine")
+    planned = run("python", "-m", "titan_exp.perf.plan", "--world", "2", "--top", "2", "--write-sweep", "mine")
     assert planned.returncode == 0 and (work / "sweeps" / "mine.yaml").exists(), planned.stderr[-2000:]
     assert "+plan_layout: mine_0,mine_1" in run("titan-exp", "+sweep=mine", "--cfg", "hydra").stdout
     # The guard and --help work the same from the console script.

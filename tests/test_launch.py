@@ -82,7 +82,7 @@ def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
     """glibc's dynamic threshold lets FSDP's buffers fragment the heap (RSS ~2x); ranks get a
     fixed one unless the user set their own or asked for glibc's default."""
     from conftest import job_config
-    from titan_exp.cluster import rank_env
+    from titan_exp.config.cluster import rank_env
 
     def env(overrides):
         return rank_env(job_config(overrides).cluster, threads=1, gpu=False)

@@ -151,7 +151,7 @@ def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):
     from titan_exp.perf.profile import MachineProfile
 
     cluster = ["cluster=slurm", "cluster.partition=nodes", "cluster.nnodes=2", "cluster.nproc_per_node=2"]
-    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", "model.n_layers=2", "training.seq_len=64",
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", "model.n_layers=2", "training.seq_len=64",
                           *cluster, "cluster.wait=true", "--tiny", "--profile-dir", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -162,7 +162,7 @@ def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):
     assert set(profile.collectives) == ops and set(profile.inter_node) == ops
     assert all(line(1 << 20) > 0 for by_g in profile.inter_node.values() for line in by_g.values())
     assert "all_reduce across nodes: 2 ranks" in out.stdout
-    plan = subprocess.run([sys.executable, "-m", "titan_exp.plan", "model.n_layers=2", "training.seq_len=64",
+    plan = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "model.n_layers=2", "training.seq_len=64",
                            "cluster.nnodes=2", "--world", "4", "--profile-dir", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]

@@ -14,11 +14,12 @@ import yaml
 
 from conftest import REPO, SMALL, job_config, launch_cli
 from titan_exp.perf import fit
-from titan_exp.perf.calibrate import model_shape
 from titan_exp.perf.memory import GpuMemory, predict_memory
-from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key
-from titan_exp.perf.step import across_nodes, block_tensors, fresh_bytes, predict_step
-from titan_exp.plan import with_layout
+from titan_exp.perf.memory_cpu import fresh_bytes
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key, model_shape
+from titan_exp.perf.shapes import block_tensors
+from titan_exp.perf.step import across_nodes, predict_step
+from titan_exp.perf.plan import with_layout
 
 TINY = ["model.n_layers=4", "training.seq_len=64"]
 
@@ -259,35 +260,35 @@ def test_refit_recovers_a_scale(base):
 
 
 def test_measurements_compared_are_timed_in_the_same_rounds():
-    """calibrate.side_by_side: every Runs' fns are timed in each round before the next round
+    """perf.timing.side_by_side: every Runs' fns are timed in each round before the next round
     starts (a block and the real model's block, compared, then see the same spell of the
     machine), and each Runs gets back its own columns, round by round."""
     import torch
     import torch.distributed as dist
 
-    from titan_exp.perf import calibrate
+    from titan_exp.perf import timing
 
     calls: list[str] = []
 
-    def runs(name: str, n: int) -> calibrate.Runs:
-        return calibrate.Runs([lambda i=i: calls.append(f"{name}{i}") for i in range(n)], lambda times: times)
+    def runs(name: str, n: int) -> timing.Runs:
+        return timing.Runs([lambda i=i: calls.append(f"{name}{i}") for i in range(n)], lambda times: times)
 
     groups = [runs("a", 2), runs("b", 1), runs("c", 3)]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        times = calibrate.side_by_side(groups, calibrate.Options(), torch.device("cpu"))
+        times = timing.side_by_side(groups, timing.Options(), torch.device("cpu"))
     finally:
         dist.destroy_process_group()
-    per_call = 1 + calibrate.Options().reps // 3  # a warm-up and the timed calls
+    per_call = 1 + timing.Options().reps // 3  # a warm-up and the timed calls
     one_round = [f"{name}{i}" for name, n in (("a", 2), ("b", 1), ("c", 3)) for i in range(n) for _ in range(per_call)]
-    assert calls == one_round * calibrate.ROUNDS
-    assert [[len(row) for row in t] for t in times] == [[n] * calibrate.ROUNDS for n in (2, 1, 3)]
+    assert calls == one_round * timing.ROUNDS
+    assert [[len(row) for row in t] for t in times] == [[n] * timing.ROUNDS for n in (2, 1, 3)]
 
 
 def test_calibration_profile_file(tmp_path):
     """A real 2-rank calibration writes the profile (every part the model reads, with sane
     values); a second run reuses it without starting ranks; --refresh measures again."""
-    args = [sys.executable, "-m", "titan_exp.calibrate", *TINY, "--world", "2", "--tiny", "--profile-dir", str(tmp_path)]
+    args = [sys.executable, "-m", "titan_exp.perf.calibrate", *TINY, "--world", "2", "--tiny", "--profile-dir", str(tmp_path)]
     first = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
     (path,) = tmp_path.glob("*-w2-*.json")
@@ -316,10 +317,10 @@ def test_calibration_profile_file(tmp_path):
 
 
 def test_plan_prints_times_and_the_profile(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "titan_exp.plan", *TINY, "--world", "4", "--profile-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *TINY, "--world", "4", "--profile-dir", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "DEFAULT costs" in out.stdout and "python -m titan_exp.calibrate --world 4" in out.stdout
+    assert "DEFAULT costs" in out.stdout and "python -m titan_exp.perf.calibrate --world 4" in out.stdout
     assert "| step s | tokens/s/device |" in out.stdout
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, compose, job_config
-from titan_exp import plan
+from titan_exp.perf import plan
 from titan_exp.perf.memory import AS_COUNTED, GpuMemory
 from titan_exp.validation import validate
 
@@ -112,7 +112,7 @@ def test_memory_model_counts_what_grows_at_scale():
 
 
 def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
-    proc = subprocess.run([sys.executable, "-m", "titan_exp.plan", *BASE, "--world", "4", "--top", "3",
+    proc = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *BASE, "--world", "4", "--top", "3",
                            "--device-memory-gib", "8"], cwd=REPO, capture_output=True, text=True, check=True)
     assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
     job = job_config(BASE)
@@ -162,7 +162,7 @@ def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):
 
 
 def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
-    out = subprocess.run([sys.executable, "-m", "titan_exp.plan", "model=llama3_8b", "training.seq_len=8192",
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "model=llama3_8b", "training.seq_len=8192",
                           "training.local_batch_size=2", "--device", "h100", "--world", "512", "--gpus-per-node", "8",
                           "--top", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -170,6 +170,6 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
     assert "devices (74.5058 GiB each)" in out.stdout and "| across nodes |" in out.stdout
     rows = {line.split(" | ")[1]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
     assert rows["dp_shard256 x tp2"].endswith("| dp_shard |")  # TP's 2 ranks share a node, FSDP's 256 do not
-    bad = subprocess.run([sys.executable, "-m", "titan_exp.plan", "--device", "h300", "--world", "8"], cwd=REPO,
+    bad = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "--device", "h300", "--world", "8"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr

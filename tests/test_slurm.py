@@ -265,10 +265,10 @@ def test_wandb_id_follows_the_run_dir(tmp_path):
 
 @pytest.mark.slurm
 def test_calibration_runs_on_the_cluster(slurm, tmp_path):
-    """`python -m titan_exp.calibrate cluster=slurm` measures on the cluster's nodes: the same
+    """`python -m titan_exp.perf.calibrate cluster=slurm` measures on the cluster's nodes: the same
     calibration ranks, started as a SLURM job; the profile lands where the nodes write it."""
     run_dir, profiles = tmp_path / "run", tmp_path / "profiles"
-    out = subprocess.run([sys.executable, "-m", "titan_exp.calibrate", "model.n_layers=2", "training.seq_len=64",
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", "model.n_layers=2", "training.seq_len=64",
                           "cluster=slurm", "cluster.wait=true", "--world", "2", "--tiny", "--profile-dir", str(profiles),
                           "--run-dir", str(run_dir)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -1,9 +1,9 @@
 """The single entry point: `titan-exp [group=option ...] [key=value ...]` (the console script),
 `python -m titan_exp ...` or, in a checkout, `python launch.py ...`: all three are `main` here.
 
-Hydra composes the package's conf/config.yaml (pkg://titan_exp/conf, so an installed wheel
-works from any directory) with the chosen groups against the typed schemas in
-titan_exp.config; titan_exp.launch does the rest.
+Hydra composes conf/config.yaml (the checkout's top-level conf/, or the copy an installed wheel
+carries, so `titan-exp` works from any directory) with the chosen groups against the typed
+schemas in titan_exp.config; titan_exp.launch does the rest.
 """
 
 import sys
@@ -13,12 +13,12 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from titan_exp.config import register_configs
+from titan_exp.config import CONF, register_configs
 
 sweep_dirs: list[str] = []  # a multirun's dir, for its exit status once Hydra returns
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def run(cfg: DictConfig) -> int | float:
     """One run. In a multirun it returns the exit code, or with `sweep.objective` that number
     of the member's summary, for sweepers that optimise it (hydra/sweeper=optuna)."""

@@ -92,7 +92,7 @@ class RunSummary:
     checkpoint_blocking_s: Optional[float] = None
     export: Optional[str] = None
     seed_checkpoint: Optional[str] = None
-    machine_profile: Optional[str] = None  # a calibration job's output (titan_exp.calibrate)
+    machine_profile: Optional[str] = None  # a calibration job's output (titan_exp.perf.calibrate)
 
     @classmethod
     def of(cls, job: JobConfig, status: Status, run_dir: str | os.PathLike, **fields: Any) -> "RunSummary":

@@ -170,7 +170,7 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
         ]) + " |")
     lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "
               "machine's profile, each marked with where its costs came from: [measured profile] (`python -m "
-              "titan_exp.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
+              "titan_exp.perf.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
               "other column is measured."]
     autotune = sweep / "autotune.md"
     if autotune.exists():  # an autotune sweep's own record comes first

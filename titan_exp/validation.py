@@ -2,7 +2,9 @@
 derived values (dp_shard=-1, nproc_per_node, global batch, absolute paths) on a valid config.
 
 The rules live with the components they configure: each module has a `check` (and the parallel
-techniques a `check` that also takes the resolved ParallelDims); this module only gathers them,
+techniques a `check` that also takes the resolved ParallelDims); those of the parts above this
+module on the launch path (the executors, the autotune search) live beside their schema in
+titan_exp.config, so validation imports nothing above it. This module only gathers them,
 after the schema's own bounds (`doc(..., min=...)`), which the others divide by. Each message
 reads `field = value: what is wrong; how to fix it`, naming the field the user typed. The
 launcher runs this once before anything is spawned or written; every rank runs it again on the
@@ -14,21 +16,20 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from titan_exp import cluster, metrics, precision, record, targets, watchdog
+from titan_exp import metrics, precision, record, targets, watchdog
 from titan_exp.checkpoint import manager as checkpoint
-from titan_exp.cluster.slurm import preflight as slurm
-from titan_exp.config import Executor, JobConfig, problem
+from titan_exp.config import Executor, JobConfig, autotune, cluster, problem
+from titan_exp.data import loader
 from titan_exp.data import sources as data
 from titan_exp.models import llama
 from titan_exp.parallel import activation_checkpoint, context, dims, expert, fsdp, pipeline, tensor
-from titan_exp.perf import autotune
-from titan_exp.train import optim, profiling, trainer
+from titan_exp.train import optim, profiling
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
-CHECKS = (llama.check, trainer.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
-          activation_checkpoint.check, checkpoint.check, cluster.check, slurm.check, autotune.check,
+CHECKS = (llama.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
+          activation_checkpoint.check, checkpoint.check, cluster.check, autotune.check,
           record.check, profiling.check, targets.check)
-LAYOUT_CHECKS = (trainer.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)
+LAYOUT_CHECKS = (loader.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)
 
 
 class ConfigError(ValueError):

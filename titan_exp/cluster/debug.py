@@ -6,7 +6,7 @@ import importlib
 import socket
 from typing import Optional
 
-from titan_exp.cluster import TRAIN, scoped_env
+from titan_exp.cluster.env import TRAIN, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.record import RunDir
 

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from titan_exp.cluster import rank_env
+from titan_exp.config.cluster import rank_env
 from titan_exp.config import JobConfig, OnNonfinite, layout_label, load_job_config
 from titan_exp.record import RunDir, RunSummary, Status
 

@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import uuid
 from typing import Optional
 
-from titan_exp.cluster import TRAIN, rank_env, scoped_env
+from titan_exp.cluster.env import TRAIN, scoped_env
 from titan_exp.config import JobConfig
+from titan_exp.config.cluster import rank_env, threads_per_rank
 from titan_exp.record import RunDir
-
-
-def threads_per_rank(nproc: int) -> int:
-    """OMP threads each local rank gets: the user's OMP_NUM_THREADS, else an even split of the cores."""
-    return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
 def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:

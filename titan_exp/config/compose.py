@@ -12,17 +12,27 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from titan_exp.config.hf import with_hf_config
 from titan_exp.config.schema import JobConfig
 
-# Inside the package, so an installed titan_exp (a wheel, not only a checkout) has them: Hydra
-# reads conf/ as pkg://titan_exp/conf.
-CONF = Path(__file__).resolve().parents[1] / "conf"
-SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
+
+def _shipped(name: str) -> Path:
+    """The repository's top-level `conf/` or `sweeps/`. A wheel carries them inside the package
+    (pyproject's package-dir maps them to titan_exp/conf and titan_exp/sweeps); a checkout, with
+    or without an editable install, has them beside the package."""
+    package = Path(__file__).resolve().parents[1]
+    inside = package / name
+    return inside if any(inside.glob("*.yaml")) else package.parent / name
+
+
+CONF = _shipped("conf")
+SWEEPS = _shipped("sweeps")
 
 
 def user_sweeps() -> Path:
-    """The user's own named sweeps (what `titan_exp.plan --write-sweep` writes): `sweeps/` in the
-    working directory, beside Hydra's `outputs/`, or $TITAN_EXP_SWEEPS. Never the package."""
+    """The user's own named sweeps (what `titan_exp.perf.plan --write-sweep` writes): `sweeps/` in
+    the working directory, beside Hydra's `outputs/` (in a checkout's root, the shipped ones' folder),
+    or $TITAN_EXP_SWEEPS."""
     return Path(os.environ.get("TITAN_EXP_SWEEPS", "sweeps")).resolve()
 
 
@@ -31,7 +41,8 @@ def sweep_groups() -> dict[str, list[Path]]:
     layouts; each from the package's sweeps/ and then the user's (a user's preset of the same
     name wins)."""
     subfolders = {"sweep": "", "rung": "rung", "plan_layout": "plan_layout"}
-    return {group: [SWEEPS / sub, user_sweeps() / sub] for group, sub in subfolders.items()}
+    folders = [SWEEPS] if user_sweeps() == SWEEPS else [SWEEPS, user_sweeps()]
+    return {group: [folder / sub for folder in folders] for group, sub in subfolders.items()}
 
 
 def to_job_config(cfg: DictConfig | dict) -> JobConfig:
@@ -42,8 +53,7 @@ def to_job_config(cfg: DictConfig | dict) -> JobConfig:
              for k in cfg if k != "hydra"}
     merged = OmegaConf.merge(OmegaConf.structured(JobConfig), plain)
     job = OmegaConf.to_object(merged)
-    from titan_exp.models.hf import with_hf_config  # model.hf_config: its config.json sets the shapes
-
+    # model.hf_config: its config.json sets the shapes
     return dataclasses.replace(job, model=with_hf_config(job.model))
 
 
@@ -113,7 +123,7 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="job_schema", node=JobConfig)
     # Named sweeps (`python launch.py -m +sweep=NAME`), the ladder's rungs and the planner's
-    # layouts (titan_exp.plan --write-sweep), from the package's sweeps/ and the user's.
+    # layouts (titan_exp.perf.plan --write-sweep), from the package's sweeps/ and the user's.
     for group, folders in sweep_groups().items():
         for preset in sorted(p for folder in folders for p in folder.glob("*.yaml")):
             cs.store(group=group, name=preset.stem, node=OmegaConf.load(preset), package="_global_")

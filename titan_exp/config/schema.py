@@ -126,7 +126,7 @@ class ModelConfig:
     intermediate_size: Optional[int] = doc(None, "SwiGLU hidden size; null = Llama's rule from dim, multiple_of "
                                                  "and ffn_dim_multiplier")
     hf_config: Optional[str] = doc(None, "a Hugging Face Llama config.json, or its directory: its shapes replace "
-                                         "the fields above (titan_exp.models.hf)")
+                                         "the fields above (titan_exp.config.hf)")
     # Mixture of experts (titan_exp.models.moe): the SwiGLU of every block after the first
     # n_dense_layers becomes n_experts routed experts (top_k per token) plus n_shared_experts.
     n_experts: int = doc(0, "routed experts per MoE layer; 0 = a dense model", min=0)

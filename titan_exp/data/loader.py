@@ -21,10 +21,25 @@ from typing import Any, Iterator
 
 import torch
 
+from titan_exp.config import JobConfig, problem
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.tokens import TokenLoader, TokenStore
+from titan_exp.parallel.dims import ParallelDims
 
 logger = logging.getLogger(__name__)
+
+
+def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
+    """The global batch splits evenly into local batches over the data-parallel ranks."""
+    t = job.training
+    gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+    if gbs < 1:
+        return [problem("training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")]
+    if gbs % (t.local_batch_size * dims.dp):
+        return [problem("training.global_batch_size", gbs,
+                        f"must be a multiple of local_batch_size x dp = {t.local_batch_size} x {dims.dp}; "
+                        "the quotient is the number of gradient accumulation steps")]
+    return []
 
 
 def build_loader(dataset, tokenizer: Tokenizer, **kwargs: Any):

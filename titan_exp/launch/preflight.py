@@ -144,7 +144,7 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     job = p.job
     if job.metrics.peak_tflops is not None or job.cluster.executor == Executor.slurm or torch.cuda.is_available():
         return p, []
-    from titan_exp.cluster.local import threads_per_rank
+    from titan_exp.config.cluster import threads_per_rank
     from titan_exp.metrics import best_cpu_peak_tflops
     from titan_exp.precision import DTYPES
 

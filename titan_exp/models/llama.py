@@ -18,7 +18,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import JobConfig, ModelConfig, problem
-from titan_exp.models import hf
+from titan_exp.config.hf import config_errors
+from titan_exp.models.layers import FeedForward
+from titan_exp.models import moe
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -42,10 +44,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if m.intermediate_size is not None and m.intermediate_size < 1:
         e.append(problem("model.intermediate_size", m.intermediate_size, "must be >= 1, or null"))
     if m.is_moe:
-        from titan_exp.models.moe import check as check_moe
-
-        e += check_moe(job)
-    return e + hf.config_errors(m)
+        e += moe.check(job)
+    return e + config_errors(m)
 
 
 def check_vocab(cfg: ModelConfig, tokenizer_vocab: int) -> list[str]:
@@ -112,30 +112,17 @@ def causal_attention(
     return out.transpose(1, 2)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
-
-
 class TransformerBlock(nn.Module):
     """Attention then a SwiGLU (`feed_forward`), or, in an MoE model's MoE layers, routed experts
     (`moe`, titan_exp.models.moe) in its place."""
 
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
-        from titan_exp.models.moe import MoE
-
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         if cfg.is_moe_layer(layer):
-            self.moe = MoE(cfg)
+            self.moe = moe.MoE(cfg)
         else:
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_hidden_dim)
 

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import JobConfig, ModelConfig, ScoreFunc, problem
+from titan_exp.models.layers import FeedForward
 
 
 def check(job: JobConfig) -> list[str]:
@@ -150,8 +151,6 @@ class MoE(nn.Module):
     counting = True
 
     def __init__(self, cfg: ModelConfig):
-        from titan_exp.models.llama import FeedForward
-
         super().__init__()
         self.n_experts, self.top_k = cfg.n_experts, cfg.top_k
         self.router = Router(cfg)

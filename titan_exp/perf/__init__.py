@@ -1,3 +1,13 @@
-"""Which layout is fastest here: the machine profile (profile.py) that calibration measures
-(calibrate.py, `python -m titan_exp.calibrate`), the performance and memory models (step.py,
-memory.py), predictions checked against runs (fit.py, trace.py), and autotune (autotune.py)."""
+"""Which layout is fastest here: one package for the performance model and what feeds it.
+
+    plan.py        every valid layout with its predicted step time, tokens/s and memory
+                   (`python -m titan_exp.perf.plan`)
+    step.py        seconds per step by part; memory.py peak memory by part; memory_cpu.py the
+                   CPU-only terms (glibc's heap and fresh pages), which GPU plans never read;
+                   shapes.py what they count a model in
+    profile.py     the machine profile file; devices.py GPU spec sheets as profiles
+    calibrate.py   `python -m titan_exp.perf.calibrate`: starts measuring ranks through an executor;
+                   measure.py is what each runs (measure_compute.py, measure_comm.py, timing.py)
+    fit.py trace.py  predictions against runs: rank correlation, refit, a profiler trace's split
+    autotune.py    the search: predict every candidate, measure the best, refit
+"""

@@ -2,11 +2,11 @@
 
     python launch.py -m +sweep=autotune cluster.nproc_per_node=4 [model=...] [autotune.search=[layout,activation_checkpoint]]
 
-1. Candidates: every valid layout of the world size (titan_exp.plan), times the values of each
+1. Candidates: every valid layout of the world size (titan_exp.perf.plan), times the values of each
    other axis in `autotune.search` (AC mode, compile, precision, local batch, PP microbatch), at
    the job's global batch, each checked by the validator the launcher runs.
 2. Pruning: the memory model drops what would not fit; the performance model (with this
-   machine's profile, `python -m titan_exp.calibrate`) ranks the rest by tokens/s per device, and
+   machine's profile, `python -m titan_exp.perf.calibrate`) ranks the rest by tokens/s per device, and
    the first `autotune.top_k` are measured; as many as `autotune.budget_minutes` allows.
 3. Successive halving: each round runs the survivors for `warmup_steps` + `steps` x 2^round
    steps as ordinary sweep members (their own run dirs), pools each candidate's timed steps over
@@ -33,11 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig, problem
+from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig
 from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, Status
 
 logger = logging.getLogger("titan_exp.autotune")
+
 
 def _key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
@@ -46,21 +47,6 @@ def _key(override: str) -> str:
 # How a candidate's overrides read in its name.
 LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}",
           "training.local_batch_size": "local batch {}", "parallelism.pipeline_parallel_microbatch_size": "microbatch {}"}
-
-
-def check(job: JobConfig, cuda: bool) -> list[str]:
-    a, e = job.autotune, []
-    if not a.budget_minutes > 0:
-        e.append(problem("autotune.budget_minutes", a.budget_minutes, "must be > 0"))
-    if not 0 <= a.drop_slower_than < 1:
-        e.append(problem("autotune.drop_slower_than", a.drop_slower_than, "a share of the fastest: 0 <= it < 1 (0: never)"))
-    if a.device_memory_gib is not None and not a.device_memory_gib > 0:
-        e.append(problem("autotune.device_memory_gib", a.device_memory_gib, "must be > 0, or null for this GPU's / RAM per rank"))
-    if not a.search:
-        e.append(problem("autotune.search", [], "name at least one axis, e.g. [layout]"))
-    if len(set(a.search)) != len(a.search):
-        e.append(problem("autotune.search", [s.value for s in a.search], "lists an axis twice"))
-    return e
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -133,7 +119,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     from titan_exp.config import layout_label
     from titan_exp.perf.memory import predict_memory
     from titan_exp.perf.step import predict_step
-    from titan_exp.plan import layout_overrides, valid_layouts, with_layout
+    from titan_exp.perf.plan import layout_overrides, valid_layouts, with_layout
     from titan_exp.validation import resolve, validate
 
     axes = job.autotune.search
@@ -181,7 +167,7 @@ class Autotune:
         import torch
 
         from titan_exp.perf.profile import this_machine
-        from titan_exp.plan import device_memory_gib
+        from titan_exp.perf.plan import device_memory_gib
 
         self.job, self.sweep_dir, self.launch = job, Path(sweep_dir), launch
         self.cuda = torch.cuda.is_available() if cuda is None else cuda

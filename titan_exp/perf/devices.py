@@ -1,9 +1,9 @@
 """GPUs a user plans for before having them: spec-sheet numbers, each with its source, turned into
 a machine profile the performance model reads like a calibrated one.
 
-    python -m titan_exp.plan model=llama3_8b --device h100 --world 512 --gpus-per-node 8
+    python -m titan_exp.perf.plan model=llama3_8b --device h100 --world 512 --gpus-per-node 8
 
-A profile calibrated on the real device (`python -m titan_exp.calibrate` on that GPU) replaces the
+A profile calibrated on the real device (`python -m titan_exp.perf.calibrate` on that GPU) replaces the
 spec one wherever both exist (`profile_for`). A spec sheet gives peaks; what a training step
 achieves of them is the `Efficiency` below, whose values are assumptions until fitted to
 published runs (issue 19), and the profile's `source` says "spec" so every table built from it

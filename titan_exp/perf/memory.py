@@ -24,8 +24,8 @@
     peak memory there is what torch's caching allocator reserved; the allocator's slack is its
     own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep;
   * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
-    the mmap threshold (heap_slack), and under TP each block's freed sequence-sharded outputs
-    (sp_heap_slack); a CPU's measured peak is the resident set, which counts them.
+    the mmap threshold, and under TP each block's freed sequence-sharded outputs; a CPU's measured
+    peak is the resident set, which counts them (perf.memory_cpu, which only CPU plans read).
 The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
+from titan_exp.perf.shapes import fsdp_rounds
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
@@ -48,7 +49,6 @@ ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
-SP_HEAP_PER_BLOCK = 4  # sequence-sharded reduce-scatter outputs per block the CPU heap holds (sp_heap_slack)
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 
 
@@ -66,97 +66,6 @@ class GpuMemory:
 
 
 AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
-Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
-
-
-def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
-    """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
-    mode = job.parallelism.fsdp_reshard_after_forward
-    per_step = job.parallelism.pipeline_parallel_degree > 1 and mode == "default"  # PP stages keep parameters gathered
-    return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
-
-
-def block_tensors(job: JobConfig) -> Sizes:
-    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
-    the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
-    three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
-    m, p = job.model, job.parallelism
-    tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
-    q, kv = m.dim * m.n_heads * m.head_dim / tp, m.dim * m.kv_heads * m.head_dim / tp
-    moe = m.n_moe_layers / m.n_layers
-    out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
-    if moe:
-        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim, 3 * moe)]
-        if m.n_shared_experts:
-            out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
-    return out
-
-
-def mmap_threshold(job: JobConfig) -> float:
-    """Bytes from which glibc serves a CPU rank's allocation with fresh pages from the OS (and
-    unmaps them when freed): cluster.cpu_malloc_mmap_threshold_mib, or with none set glibc's own,
-    which rises to at most 32 MiB. Smaller ones come from the heap."""
-    mib = job.cluster.cpu_malloc_mmap_threshold_mib
-    return (32 if mib is None else mib) * 2**20
-
-
-@dataclass(frozen=True)
-class FsdpBuffers:
-    """What FSDP allocates anew for a unit's all-gather and reduce-scatter, as (bytes, how many);
-    all are freed again within the step."""
-
-    weights: Sizes  # each gathered weight (all-gather), and as many unsharded gradients (reduce-scatter)
-    gather_flat: Sizes  # the all-gather's flat output
-    reduce_flat: Sizes  # the reduce-scatter's flat fp32 input and the shard it returns
-
-    @property
-    def gather(self) -> Sizes:
-        """Per all-gather: its flat output and the weights viewed out of it."""
-        return [*self.gather_flat, *self.weights]
-
-    @property
-    def reduce(self) -> Sizes:
-        """Per reduce-scatter: the unsharded gradients, the flat input and the shard."""
-        return [*self.weights, *self.reduce_flat]
-
-
-def fsdp_buffers(job: JobConfig, tensors: Sizes) -> FsdpBuffers:
-    """FSDP's buffers for a unit of these weights (block_tensors' form)."""
-    shard = job.parallelism.data_parallel_shard_degree * job.parallelism.context_parallel_degree
-    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
-    flat = sum(n * k for n, k in tensors)
-    return FsdpBuffers([(n * param_bytes, k) for n, k in tensors], [(flat * param_bytes, 1.0)],
-                       [(flat * 4, 1.0), (flat * 4 / shard, 1.0)])
-
-
-def heap_slack(job: JobConfig, blocks: int) -> float:
-    """Bytes glibc's heap holds beyond the live tensors on a CPU rank whose `blocks` FSDP blocks
-    are gathered one at a time: the buffers under the mmap threshold (fsdp_buffers), which
-    the heap serves. A block's flat buffers, freed, leave holes that the activations allocated
-    meanwhile split, so the next block's do not fit there: every block's stay. Its gathered
-    weights and gradients, smaller, are mostly reused: one block's worth stays. The two counts
-    (every block, one block) are a least-squares fit rounded to whole blocks: on the FSDP rows of
-    issue 13's 13:28 sitting (48 rows, seven shapes; BENCHMARKS.md) it gives 0.96 and 1.10."""
-    threshold = mmap_threshold(job)
-    bufs = fsdp_buffers(job, block_tensors(job))
-
-    def under(sizes: Sizes) -> float:
-        return sum(b * k for b, k in sizes if b < threshold)
-
-    return blocks * under(bufs.gather_flat + bufs.reduce_flat) + 2 * under(bufs.weights)  # weights and gradients
-
-
-def sp_heap_slack(job: JobConfig, blocks: int, tokens: float, act_bytes: int) -> float:
-    """Bytes glibc's heap holds beyond the live tensors on a CPU rank under TP (which always runs
-    with sequence parallel): each block's four sequence-sharded outputs of its reduce-scatters
-    (attention's and the feed-forward's, forward and backward; tokens / tp x dim each), when
-    under the mmap threshold. Each is freed right after the residual add that consumes it, between
-    tensors the block keeps, so its hole stays. The count is a least-squares fit, rounded: on the
-    TP-only layouts of six shapes at tp 2 and 4 (dry runs at 16 MiB, issue 13's stop 17 in
-    BENCHMARKS.md) it gives 4.25."""
-    tp = job.parallelism.tensor_parallel_degree
-    sharded = tokens / tp * job.model.dim * act_bytes
-    return SP_HEAP_PER_BLOCK * blocks * sharded if tp > 1 and sharded < mmap_threshold(job) else 0.0
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
@@ -268,9 +177,11 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
     else:  # glibc's heap (little at a 1 MiB threshold: mapped and unmapped instead)
+        from titan_exp.perf import memory_cpu  # only a CPU's terms read it
+
         per_block_fsdp = fsdp and not keeps_gathered and not accumulates
-        slack = heap_slack(job, worst.blocks) if per_block_fsdp else 0.0
-        slack += sp_heap_slack(job, worst.blocks, tokens, act_bytes)
+        slack = memory_cpu.heap_slack(job, worst.blocks) if per_block_fsdp else 0.0
+        slack += memory_cpu.sp_heap_slack(job, worst.blocks, tokens, act_bytes)
     gib = 2**30
     parts = {
         "states": states / gib,

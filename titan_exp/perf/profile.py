@@ -1,4 +1,4 @@
-"""The machine profile: what `python -m titan_exp.calibrate` measured on the target devices, as
+"""The machine profile: what `python -m titan_exp.perf.calibrate` measured on the target devices, as
 the performance model (perf.step) reads it. Compute costs are measured with every rank computing
 at once (as in a data-parallel step); `concurrency` says how that compares with fewer.
 
@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from titan_exp.cache import cache_dir
+from titan_exp.config import JobConfig
 from titan_exp.files import atomic_write
 
 FORMAT = 1
@@ -149,6 +150,15 @@ def shape_key(dim: int, n_heads: int, n_kv_heads: int, ffn_hidden: int, vocab: i
     return f"dim{dim}-h{n_heads}-kv{n_kv_heads}-ffn{ffn_hidden}-v{vocab}-seq{seq_len}"
 
 
+def model_shape(job: JobConfig) -> str:
+    """The block a calibration measures: for an MoE model, one of its MoE blocks."""
+    m = job.model
+    key = shape_key(m.dim, m.n_heads, m.kv_heads, m.ffn_hidden_dim, m.vocab_size, job.training.seq_len)
+    if m.is_moe:
+        key += f"-moe{m.n_experts}k{m.top_k}h{m.expert_hidden_dim}s{m.n_shared_experts}"
+    return key
+
+
 def machine_key(device: str, backend: str, world: int, threads_per_rank: int, nodes: int = 1) -> dict[str, Any]:
     import torch
 
@@ -197,7 +207,7 @@ class MachineProfile:
     def from_dict(cls, d: dict[str, Any]) -> "MachineProfile":
         if d.get("format") != FORMAT:
             raise ValueError(f"machine profile format {d.get('format')!r}, expected {FORMAT}: "
-                             "recalibrate with python -m titan_exp.calibrate --refresh")
+                             "recalibrate with python -m titan_exp.perf.calibrate --refresh")
         return cls(
             key=d["key"], source=d["source"], created=d["created"], calibration_s=d["calibration_s"],
             concurrency=d["concurrency"], overlap=d["overlap"],
@@ -299,7 +309,7 @@ def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int 
     device = torch.cuda.get_device_name(0) if cuda and torch.cuda.is_available() else ("cuda" if cuda else "cpu")
     backend = "nccl" if cuda else "gloo"
     if threads_per_rank is None:
-        from titan_exp.cluster.local import threads_per_rank as split
+        from titan_exp.config.cluster import threads_per_rank as split
 
         threads_per_rank = 1 if cuda else split(world)
     return (find(device, backend, world, threads_per_rank, folder, nodes)

@@ -65,9 +65,8 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.calibrate import model_shape
-from titan_exp.perf.memory import Sizes, block_tensors, fsdp_buffers, fsdp_rounds, mmap_threshold
-from titan_exp.perf.profile import BlockCost, Line, MachineProfile
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
+from titan_exp.perf.shapes import fsdp_rounds
 from titan_exp.validation import resolve
 
 # Extra bubble a schedule leaves, as a share of 1F1B's.
@@ -121,35 +120,6 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
 
 
-def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulation: int) -> float:
-    """Bytes a CPU rank's step takes fresh from the OS: each tensor at or over glibc's mmap
-    threshold (perf.memory.mmap_threshold) that is allocated anew every step. Every layout: each
-    weight's gradient (zero_grad sets them to None). FSDP, per unit and round, what
-    perf.memory.fsdp_buffers lists (per all-gather, and per reduce-scatter). Those under the
-    threshold come from the heap instead: the memory model's CPU allocator slack (heap_slack)."""
-    p, m = job.parallelism, job.model
-    threshold = mmap_threshold(job)
-    tp = p.tensor_parallel_degree
-    param_bytes = 2 if job.precision.param_dtype == "bfloat16" else 4
-
-    def over(buffers: Sizes) -> float:
-        return sum(k * b for b, k in buffers if b >= threshold)
-
-    # The rank's units: its blocks (the mean block's tensors), the embedding, the output.
-    units = [(block_tensors(job), blocks)] + [([(m.embedding_params / tp, 1.0)], 1)] * first + (
-        [([(m.vocab_size * m.dim / tp, 1.0)], 1)] if last and not m.tie_word_embeddings else [])
-    shard = p.data_parallel_shard_degree * p.context_parallel_degree
-    rounds, gathers = fsdp_rounds(job, accumulation)
-    total = 0.0
-    for tensors, count in units:
-        if shard == 1:  # the gradients, each weight's its own tensor
-            total += count * over([(n * param_bytes, k) for n, k in tensors])
-            continue
-        bufs = fsdp_buffers(job, tensors)
-        total += count * rounds * (gathers * over(bufs.gather) + over(bufs.reduce))
-    return total
-
-
 def across_nodes(job: JobConfig) -> set[str]:
     """The mesh dims whose process groups span nodes (job.cluster.nnodes > 1). Ranks are numbered
     node by node and the mesh is laid out pp, dp_replicate, dp_shard, cp, tp with tp innermost
@@ -187,7 +157,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     cost = profile.block(model_shape(job), tp)
     if cost is None:
         notes.append(f"block {model_shape(job)} at tp={tp} not calibrated: estimated from FLOPs "
-                     f"(python -m titan_exp.calibrate model={m.flavor} training.seq_len={t.seq_len})")
+                     f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
         cost = estimated_block(job, tp, profile)
     gemm32 = profile.gemm.get("float32")
     block_fwd_flops = 2 * m.block_matmul_params(tp) * mb * t.seq_len / cp
@@ -247,7 +217,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     spans = across_nodes(job)
     if spans and not profile.inter_node:
         notes.append("mesh dims across nodes are costed as inside one: the profile has no inter-node "
-                     "measurements (calibrate on the nodes: python -m titan_exp.calibrate cluster.nnodes=N ...)")
+                     "measurements (calibrate on the nodes: python -m titan_exp.perf.calibrate cluster.nnodes=N ...)")
     # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
     measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
                      and not {"dp_shard", "cp"} & spans else None)
@@ -324,6 +294,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     parts["optimizer"] *= profile.corrections.compute
     if not cuda and profile.fresh_memory_s_per_byte:
         blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
+        from titan_exp.perf.memory_cpu import fresh_bytes  # only a CPU's terms read it
+
         parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
                                  * profile.fresh_memory_s_per_byte * profile.corrections.compute)
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s

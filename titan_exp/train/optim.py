@@ -1,17 +1,23 @@
-"""The optimizer and the learning-rate schedule: their config checks and how they are built."""
+"""The optimizer, the learning-rate schedule and gradient clipping: their config checks and how
+they are built."""
 
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from titan_exp import targets
 from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, problem
 
+
 def check(job: JobConfig, cuda: bool) -> list[str]:
     e: list[str] = []
     o, s, steps = job.optimizer, job.lr_scheduler, job.training.steps
+    if job.training.max_norm < 0:
+        e.append(problem("training.max_norm", job.training.max_norm, "must be >= 0 (0 disables clipping)"))
     if not o.lr > 0:
         e.append(problem("optimizer.lr", o.lr, "must be > 0"))
     for name in ("beta1", "beta2"):
@@ -71,3 +77,26 @@ def build_optimizers(model_parts: list[torch.nn.Module], job: JobConfig
     ]
     factor = lr_lambda(job.lr_scheduler, steps)
     return optimizers, [targets.build(job, "lr_scheduler", opt, lr_lambda=factor, total_steps=steps) for opt in optimizers]
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
+    """Total gradient norm over every parameter of the model, wherever its shards live; clips
+    in place when max_norm > 0. Gradients on different meshes (expert-parallel experts beside the
+    dense parameters) are normed per mesh, since DTensor ops cannot mix meshes. Under PP each rank
+    holds some stages, so squares are summed across the pipeline group."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    squares = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
+    total = torch.stack(squares).sum() if squares else torch.zeros(())
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)
+    total = total.sqrt()
+    if max_norm > 0:
+        for grads in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
+    return total

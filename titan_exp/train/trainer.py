@@ -21,7 +21,7 @@ from titan_exp import faults, signals, targets
 from titan_exp.checkpoint import states
 from titan_exp.checkpoint.manager import Checkpointer
 from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
-from titan_exp.config import JobConfig, OnNonfinite, problem
+from titan_exp.config import JobConfig, OnNonfinite
 from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
@@ -33,53 +33,11 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stages_per_rank
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
-from titan_exp.train.optim import build_optimizers
+from titan_exp.train.optim import build_optimizers, clip_grad_norm_
 from titan_exp.train.profiling import Profiler
 from titan_exp.watchdog import set_collective_timeouts, step_deadline, watchdog
 
 logger = logging.getLogger("titan_exp")
-
-
-def check(job: JobConfig, cuda: bool) -> list[str]:
-    if job.training.max_norm < 0:
-        return [problem("training.max_norm", job.training.max_norm, "must be >= 0 (0 disables clipping)")]
-    return []
-
-
-def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
-    """The global batch splits evenly into local batches over the data-parallel ranks."""
-    t = job.training
-    gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
-    if gbs < 1:
-        return [problem("training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")]
-    if gbs % (t.local_batch_size * dims.dp):
-        return [problem("training.global_batch_size", gbs,
-                        f"must be a multiple of local_batch_size x dp = {t.local_batch_size} x {dims.dp}; "
-                        "the quotient is the number of gradient accumulation steps")]
-    return []
-
-
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
-    """Total gradient norm over every parameter of the model, wherever its shards live; clips
-    in place when max_norm > 0. Gradients on different meshes (expert-parallel experts beside the
-    dense parameters) are normed per mesh, since DTensor ops cannot mix meshes. Under PP each rank
-    holds some stages, so squares are summed across the pipeline group."""
-    by_mesh: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is not None:
-            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
-    squares = []
-    for grads in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
-        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
-    total = torch.stack(squares).sum() if squares else torch.zeros(())
-    if pp_group is not None:
-        dist.all_reduce(total, group=pp_group)
-    total = total.sqrt()
-    if max_norm > 0:
-        for grads in by_mesh.values():
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
-    return total
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

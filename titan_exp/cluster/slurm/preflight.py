@@ -1,62 +1,15 @@
-"""What the job would be refused for, before anything is written: static rules (`check`, which
-validation gathers) and the controller's answer about partitions, node sizes and time limits
-(`preflight`, run by the launcher's cluster step)."""
+"""What the controller would refuse, asked before anything is written: partitions, node sizes
+and time limits (`preflight`, run by the launcher's cluster step). The rules that need no
+controller are titan_exp.config.cluster's (validation gathers them)."""
 
 from __future__ import annotations
 
-import re
 import shutil
 from dataclasses import dataclass
 from typing import Optional
 
 from titan_exp.cluster.slurm.follow import _run
-from titan_exp.config import Executor, JobConfig, problem
-
-# A secret's name has one of these as a whole word (HF_TOKEN, WANDB_API_KEY; not TOKENIZERS_PARALLELISM,
-# NCCL_IB_HCA); a secret's value looks like a key whatever its name (a known token prefix, or a long
-# run of letters and digits with no path or space in it).
-SECRET_WORDS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL",
-                "CREDENTIALS"}
-SECRET_VALUE = re.compile(r"^(sk-|hf_|ghp_|gho_|github_pat_|xox[abp]-|AKIA[0-9A-Z]{16})|^(?=.*\d)(?=.*[A-Za-z])[\w\-]{32,}$")
-
-
-def looks_secret(name: str, value: object) -> bool:
-    return bool(SECRET_WORDS & set(name.upper().split("_"))) or bool(SECRET_VALUE.search(str(value)))
-MAIL_TYPES = {"NONE", "BEGIN", "END", "FAIL", "REQUEUE", "ALL", "INVALID_DEPEND", "STAGE_OUT", "TIME_LIMIT",
-              "TIME_LIMIT_90", "TIME_LIMIT_80", "TIME_LIMIT_50", "ARRAY_TASKS"}
-
-
-def check(job: JobConfig, cuda: bool) -> list[str]:
-    """What sbatch would reject, or what would make the job misbehave, known without asking the
-    controller (`preflight` asks it about partitions and node sizes)."""
-    c = job.cluster
-    if c.executor != Executor.slurm:
-        return []
-    e: list[str] = []
-    for name, low in (("timeout_min", 1), ("cpus_per_task", 1), ("gpus_per_node", 0), ("signal_delay_s", 0),
-                      ("max_num_timeout", 0), ("array_parallelism", 1)):
-        if getattr(c, name) < low:
-            e.append(problem(f"cluster.{name}", getattr(c, name), f"must be >= {low}"))
-    if c.mem_gb is not None and c.mem_gb < 1:
-        e.append(problem("cluster.mem_gb", c.mem_gb, "must be >= 1 (GiB per node), or null for the partition's default"))
-    if c.timeout_min >= 1 and c.signal_delay_s >= c.timeout_min * 60:
-        e.append(problem("cluster.signal_delay_s", c.signal_delay_s,
-             f"the warning signal would come before the job starts (time limit {c.timeout_min} min); lower it"))
-    if c.gpus_per_node > 0 and c.nproc_per_node is not None and c.nproc_per_node != c.gpus_per_node:
-        e.append(problem("cluster.nproc_per_node", c.nproc_per_node,
-             f"one rank per GPU: must equal cluster.gpus_per_node = {c.gpus_per_node}, or null"))
-    if c.mail_type is not None:
-        unknown = [t for t in c.mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
-        if unknown:
-            e.append(problem("cluster.mail_type", c.mail_type, f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}"))
-    secrets = [k for k, v in c.env.items() if looks_secret(k, v)]
-    if secrets:
-        e.append(problem("cluster.env", secrets, "looks like a secret, and the config is written to the run dir and the job "
-             "script; export it in the shell that runs launch.py instead (sbatch passes that environment on)"))
-    bad_env = [k for k in c.env if not k.isidentifier()]
-    if bad_env:
-        e.append(problem("cluster.env", bad_env, "environment variable names are letters, digits and _, not starting with a digit"))
-    return e
+from titan_exp.config import JobConfig
 
 
 def _slurm_time_min(text: str) -> Optional[float]:

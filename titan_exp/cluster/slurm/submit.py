@@ -16,10 +16,11 @@ from typing import Any, Optional
 import submitit
 from hydra.experimental.callback import Callback
 
-from titan_exp.cluster import TRAIN, rank_env
+from titan_exp.cluster.env import TRAIN
 from titan_exp.cluster.slurm.follow import refresh
 from titan_exp.cluster.slurm.follow import wait as wait_for
 from titan_exp.config import ClusterConfig, JobConfig, load_job_config
+from titan_exp.config.cluster import rank_env
 from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 
 logger = logging.getLogger("titan_exp.slurm")

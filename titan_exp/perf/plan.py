@@ -1,13 +1,13 @@
 """The layout planner: every valid layout of a model on N devices, with predicted step time,
 tokens/s per device and memory per device, ranked; optionally written out as a sweep preset.
 
-    python -m titan_exp.plan model=llama3_8b --world 64 --device-memory-gib 80 --top 8
-    python -m titan_exp.plan model=llama3_100m --world 4 --write-sweep plan_100m_4
+    python -m titan_exp.perf.plan model=llama3_8b --world 64 --device-memory-gib 80 --top 8
+    python -m titan_exp.perf.plan model=llama3_100m --world 4 --write-sweep plan_100m_4
 
 Positional arguments are the same Hydra overrides `launch.py` takes (model, batch, AC, ...).
 "Valid" is decided by titan_exp.validation, the same check the launcher runs, so a planned
 layout never fails at launch. Time comes from titan_exp.perf.step with this machine's calibrated
-profile (`python -m titan_exp.calibrate --world N`), or round-number defaults, which the output
+profile (`python -m titan_exp.perf.calibrate --world N`), or round-number defaults, which the output
 says, with how far off the defaults were the last time they were checked against real runs.
 Memory comes from titan_exp.perf.memory.
 """
@@ -131,7 +131,7 @@ def profile_line(profile: MachineProfile) -> str:
         how = (f"the last check against {seen['runs']} real runs ({seen['when']}) found a median error of "
                f"{seen['median_abs_error']:.0%}" if seen else "never checked against real runs on this machine")
         return (f"times from DEFAULT costs (no profile for this machine and world size: run python -m "
-                f"titan_exp.calibrate --world {profile.key['world']}); {how}")
+                f"titan_exp.perf.calibrate --world {profile.key['world']}); {how}")
     c = profile.corrections
     fitted = f", refit to {c.measurements} measured runs" if c.measurements else ""
     return f"times predicted from the measured machine profile {profile.name} ({profile.created}{fitted})"
@@ -166,7 +166,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
     }
     folder.mkdir(parents=True, exist_ok=True)
     out = folder / f"{name}.yaml"
-    header = (f"# Written by python -m titan_exp.plan {' '.join(base_overrides)}\n"
+    header = (f"# Written by python -m titan_exp.perf.plan {' '.join(base_overrides)}\n"
               f"# The {len(chosen)} fastest predicted layouts that fit; run: python launch.py -m +sweep={name} "
               f"{' '.join(base_overrides)}\n")
     out.write_text(header + yaml.safe_dump(preset, sort_keys=False))
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from titan_exp.config import compose_job
 
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.plan", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., training....)")
     parser.add_argument("--world", type=int, required=True, help="devices (ranks) to plan for")
     parser.add_argument("--device-memory-gib", type=float, default=None,
