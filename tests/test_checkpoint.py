@@ -258,6 +258,7 @@ def test_load_step_that_does_not_exist(fsdp2_run):
     assert sorted(p.name for p in run_dir.iterdir()) == before
 
 
+@pytest.mark.quick
 def test_checkpoint_of_another_model_shape(fsdp2_run, tmp_path):
     step6 = copy_checkpoint(fsdp2_run, tmp_path)
     error = launch_errors([*STEPS, "model.n_layers=4", "model.dim=128", "model.n_heads=8",
@@ -267,6 +268,7 @@ def test_checkpoint_of_another_model_shape(fsdp2_run, tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupted", "missing", "unmarked"])
+@pytest.mark.quick
 def test_damaged_checkpoint(damage, fsdp2_run, tmp_path):
     step6 = copy_checkpoint(fsdp2_run, tmp_path)
     shard = step6 / "__1_0.distcp"

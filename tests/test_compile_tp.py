@@ -30,6 +30,7 @@ def test_upstream_async_redistribute_into_a_compiled_block():
     _repro("async")
 
 
+@pytest.mark.quick
 def test_sync_redistribute_into_a_compiled_block():
     """The workaround titan_exp uses (parallel/tensor.py), in the same torch-only repro."""
     _repro("sync")

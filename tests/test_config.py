@@ -48,6 +48,7 @@ def test_published_llama3_shapes():
     assert job_config(["model=llama3_8b"]).model.ffn_hidden_dim == 14336
 
 
+@pytest.mark.quick
 def test_resolve_fills_derived_values():
     job = resolve(job_config(["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2"]))
     assert job.parallelism.data_parallel_shard_degree == 4
@@ -169,6 +170,7 @@ BAD_CHOICES = [
 
 
 @pytest.mark.parametrize("override,field,choices", BAD_CHOICES, ids=[o for o, _, _ in BAD_CHOICES])
+@pytest.mark.quick
 def test_bad_choice_is_rejected_at_composition(override, field, choices):
     with pytest.raises(ConfigCompositionException) as exc:
         job_config([override])
@@ -186,6 +188,7 @@ def test_bad_config_is_rejected_with_a_clear_message(overrides, message):
         assert error.split(" = ")[0].split(".")[0] in groups, error
 
 
+@pytest.mark.quick
 def test_every_error_is_reported_at_once():
     errors = validate(job_config(["training.steps=0", "optimizer.lr=-1", "model.dim=250"]), cuda=False)
     assert len(errors) == 1  # counts are checked first: the others divide by them

@@ -30,6 +30,7 @@ def test_default_corpus_is_real_text_on_disk():
     assert default_corpus() == default_corpus()  # cached by content, stable
 
 
+@pytest.mark.quick
 def test_tokenizer_round_trip(tokenizer):
     assert tokenizer.vocab_size == 2048
     for text in ["def f(x):\n    return x ** 2", "Ünïcödé ✓ and emoji 🚀", "  leading spaces\ttabs\n\n"]:
@@ -50,6 +51,7 @@ def test_packing_concatenates_documents_into_shifted_rows(tmp_path, tokenizer):
     assert x1[0].tolist() == stream[9:17]  # rows are seq_len + 1 tokens, back to back
 
 
+@pytest.mark.quick
 def test_each_dp_rank_gets_its_slice_of_the_global_batch(tokenizer):
     single = loader(tokenizer, dp=1, local_batch=2)
     ranks = [loader(tokenizer, dp_rank=r, dp=4, local_batch=2) for r in range(4)]
@@ -60,6 +62,7 @@ def test_each_dp_rank_gets_its_slice_of_the_global_batch(tokenizer):
         assert torch.equal(torch.cat(parts), whole)
 
 
+@pytest.mark.quick
 def test_position_resumes_exactly_even_across_passes(tokenizer):
     first = loader(tokenizer, global_batch=64, local_batch=64, seq_len=256)
     for _ in range(12):  # more than one pass over the corpus
@@ -268,6 +271,7 @@ def token_loader(store, *, dp_rank=0, dp=1, global_batch=64, local_batch=64, seq
                        dp_rank=dp_rank, dp_degree=dp)
 
 
+@pytest.mark.quick
 def test_the_token_store_serves_the_streaming_batches_across_passes(store, tokenizer):
     """Prepared over 2 processes, in order: the same rows as the streaming loader, pass after
     pass (128k tokens, 16k per batch), and each of 4 ranks its slice of them."""

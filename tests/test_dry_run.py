@@ -26,7 +26,7 @@ LAYOUTS = {  # name: (overrides, the rank to build)
 }
 
 
-@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.quick) if n == "fsdp" else n for n in sorted(LAYOUTS)])
 def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
     overrides, rank = LAYOUTS[name]
     code, summary = run_job([*SMALL_MODEL, *WORLD_64, *overrides, "cluster.dry_run=true",
@@ -64,6 +64,7 @@ def test_dry_run_at_world_512_shards_by_512(tmp_path):
     assert report["measured"]["states_gib"] == pytest.approx(report["predicted"]["states"], rel=0.05)
 
 
+@pytest.mark.quick
 def test_dry_run_rank_outside_the_layout_is_refused(tmp_path):
     code, summary = run_job([*SMALL_MODEL, *WORLD_64, "parallelism=fsdp", "training.global_batch_size=64",
                              "training.local_batch_size=1", "cluster.dry_run=true", "cluster.dry_run_rank=64"],

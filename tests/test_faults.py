@@ -51,6 +51,7 @@ def test_abort_after_a_successful_run_is_not_a_failure(tmp_path, monkeypatch):
     assert "ending this rank" in (tmp_path / "logs" / "rank-1.log").read_text()
 
 
+@pytest.mark.quick
 def test_nan_stops_before_the_update_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
     from titan_exp.checkpoint import complete_steps
 

@@ -36,6 +36,7 @@ TARGETS = [
 
 
 @pytest.mark.parametrize("args,message", TYPOS + TARGETS, ids=[" ".join(a) for a, _ in TYPOS + TARGETS])
+@pytest.mark.quick
 def test_launch_refuses_before_hydra_runs(tmp_path, args, message):
     out = subprocess.run([sys.executable, str(REPO / "launch.py"), *args, f"hydra.run.dir={tmp_path / 'run'}",
                           f"hydra.sweep.dir={tmp_path / 'sweep'}"], cwd=tmp_path, capture_output=True, text=True)
@@ -95,6 +96,7 @@ def test_hydra_extension_points(tmp_path):
     assert "+experiment=shrot: no such preset; did you mean short?" in out.stderr
 
 
+@pytest.mark.quick
 def test_shipped_configs_only_use_allowed_targets():
     from titan_exp.guard import CONF, config_file_errors
 
@@ -169,6 +171,7 @@ def test_secrets_stay_out_of_the_run_dir(tmp_path):
     ("HF_HOME", "/scratch/hf", False), ("KEYBOARD", "us", False),
     ("MY_SETTING", "hf_abcdefghijklmnop", True), ("MY_SETTING", "a1b2c3d4e5f6a7b8c9d0e1f2a3b4c5d6e7", True),
 ])
+@pytest.mark.quick
 def test_secret_names_by_word_and_values_by_shape(name, value, secret):
     """cluster.env is written to the run dir: a secret's name (a whole word such as TOKEN or KEY) or a
     value that looks like a key is refused; settings like TOKENIZERS_PARALLELISM and NCCL_* pass."""

@@ -41,6 +41,7 @@ def ours_from(folder) -> tuple[Transformer, ModelConfig]:
 
 
 @pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+@pytest.mark.quick
 def test_hf_weights_load_into_ours_with_the_same_logits(tmp_path, tie):
     theirs = tiny_llama(tmp_path, tie=tie)
     ours, cfg = ours_from(tmp_path)
@@ -61,6 +62,7 @@ def test_the_rope_permutation_matters(tmp_path):
         assert (ours(tokens) - theirs(tokens).logits).abs().max() > 1e-2
 
 
+@pytest.mark.quick
 def test_our_export_loads_in_transformers_with_the_same_logits(tmp_path):
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=2048, max_seq_len=128)
     ours = Transformer(cfg)

@@ -83,6 +83,7 @@ def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
     ("metrics.enable_wandb", "wandb", "wandb"),
     ("metrics.enable_tensorboard", "tensorboard", "tensorboard"),
 ])
+@pytest.mark.quick
 def test_a_feature_whose_extra_is_missing_says_what_to_install(field, module, extra, monkeypatch):
     monkeypatch.setitem(sys.modules, module, None)  # Python's own way of making a module unimportable
     errors = validate(job_config([f"{field}=true"]), cuda=False)

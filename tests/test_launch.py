@@ -41,6 +41,7 @@ def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
     assert "global_batch_size: 8" in (b.path / "config.yaml").read_text()
 
 
+@pytest.mark.quick
 def test_invalid_config_starts_nothing_and_writes_nothing(tmp_path):
     out = launch_cli([f"hydra.run.dir={tmp_path}", "parallelism=tp", "parallelism.tensor_parallel_degree=3"])
     assert out.returncode == 2
@@ -78,6 +79,7 @@ def test_multirun_records_invalid_members_and_goes_on(tmp_path):
     assert invalid["status"] == "invalid" and "does not divide model.n_heads" in invalid["error"]
 
 
+@pytest.mark.quick
 def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
     """glibc's dynamic threshold lets FSDP's buffers fragment the heap (RSS ~2x); ranks get a
     fixed one unless the user set their own or asked for glibc's default."""

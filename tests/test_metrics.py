@@ -22,6 +22,7 @@ def test_throughput_and_mfu():
     assert short.steady()["tps_per_device"] == pytest.approx(100)
 
 
+@pytest.mark.quick
 def test_step_history_reads_each_step_once_in_order():
     import time
 

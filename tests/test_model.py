@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from conftest import job_config
 from titan_exp.models.llama import Transformer, apply_rope, flops_per_token, rope_tables
+
+pytestmark = pytest.mark.quick
 
 
 def test_debugmodel_flops_per_token_by_hand():

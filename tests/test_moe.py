@@ -63,6 +63,7 @@ def _layer(**fields):
 
 
 @pytest.mark.parametrize("score_func", ["softmax", "sigmoid"])
+@pytest.mark.quick
 def test_moe_layer_equals_a_token_by_token_reference(score_func):
     """Dispatch (sort by expert, run each expert on its rows, weigh, add back) against looping over
     tokens and their chosen experts; the bias picks experts but never weighs them."""
@@ -167,6 +168,7 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
     (["model=moe_debug", "model.n_dense_layers=6"], "model.n_dense_layers = 6: leaves no MoE layer"),
     (["model=moe_debug", "checkpoint.last_save_in_hf=true"], "checkpoint.last_save_in_hf = True: Hugging Face export"),
 ])
+@pytest.mark.quick
 def test_invalid_moe_configs_are_refused_by_name(overrides, message):
     from titan_exp.validation import validate
 
@@ -174,6 +176,7 @@ def test_invalid_moe_configs_are_refused_by_name(overrides, message):
     assert any(message in e for e in errors), errors
 
 
+@pytest.mark.quick
 def test_planner_searches_expert_parallel():
     from titan_exp.perf.profile import defaults
     from titan_exp.perf.plan import plan

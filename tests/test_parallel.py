@@ -54,11 +54,14 @@ LAYOUTS = {
 # Every 2-rank layout, and FSDP 4, HSDP 2x2 and the 8-rank 3D run by default; the other 4+ rank
 # compositions are marked slow.
 DEFAULT = {"fsdp4", "hsdp2x2", "pp2_fsdp2_tp2"}
+QUICK = {"fsdp2", "tp2", "pp2_1F1B", "cp2"}  # one of each technique: `python -m pytest -m quick`
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=slow) if w >= 4 and n not in DEFAULT else n for n, (_, w) in LAYOUTS.items()]
-)
+def marks(name: str, world: int) -> list:
+    return [pytest.mark.slow] * (world >= 4 and name not in DEFAULT) + [pytest.mark.quick] * (name in QUICK)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n, w)) for n, (_, w) in LAYOUTS.items()])
 def test_layout_matches_single_process(name, reference, tmp_path):
     overrides, world = LAYOUTS[name]
     code, summary = run_job([*SMALL, *VALIDATION, *overrides], tmp_path)

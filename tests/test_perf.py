@@ -45,6 +45,7 @@ def base():
     return job_config([*SMALL, *TINY, "training.local_batch_size=8"])
 
 
+@pytest.mark.quick
 def test_more_tp_more_tp_communication(base):
     profile = synthetic(base, 8)
     tp2 = predict_step(layout(base, tp=2, dp_shard=4), profile)
@@ -128,6 +129,7 @@ def test_dims_across_nodes_pay_the_inter_node_costs(base):
     assert again.inter_node == slow.inter_node and again.collective("all_reduce", 2, True) == Line(1e-3, 1e-8)
 
 
+@pytest.mark.quick
 def test_fresh_memory_over_the_mmap_threshold():
     """On a CPU a step pays page faults for each tensor glibc maps afresh, those at or over
     cluster.cpu_malloc_mmap_threshold_mib: 100M's FSDP flat buffers (25 MB a block) at the
@@ -156,6 +158,7 @@ def test_fresh_memory_over_the_mmap_threshold():
     assert "fresh_memory" not in predict_step(fsdp, profile, cuda=True).parts
 
 
+@pytest.mark.quick
 def test_heap_slack_under_the_mmap_threshold():
     """On a CPU the FSDP per-block buffers under the mmap threshold come from glibc's heap, which
     holds every block's flat buffers and one block's gathered weights and gradients beyond the
@@ -243,6 +246,7 @@ def test_a_measured_tp_optimizer_phase_replaces_the_per_parameter_cost(base):
     assert optimizer(layout(base, tp=2, dp_shard=4), plain) < 0.01
 
 
+@pytest.mark.quick
 def test_refit_recovers_a_scale(base):
     profile = synthetic(base, 4)
     jobs = [layout(base, dp_shard=4), layout(base, dp_replicate=4), layout(base, tp=2, dp_shard=2), layout(base, pp=4),
@@ -259,6 +263,7 @@ def test_refit_recovers_a_scale(base):
     assert rate == pytest.approx(500) and low < rate < high
 
 
+@pytest.mark.quick
 def test_measurements_compared_are_timed_in_the_same_rounds():
     """perf.timing.side_by_side: every Runs' fns are timed in each round before the next round
     starts (a block and the real model's block, compared, then see the same spell of the
@@ -324,6 +329,7 @@ def test_plan_prints_times_and_the_profile(tmp_path):
     assert "| step s | tokens/s/device |" in out.stdout
 
 
+@pytest.mark.quick
 def test_the_grid_estimate_prices_compile_from_compiled_members(base):
     """Autotune's estimate of the whole grid's machine time takes each candidate's start-up from
     the measured members compiled alike: a compiled member's compile is not an eager member's."""

@@ -21,6 +21,7 @@ BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=
 
 
 @pytest.mark.parametrize("world", [1, 2, 4, 6, 8])
+@pytest.mark.quick
 def test_enumeration_is_every_valid_layout(world):
     """Brute force: every 5-tuple of degrees in 1..world, kept if its product is the world and
     the validator accepts it. The planner must find exactly those."""
@@ -37,6 +38,7 @@ def test_enumeration_is_every_valid_layout(world):
     assert len(found) >= {1: 1, 2: 4, 4: 10, 6: 0, 8: 10}[world]  # 6 ranks: nothing divides heads and batch
 
 
+@pytest.mark.quick
 def test_memory_model_shards_states_and_ranks_by_fit():
     job = job_config(BASE)
     single = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), 8))

@@ -53,7 +53,7 @@ def test_precision_trains_in_every_layout(precision, layout, bf16_reference, tmp
 
 @pytest.mark.parametrize(
     "ac,layout",
-    [(["activation_checkpoint.mode=full"], "single"),
+    [pytest.param(["activation_checkpoint.mode=full"], "single", marks=pytest.mark.quick),
      (["activation_checkpoint.mode=selective"], "single"),
      (["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=2"], "single"),
      (["activation_checkpoint.mode=selective"], "fsdp2"),

@@ -10,6 +10,7 @@ from conftest import job_config
 from titan_exp.record import FINAL, RunDir, RunSummary, Status
 
 
+@pytest.mark.quick
 def test_summary_round_trips_through_the_file(tmp_path):
     job = job_config(["parallelism=3d"])
     summary = RunSummary.of(job, Status.pending, tmp_path, slurm_job_id="12_3")

@@ -200,6 +200,7 @@ def test_sbatch_refusal_is_reported(slurm, tmp_path):
 
 # --- without a controller -------------------------------------------------------------------------
 
+@pytest.mark.quick
 def test_sbatch_parameters_from_the_cluster_config():
     from titan_exp.cluster.slurm.submit import sbatch_parameters
     from titan_exp.validation import resolve
@@ -228,6 +229,7 @@ def test_sbatch_parameters_from_the_cluster_config():
     (["cluster.mem_gb=0"], "cluster.mem_gb = 0: must be >= 1"),
     (["+cluster.env={BAD-NAME: x}"], "cluster.env = ['BAD-NAME']: environment variable names"),
 ])
+@pytest.mark.quick
 def test_static_cluster_errors(overrides, message):
     from titan_exp.validation import validate
 
@@ -245,6 +247,7 @@ def test_slurm_time_limits_parse():
     assert _slurm_time_min("1-12") == 36 * 60
 
 
+@pytest.mark.quick
 def test_code_snapshot_is_a_copy_of_the_package(tmp_path):
     from titan_exp.cluster.slurm.submit import PACKAGE, snapshot_code
 

@@ -65,6 +65,7 @@ def test_report_takes_its_numbers_from_the_summaries(sweep):
     assert "| 1 |" in (path / "report.md").read_text()
 
 
+@pytest.mark.quick
 def test_report_of_a_sweep_still_running(sweep, tmp_path):
     path, _ = sweep
     partial = tmp_path / "partial"
@@ -79,6 +80,7 @@ def test_report_of_a_sweep_still_running(sweep, tmp_path):
     assert statuses[members[0].name] == "pending" and statuses[members[1].name] == "running"
 
 
+@pytest.mark.quick
 def test_named_sweep_presets_compose():
     """Each preset in sweeps/ is selectable (`+sweep=NAME`) and sweeps what it says."""
     for name in ("layouts_2", "ladder", "reshard", "ac", "pp_schedules"):

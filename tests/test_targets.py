@@ -52,6 +52,7 @@ def test_a_users_classes_plug_in_from_the_command_line(tmp_path):
     # A prefix is whole modules: allowing `torch.optim` is not allowing `torch.optimx`.
     (["model._target_=torch.optimx.Evil"], "model: _target_ 'torch.optimx.Evil' is not allowed"),
 ])
+@pytest.mark.quick
 def test_the_guard_refuses_targets_outside_the_allow_list(argv, message):
     assert any(message in e for e in check_argv(argv)), check_argv(argv)
 
