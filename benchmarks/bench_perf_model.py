@@ -34,7 +34,7 @@ from conftest import job_config, run_job  # noqa: E402
 
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
 from titan_exp.perf.profile import this_machine  # noqa: E402
-from titan_exp.perf.plan import plan  # noqa: E402
+from titan_exp.perf.planner import plan  # noqa: E402
 
 # By default the runs are measured as a user runs them: cluster.cpu_malloc_mmap_threshold_mib at its
 # default (16 MiB). --threshold-mib 1 makes the peak RSS track memory in use (glibc's heap keeps the

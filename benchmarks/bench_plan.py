@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from conftest import job_config, run_job  # noqa: E402
 
-from titan_exp.perf.plan import layout_overrides, predict_memory, valid_layouts  # noqa: E402
+from titan_exp.perf.planner import layout_overrides, predict_memory, valid_layouts  # noqa: E402
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=4",
         "training.steps=3", "metrics.log_freq=3", "lr_scheduler.warmup_steps=1",

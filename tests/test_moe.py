@@ -179,7 +179,7 @@ def test_invalid_moe_configs_are_refused_by_name(overrides, message):
 @pytest.mark.quick
 def test_planner_searches_expert_parallel():
     from titan_exp.perf.profile import defaults
-    from titan_exp.perf.plan import plan
+    from titan_exp.perf.planner import plan
 
     job = job_config(["model=moe_debug", "training.seq_len=64", "training.global_batch_size=8"])
     plans = {pl.name: pl for pl in plan(job, 4, device_memory_gib=100, profile=defaults("cpu", "gloo", 4, 1))}

@@ -19,7 +19,7 @@ from titan_exp.perf.memory_cpu import fresh_bytes
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key, model_shape
 from titan_exp.perf.shapes import block_tensors
 from titan_exp.perf.step import across_nodes, predict_step
-from titan_exp.perf.plan import with_layout
+from titan_exp.perf.planner import with_layout
 
 TINY = ["model.n_layers=4", "training.seq_len=64"]
 
@@ -322,7 +322,8 @@ def test_calibration_profile_file(tmp_path):
 
 
 def test_plan_prints_times_and_the_profile(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *TINY, "--world", "4", "--profile-dir", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *TINY, "autotune.calibrate=false", "--world", "4",
+                          "--profile-dir", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "DEFAULT costs" in out.stdout and "python -m titan_exp.perf.calibrate --world 4" in out.stdout
@@ -335,6 +336,7 @@ def test_the_grid_estimate_prices_compile_from_compiled_members(base):
     the measured members compiled alike: a compiled member's compile is not an eager member's."""
     from titan_exp.config import AutotuneAxis
     from titan_exp.perf.autotune import Autotune, Member, candidates
+    from titan_exp.perf.fit import Check
 
     job = dataclasses.replace(base, autotune=dataclasses.replace(base.autotune, search=[AutotuneAxis.layout, AutotuneAxis.compile]))
     profile = synthetic(base, 2)
@@ -350,7 +352,7 @@ def test_the_grid_estimate_prices_compile_from_compiled_members(base):
         c.members.append(Member(0, "run", "ok", steps, wall_s=start + sum(steps)))
     tune = Autotune(job, [], launch=lambda batch: [], sweep_dir=Path("."), cuda=False, profile=profile)
     tune.tokens_per_step = job.training.global_batch_size * job.training.seq_len  # as run() sets it
-    record = tune._record(grid, None, "done", 60.0)
+    record = tune._record(grid, None, "done", 60.0, Check(0.1, "then", "here"))
     steps = sum((a.warmup_steps + a.steps) * c.predicted_step_s for c in grid)
     assert record["grid"]["estimated_s"] == pytest.approx(steps + 5.0 * len(eager) + 20.0 * len(compiled))
 
@@ -383,40 +385,51 @@ def test_a_trace_counts_the_waits_for_collectives_and_transfers(tmp_path):
 
 
 def test_autotune_sweep(tmp_path, titan_cache):
-    """A real autotune sweep on 2 ranks: the memory model prunes, successive halving measures
-    3 then 2 members, profiling writes traces whose breakdown reaches the report, the record says
-    what happened, and the profile is refit."""
+    """A real autotune sweep on 2 ranks: the memory model prunes, the first round measures top_k
+    members, later rounds those whose measured interval reaches the fastest's, with twice the
+    steps, until one is left or the budget stops it; profiling writes traces whose breakdown
+    reaches the report, the record says what happened, and the profile is refit."""
     from titan_exp.perf.autotune import candidates
     from titan_exp.perf.profile import this_machine
+
+    from titan_exp.perf.planner import batch_splits, factorizations
 
     overrides = [*SMALL, *TINY, "training.local_batch_size=4", "cluster.nproc_per_node=2"]
     job = job_config(overrides)
     grid = candidates(job, 2, cuda=False, profile=this_machine(2), memory_gib=1e9)
-    largest = max(c.memory_gib for c in grid)
-    assert len(grid) >= 4 and largest > min(c.memory_gib for c in grid)
+    # Every layout runs at a split that fits where one does: memory prunes the layout whose
+    # every split needs more than the most frugal layout's.
+    least = [min(predict_memory(j)["total"] for j in splits)
+             for splits in (batch_splits(job, d, 8) for d in factorizations(2)) if splits]
+    largest = max(least)
+    assert len(grid) >= 4 and largest > min(least)
     sweep = tmp_path / "sweep"
     result = launch_cli(["-m", "+sweep=autotune", *overrides, f"hydra.sweep.dir={sweep}", "autotune.top_k=3",
                          "autotune.steps=2", "autotune.warmup_steps=1", f"autotune.device_memory_gib={largest - 1e-3}",
-                         "autotune.drop_slower_than=0",  # halving only: a noisy member is not dropped early
+                         "autotune.calibrate=false", "autotune.budget_minutes=2",
+                         "autotune.drop_slower_than=0",  # intervals only: a noisy member is not dropped early
                          "profiling.enable_profiling=true", "profiling.profile_freq=2",
                          "profiling.enable_memory_snapshot=true"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     record = json.loads((sweep / "autotune.json").read_text())
-    assert [len(r["members"]) for r in record["rounds"]] == [3, 2]
-    assert record["rounds"][1]["timed_steps"] == 2 * record["rounds"][0]["timed_steps"]
+    counts = [len(r["members"]) for r in record["rounds"]]
+    assert counts[0] == 3 and counts == sorted(counts, reverse=True)
+    assert all(r["timed_steps"] == 2 * q["timed_steps"] for q, r in zip(record["rounds"], record["rounds"][1:]))
+    assert record["stopped"].startswith(("budget", "the fastest one's measured interval clears the rest"))
     by_name = {c["name"]: c for c in record["candidates"]}
     assert any(c["pruned"].startswith("memory model") for c in by_name.values())
-    assert sum("outside the 3 measured" in c["pruned"] for c in by_name.values()) == record["grid"]["fit"] - 3
+    assert sum("outside the 3 measured (top_k)" in c["pruned"] for c in by_name.values()) == record["grid"]["fit"] - 3
     winner = record["winner"]
     low, high = winner["interval"]
-    assert len(winner["members"]) == 2 and low <= winner["measured_tokens_per_s"] <= high
-    loser = next(c for c in by_name.values() if len(c["members"]) == 1)
-    assert "round 0" in loser["pruned"]
+    assert len(winner["members"]) == len(counts) and low <= winner["measured_tokens_per_s"] <= high
+    for c in by_name.values():  # every measured loser says when and why it stopped
+        if c["members"] and c is not by_name[winner["name"]]:
+            assert c["pruned"].startswith(("round ", "measured slower than the winner")), c
     assert 0 < record["spent_s"] and 0 < record["grid"]["estimated_s"]  # the ratio is benchmarks/bench_autotune.py's
     # Every member is an ordinary run dir with traces; the report has the autotune section and the
     # trace's breakdown.
     members = sorted(p for p in sweep.iterdir() if (p / ".hydra").is_dir())
-    assert len(members) == 5
+    assert len(members) == sum(counts)
     assert all(len(list((m / "profile_traces").glob("iteration_2/rank*_trace.json"))) == 2 for m in members)
     phases = json.loads((members[0] / "memory_snapshot" / "rank1_memory_phases.json").read_text())
     assert [(p["step"], p["phase"]) for p in phases] == [(1, "forward_backward"), (1, "optimizer"),

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, compose, job_config
-from titan_exp.perf import plan
+from titan_exp.perf import planner
 from titan_exp.perf.memory import AS_COUNTED, GpuMemory
 from titan_exp.validation import validate
 
@@ -30,10 +30,10 @@ def test_enumeration_is_every_valid_layout(world):
     for degrees in itertools.product(range(1, world + 1), repeat=5):
         if math.prod(degrees) != world:
             continue
-        candidate = plan.with_layout(job, dict(zip(plan.MESH_DIMS, degrees)), 8)
+        candidate = planner.with_layout(job, dict(zip(planner.MESH_DIMS, degrees)), 8)
         if not validate(candidate, cuda=False):
             brute.add(degrees)
-    found = {tuple(plan.degrees_of(j).values()) for j in plan.valid_layouts(job, world)}
+    found = {tuple(planner.degrees_of(j).values()) for j in planner.valid_layouts(job, world)}
     assert found == brute
     assert len(found) >= {1: 1, 2: 4, 4: 10, 6: 0, 8: 10}[world]  # 6 ranks: nothing divides heads and batch
 
@@ -41,15 +41,15 @@ def test_enumeration_is_every_valid_layout(world):
 @pytest.mark.quick
 def test_memory_model_shards_states_and_ranks_by_fit():
     job = job_config(BASE)
-    single = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), 8))
+    single = planner.predict_memory(planner.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), 8))
     for n in (2, 4, 8):
-        fsdp = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=n, cp=1, tp=1), 8))
+        fsdp = planner.predict_memory(planner.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=n, cp=1, tp=1), 8))
         assert fsdp["states"] == pytest.approx(single["states"] / n)
-    ddp = plan.predict_memory(plan.with_layout(job, dict(pp=1, dp_replicate=4, dp_shard=1, cp=1, tp=1), 8))
+    ddp = planner.predict_memory(planner.with_layout(job, dict(pp=1, dp_replicate=4, dp_shard=1, cp=1, tp=1), 8))
     assert ddp["states"] == pytest.approx(single["states"])
-    full_ac = plan.predict_memory(job_config([*BASE, "activation_checkpoint.mode=full"]))
+    full_ac = planner.predict_memory(job_config([*BASE, "activation_checkpoint.mode=full"]))
     assert full_ac["activations"] + full_ac["checkpoints"] < single["activations"] / 4
-    plans = plan.plan(job, 4, device_memory_gib=1.2)  # DDP 4 (whole states per rank) cannot fit
+    plans = planner.plan(job, 4, device_memory_gib=1.2)  # DDP 4 (whole states per rank) cannot fit
     fits = [p.fits for p in plans]
     assert fits == sorted(fits, reverse=True) and True in fits and False in fits
     assert not next(p for p in plans if p.degrees["dp_replicate"] == 4).fits
@@ -70,7 +70,7 @@ def test_memory_model_counts_what_grows_at_scale():
 
     def memory(global_batch=8, job=job, **degrees):
         layout = dict(dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), **degrees)
-        return plan.predict_memory(plan.with_layout(job, layout, global_batch), cuda=True, gpu=AS_COUNTED)
+        return planner.predict_memory(planner.with_layout(job, layout, global_batch), cuda=True, gpu=AS_COUNTED)
 
     fsdp = memory(dp_shard=8)
     assert m.embedding_params > 2 * m.block_params
@@ -91,22 +91,22 @@ def test_memory_model_counts_what_grows_at_scale():
     assert eight["activations"] == pytest.approx(one["activations"])  # one block recomputed at a time
     # Over several microbatches the stage's unsharded fp32 gradients accumulate, on any device.
     for cuda in (True, False):
-        single, several = (plan.predict_memory(plan.with_layout(pipeline, dict(
+        single, several = (planner.predict_memory(planner.with_layout(pipeline, dict(
             pp=4, dp_replicate=1, dp_shard=2, cp=1, tp=1), n), cuda=cuda) for n in (2, 16))
         assert several["fsdp_working_set"] > single["fsdp_working_set"] * 1.5
 
     # On a GPU the kernels keep a share of the CPU-fitted activation count and the caching
     # allocator's slack grows what comes and goes (GpuMemory, fitted on TorchTitan's 8B rows).
-    gpu, layout = GpuMemory(), plan.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1), 8)
-    on_gpu, on_cpu = plan.predict_memory(layout, cuda=True), plan.predict_memory(layout)
+    gpu, layout = GpuMemory(), planner.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1), 8)
+    on_gpu, on_cpu = planner.predict_memory(layout, cuda=True), planner.predict_memory(layout)
     assert on_gpu["states"] == fsdp["states"] and on_gpu["checkpoints"] == fsdp["checkpoints"]
     assert on_gpu["activations"] == pytest.approx(fsdp["activations"] * gpu.activation_scale)
     assert on_gpu["allocator"] == pytest.approx(
         (gpu.allocator_overhead - 1) * (on_gpu["activations"] + fsdp["checkpoints"] + fsdp["logits"]))
     # A CPU's slack is glibc's heap, not GpuMemory's (tests/test_perf.py::test_heap_slack_under_the_mmap_threshold).
-    assert on_cpu["allocator"] == plan.predict_memory(layout, gpu=AS_COUNTED)["allocator"] < on_gpu["allocator"]
+    assert on_cpu["allocator"] == planner.predict_memory(layout, gpu=AS_COUNTED)["allocator"] < on_gpu["allocator"]
 
-    no_loss_parallel = plan.predict_memory(plan.with_layout(
+    no_loss_parallel = planner.predict_memory(planner.with_layout(
         job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1", "precision=bf16",
                     "parallelism.disable_loss_parallel=true"]), dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8), 1),
         cuda=True, gpu=AS_COUNTED)
@@ -114,13 +114,14 @@ def test_memory_model_counts_what_grows_at_scale():
 
 
 def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
-    proc = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *BASE, "--world", "4", "--top", "3",
+    proc = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *BASE, "autotune.calibrate=false", "--world", "4",
+                           "--top", "3",
                            "--device-memory-gib", "8"], cwd=REPO, capture_output=True, text=True, check=True)
     assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
     job = job_config(BASE)
-    plans = plan.plan(job, 4, device_memory_gib=8)
+    plans = planner.plan(job, 4, device_memory_gib=8)
     monkeypatch.setenv("TITAN_EXP_SWEEPS", str(tmp_path))  # the user's sweeps/, never the package
-    out = plan.write_sweep(plans, "p4", 3, BASE)
+    out = planner.write_sweep(plans, "p4", 3, BASE)
     assert out == tmp_path / "p4.yaml"
     preset = yaml.safe_load(out.read_text())
     choices = preset["hydra"]["sweeper"]["params"]["+plan_layout"].split(",")

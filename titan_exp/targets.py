@@ -74,7 +74,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
                                                  f"if it is your own code, add its module: allowed_targets=[{target.split('.')[0]}]"))
             continue
         try:
-            obj = pydoc.locate(target)  # what Hydra will import, without its error log
+            obj, takes = _located(target)
         except pydoc.ErrorDuringImport as exc:
             errors.append(problem(field, target, f"its module fails to import ({exc.exc.__name__}: {exc.value})"))
             continue
@@ -85,12 +85,26 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         if not callable(obj):
             errors.append(problem(field, target, "is not a class or function"))
             continue
-        takes = _parameters(obj)
         for key, value in getattr(job, name).kwargs.items():
             if takes is not None and key not in takes:
                 errors.append(problem(f"{name}.kwargs.{key}", value, f"{target} takes no argument {key!r}; it takes "
                                                                      f"{', '.join(takes)}"))
     return errors
+
+
+_LOCATED: dict[str, tuple[Any, list[str] | None]] = {}
+
+
+def _located(target: str) -> tuple[Any, list[str] | None]:
+    """What Hydra will import for `target` (pydoc.locate, without Hydra's error log) and the keyword
+    arguments it names; a callable found is kept for the process (the planner validates thousands
+    of layouts of one config), a miss is looked up again."""
+    if target not in _LOCATED:
+        obj = pydoc.locate(target)
+        if obj is None or not callable(obj):
+            return obj, None
+        _LOCATED[target] = obj, _parameters(obj)
+    return _LOCATED[target]
 
 
 def _parameters(target: Any) -> list[str] | None:

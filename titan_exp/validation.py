@@ -14,6 +14,7 @@ resolved config it reads.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 from titan_exp import metrics, precision, record, targets, watchdog
@@ -38,17 +39,21 @@ class ConfigError(ValueError):
         super().__init__("invalid config:\n  - " + "\n  - ".join(errors))
 
 
+@functools.cache
+def _bounds() -> tuple[tuple[str, str, int], ...]:
+    """(group, field, lower bound) of every schema field that has one (`doc(..., min=...)`)."""
+    return tuple((group.name, f.name, f.metadata["min"]) for group in dataclasses.fields(JobConfig)
+                 if dataclasses.is_dataclass(group.default_factory)
+                 for f in dataclasses.fields(group.default_factory) if f.metadata.get("min") is not None)
+
+
 def bound_errors(job: JobConfig) -> list[str]:
     """Every field whose schema gives a lower bound (`min`) and whose value is below it."""
     errors = []
-    for group in dataclasses.fields(job):
-        node = getattr(job, group.name)
-        if not dataclasses.is_dataclass(node):
-            continue  # allowed_targets
-        for f in dataclasses.fields(node):
-            low = f.metadata.get("min")
-            if low is not None and getattr(node, f.name) < low:
-                errors.append(problem(f"{group.name}.{f.name}", getattr(node, f.name), f"must be >= {low}"))
+    for group, name, low in _bounds():
+        value = getattr(getattr(job, group), name)
+        if value < low:
+            errors.append(problem(f"{group}.{name}", value, f"must be >= {low}"))
     return errors
 
 

@@ -8,6 +8,8 @@ from titan_exp.config.schema import JobConfig, problem
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
     a, e = job.autotune, []
+    if a.top_k is not None and a.top_k < 1:
+        e.append(problem("autotune.top_k", a.top_k, "must be >= 1, or null for every candidate that may be the fastest"))
     if not a.budget_minutes > 0:
         e.append(problem("autotune.budget_minutes", a.budget_minutes, "must be > 0"))
     if not 0 <= a.drop_slower_than < 1:

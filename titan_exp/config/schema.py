@@ -510,11 +510,15 @@ AutotuneAxis = choices("AutotuneAxis", "layout activation_checkpoint compile pre
 
 @dataclass
 class AutotuneConfig:
-    """`python launch.py -m +sweep=autotune`: predict every candidate, measure the best few with
-    successive halving (titan_exp.perf.autotune)."""
+    """`python launch.py -m +sweep=autotune`: predict every candidate, measure those that may be the
+    fastest, round after round until one is (titan_exp.perf.autotune)."""
 
     search: List[AutotuneAxis] = doc([AutotuneAxis.layout], "the axes to search, a list: autotune.search=[layout,compile]")
-    top_k: int = doc(6, "candidates measured in the first round (the best predicted that fit)", min=1)
+    top_k: Optional[int] = doc(None, "at most this many candidates in the first round; null = every one whose "
+                               "predicted interval reaches the best one's")
+    calibrate: bool = doc(True, "autotune and `python -m titan_exp.perf.plan` first measure what the machine profile "
+                          "lacks (the model's block at every TP degree, compile if searched, the collectives); "
+                          "false = estimate it from FLOPs, and say so")
     budget_minutes: float = doc(30.0, "machine time the measuring may take; rounds that would overrun are not started")
     warmup_steps: int = doc(2, "untimed steps at the start of every member (compile, allocator)", min=0)
     steps: int = doc(4, "timed steps per member in the first round; each later round doubles them", min=2)

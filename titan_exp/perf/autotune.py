@@ -1,21 +1,30 @@
-"""Autotune: predict every candidate, measure the best few, report the fastest.
+"""Autotune: predict every candidate, measure those that may be the fastest, report the fastest.
 
     python launch.py -m +sweep=autotune cluster.nproc_per_node=4 [model=...] [autotune.search=[layout,activation_checkpoint]]
 
-1. Candidates: every valid layout of the world size (titan_exp.perf.plan), times the values of each
-   other axis in `autotune.search` (AC mode, compile, precision, local batch, PP microbatch), at
-   the job's global batch, each checked by the validator the launcher runs.
-2. Pruning: the memory model drops what would not fit; the performance model (with this
-   machine's profile, `python -m titan_exp.perf.calibrate`) ranks the rest by tokens/s per device, and
-   the first `autotune.top_k` are measured; as many as `autotune.budget_minutes` allows.
-3. Successive halving: each round runs the survivors for `warmup_steps` + `steps` x 2^round
-   steps as ordinary sweep members (their own run dirs), pools each candidate's timed steps over
-   its rounds, drops members that failed or ran out of memory and those slower than
-   `drop_slower_than` x the round's fastest, then keeps the faster half; until one is left or the
-   next round would overrun the budget.
+0. Calibration: what the machine profile lacks for these candidates (the model's block at every
+   TP degree, compile when searched, the collectives at the world size) is measured first,
+   through the job's executor (titan_exp.perf.calibrate.cover); its time counts in the machine
+   time the record reports. With autotune.calibrate=false those parts are FLOPs estimates, and
+   the record's first line says so and how far off such estimates were when last checked.
+1. Candidates: every valid layout of the world size (titan_exp.perf.planner), times the values of
+   each other axis in `autotune.search` (AC mode, compile, precision), at the job's global batch,
+   each checked by the validator the launcher runs. Each runs at its fastest predicted split of
+   the global batch (local batch and accumulation, PP microbatch), or at every split the search
+   names (local_batch_size, microbatch_size): a layout is never dropped for want of a split.
+2. Pruning: the memory model drops what would not fit. Each prediction gets an interval as wide
+   as the predictions' error when last checked (perf.fit.last_check); every candidate whose
+   interval reaches the best one's is measured (at most `autotune.top_k`, and as many as
+   `autotune.budget_minutes` allows).
+3. Rounds: each runs the survivors for `warmup_steps` + `steps` x 2^round steps as ordinary sweep
+   members (their own run dirs), pools each candidate's timed steps over its rounds, drops members
+   that failed or ran out of memory, those slower than `drop_slower_than` x the round's fastest
+   and those whose measured interval lies below the fastest's; until the fastest one's interval
+   clears the rest, or the next round would overrun the budget.
 4. The record: `<sweep dir>/autotune.json` and `autotune.md` (the winner with its tokens/s and a
-   95 % interval, prediction vs measurement per member, what was pruned and why, machine time
-   spent vs the whole grid's); report.md includes it. The measured members refit the profile.
+   95 % interval, prediction vs measurement per member with its batch split, what was pruned and
+   why, machine time spent, calibration included, vs the whole grid's); report.md includes it.
+   The measured members refit the profile.
 
 The search is Hydra-free (`Autotune(..., launch=...)`); hydra_plugins/titan_exp_autotune wraps it
 as a Hydra sweeper, which keeps Hydra's multirun layout and callbacks (the report).
@@ -26,16 +35,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig
+from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig, layout_label
 from titan_exp.files import atomic_write
+from titan_exp.perf.calibrate import Coverage, cover
+from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
+from titan_exp.perf.memory import predict_memory
+from titan_exp.perf.planner import (batch_splits, device_memory_gib, factorizations, fastest, global_batch_of,
+                                    layout_overrides, split_label, with_layout)
+from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
+from titan_exp.perf.step import predict_step
 from titan_exp.record import RunDir, Status
+from titan_exp.validation import resolve
 
 logger = logging.getLogger("titan_exp.autotune")
 
@@ -45,8 +61,8 @@ def _key(override: str) -> str:
 
 
 # How a candidate's overrides read in its name.
-LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}",
-          "training.local_batch_size": "local batch {}", "parallelism.pipeline_parallel_microbatch_size": "microbatch {}"}
+LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}"}
+SPLIT_AXES = {AutotuneAxis.local_batch_size: "local batch {}", AutotuneAxis.microbatch_size: "microbatch {}"}
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -70,6 +86,7 @@ class Candidate:
     breakdown: dict[str, float]
     memory_gib: float
     fits: bool
+    split: str = ""  # planner.split_label: the batch split it runs with
     pruned: str = ""  # why it was not measured further; empty for the winner
     members: list[Member] = field(default_factory=list)
 
@@ -79,8 +96,6 @@ class Candidate:
 
     def measured(self, tokens_per_step: int, world: int) -> Optional[tuple[float, float, float]]:
         """(tokens/s per device, low, high of its 95 % interval) over every timed step."""
-        from titan_exp.perf.fit import throughput_interval
-
         return throughput_interval(self.times, tokens_per_step, world) if self.times else None
 
 
@@ -101,52 +116,50 @@ def _variant(job: JobConfig, overrides: list[str], axis: AutotuneAxis, cuda: boo
             preset = OmegaConf.merge(OmegaConf.structured(job.precision), OmegaConf.load(CONF / "precision" / f"{name}.yaml"))
             out.append((r(job, precision=OmegaConf.to_object(preset)), [*overrides, f"precision={name}"]))
         return out
-    p, t = job.parallelism, job.training
-    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
-    if axis == AutotuneAxis.local_batch_size:
-        per_rank = t.global_batch_size // dp
-        return [(r(job, training=r(t, local_batch_size=b)), [*overrides, f"training.local_batch_size={b}"])
-                for b in range(1, per_rank + 1) if per_rank % b == 0]
-    if axis == AutotuneAxis.microbatch_size and p.pipeline_parallel_degree > 1:
-        return [(r(job, parallelism=r(p, pipeline_parallel_microbatch_size=m)),
-                 [*overrides, f"parallelism.pipeline_parallel_microbatch_size={m}"])
-                for m in range(1, t.local_batch_size + 1) if t.local_batch_size % m == 0]
     return [(job, overrides)]
 
 
-def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: float) -> list[Candidate]:
-    """Every valid candidate, predicted; those that fit first, fastest first."""
-    from titan_exp.config import layout_label
-    from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.step import predict_step
-    from titan_exp.perf.plan import layout_overrides, valid_layouts, with_layout
-    from titan_exp.validation import resolve, validate
+def split_value(job: JobConfig, axis: AutotuneAxis) -> int | None:
+    """A split's value on a searched split axis (no microbatch without PP)."""
+    if axis == AutotuneAxis.local_batch_size:
+        return job.training.local_batch_size
+    p = job.parallelism
+    return p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else None
 
+
+def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: float) -> list[Candidate]:
+    """Every valid candidate, predicted; those that fit first, fastest first. Each layout (with
+    each value of the other axes) runs at its fastest predicted split of the global batch, or at
+    each value of the split axes the search names."""
     axes = job.autotune.search
     job = resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job
-    global_batch = job.training.global_batch_size
-    if AutotuneAxis.layout in axes:
-        layouts = valid_layouts(job, world, cuda=cuda)
-    else:
-        layouts = [with_layout(job, job.parallelism.layout, global_batch)]
+    global_batch = global_batch_of(job, world)
+    degree_sets = factorizations(world, job.model.n_experts) if AutotuneAxis.layout in axes else [job.parallelism.layout]
+    splits_searched = [a for a in axes if a in SPLIT_AXES]
     out, seen = [], set()
-    for base in layouts:
-        variants = [(base, [*layout_overrides(base), f"training.global_batch_size={base.training.global_batch_size}",
-                            f"cluster.nproc_per_node={world}"])]
+    for degrees in degree_sets:
+        variants: list[tuple[JobConfig, list[str]]] = [(with_layout(job, degrees, global_batch), [])]
         for axis in axes:
-            if axis != AutotuneAxis.layout:
+            if axis != AutotuneAxis.layout and axis not in SPLIT_AXES:
                 variants = [v for j, o in variants for v in _variant(j, o, axis, cuda)]
-        for variant, overrides in variants:
-            if validate(variant, cuda=cuda) or tuple(overrides) in seen:
-                continue
-            seen.add(tuple(overrides))
-            variant = resolve(variant)
-            step = predict_step(variant, profile, cuda=cuda)
-            memory = predict_memory(variant, cuda=cuda)["total"]
-            extras = [LABELS[_key(o)].format(o.split("=", 1)[1]) for o in overrides[len(layout_overrides(base)) + 2:]]
-            name = ", ".join([layout_label(variant.parallelism.layout), *extras])
-            out.append(Candidate(name, overrides, variant, step.step_s, step.tokens_per_s_per_device,
-                                 step.breakdown(), memory, memory <= memory_gib))
+        for variant, extra in variants:
+            by_searched: dict[tuple, list[JobConfig]] = {}
+            for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
+                by_searched.setdefault(tuple(split_value(split, a) for a in splits_searched), []).append(split)
+            for values, splits in by_searched.items():
+                best = fastest(splits, profile, cuda=cuda, memory_gib=memory_gib)
+                overrides = [*layout_overrides(best), f"training.global_batch_size={global_batch}",
+                             f"cluster.nproc_per_node={world}", *extra]
+                if tuple(overrides) in seen:
+                    continue
+                seen.add(tuple(overrides))
+                step = predict_step(best, profile, cuda=cuda)
+                memory = predict_memory(best, cuda=cuda)["total"]
+                labels = [LABELS[_key(o)].format(o.split("=", 1)[1]) for o in extra]
+                labels += [SPLIT_AXES[a].format(v) for a, v in zip(splits_searched, values) if v is not None]
+                name = ", ".join([layout_label(best.parallelism.layout), *labels])
+                out.append(Candidate(name, overrides, best, step.step_s, step.tokens_per_s_per_device,
+                                     step.breakdown(), memory, memory <= memory_gib, split=split_label(best)))
     return sorted(out, key=lambda c: (not c.fits, -c.predicted_tps))
 
 
@@ -166,9 +179,6 @@ class Autotune:
                  cuda: bool | None = None, profile=None):
         import torch
 
-        from titan_exp.perf.profile import this_machine
-        from titan_exp.perf.plan import device_memory_gib
-
         self.job, self.sweep_dir, self.launch = job, Path(sweep_dir), launch
         self.cuda = torch.cuda.is_available() if cuda is None else cuda
         self.world = job.world_size
@@ -178,10 +188,16 @@ class Autotune:
         self.tokens_per_step = 0
         self.rounds: list[dict[str, Any]] = []
         self.spent_s = 0.0
+        self.coverage = Coverage(self.profile, [], [], 0.0)
 
     def run(self) -> dict[str, Any]:
         a = self.job.autotune
         budget_s = a.budget_minutes * 60
+        compile = AutotuneAxis.compile in a.search or self.job.compile.enable
+        self.coverage = cover(self.job, self.world, self.profile, compile=compile, folder=None,
+                              run_dir=self.sweep_dir / "calibration")
+        self.profile, self.spent_s = self.coverage.profile, self.coverage.seconds
+        check = last_check(self.profile, estimated=bool(self.coverage.lacks))
         grid = candidates(self.job, self.world, cuda=self.cuda, profile=self.profile, memory_gib=self.memory_gib)
         if not grid:
             raise ValueError(f"autotune: no valid candidate on {self.world} ranks for autotune.search="
@@ -190,24 +206,16 @@ class Autotune:
         for c in grid:
             if not c.fits:
                 c.pruned = f"memory model: {c.memory_gib:.2f} GiB > {self.memory_gib:.2f} GiB per device"
-        fitting = [c for c in grid if c.fits]
-        chosen = fitting[: a.top_k]
-        # The first round within the budget: drop the lowest-ranked until its estimate fits.
-        def first_round_s(cs):
-            return sum(startup_estimate_s(c.job, self.cuda) + (a.warmup_steps + a.steps) * c.predicted_step_s for c in cs)
-        while len(chosen) > 1 and first_round_s(chosen) > budget_s:
-            chosen.pop()
-        for i, c in enumerate(fitting):
-            if c not in chosen:
-                c.pruned = (f"predicted {c.predicted_tps:,.0f} tokens/s/device, ranked {i + 1} of {len(fitting)} that fit: "
-                            f"outside the {len(chosen)} measured" + (" (budget)" if i < a.top_k else f" (top_k={a.top_k})"))
+        chosen = self._contenders([c for c in grid if c.fits], check, budget_s)
         survivors, round_no = chosen, 0
-        stop_reason = "one candidate left"
+        stop_reason = "one candidate measured"
         while survivors:
             steps = a.steps * 2**round_no
             self._measure(survivors, round_no, steps)
             survivors = self._select(survivors, round_no)
             if len(survivors) <= 1:
+                stop_reason = ("the fastest one's measured interval clears the rest" if len(chosen) > 1 and survivors
+                               else stop_reason if survivors else "no member finished")
                 break
             round_no += 1
             estimate = sum(self._cost_estimate(c, a.steps * 2**round_no) for c in survivors)
@@ -221,11 +229,35 @@ class Autotune:
         for c in survivors:
             if c is not winner and not c.pruned:
                 c.pruned = f"measured slower than the winner when the search stopped ({stop_reason})"
-        record = self._record(grid, winner, stop_reason, budget_s)
+        record = self._record(grid, winner, stop_reason, budget_s, check)
         if a.refit:
             record["refit"] = self._refit(grid)
         self._write(record)
         return record
+
+    def _contenders(self, fitting: list[Candidate], check: Check, budget_s: float) -> list[Candidate]:
+        """The candidates measured first: every one whose predicted interval reaches the best
+        one's (at most top_k), fewer if their first round's estimate would overrun the budget."""
+        a = self.job.autotune
+        if not fitting:
+            return []
+        floor = predicted_interval(fitting[0].predicted_tps, check)[0]
+        chosen = [c for c in fitting if predicted_interval(c.predicted_tps, check)[1] >= floor][: a.top_k]
+
+        def first_round_s(cs):
+            return sum(startup_estimate_s(c.job, self.cuda) + (a.warmup_steps + a.steps) * c.predicted_step_s for c in cs)
+
+        while len(chosen) > 1 and self.spent_s + first_round_s(chosen) > budget_s:
+            chosen.pop()
+        band = f"±{predicted_interval(1.0, check)[1] - 1:.0%}"
+        for i, c in enumerate(fitting):
+            if c in chosen:
+                continue
+            reaches = predicted_interval(c.predicted_tps, check)[1] >= floor
+            c.pruned = (f"predicted {c.predicted_tps:,.0f} tokens/s/device, ranked {i + 1} of {len(fitting)} that fit: "
+                        + (f"outside the {len(chosen)} measured ({'top_k' if a.top_k and i >= a.top_k else 'budget'})"
+                           if reaches else f"its interval ({band}) does not reach the best one's"))
+        return chosen
 
     def _member_overrides(self, c: Candidate, steps: int) -> list[str]:
         """The command line's overrides, but for the keys the candidate sets, then the candidate's."""
@@ -263,6 +295,8 @@ class Autotune:
                             "members": [dataclasses.asdict(m) for m in members]})
 
     def _select(self, cs: list[Candidate], round_no: int) -> list[Candidate]:
+        """The candidates that may still be the fastest: those that finished, reach drop_slower_than
+        of the fastest, and whose measured interval reaches the fastest one's."""
         a = self.job.autotune
         alive = []
         for c in cs:
@@ -273,16 +307,18 @@ class Autotune:
                 alive.append(c)
         if not alive:
             return []
-        rate = {id(c): c.measured(self.tokens_per_step, self.world)[0] for c in alive}
-        best = max(rate.values())
-        alive.sort(key=lambda c: -rate[id(c)])
-        keep = []
-        for i, c in enumerate(alive):
-            if rate[id(c)] < a.drop_slower_than * best:
-                c.pruned = (f"round {round_no}: {rate[id(c)]:,.0f} tokens/s/device, below {a.drop_slower_than:.0%} "
+        measured = {id(c): c.measured(self.tokens_per_step, self.world) for c in alive}
+        alive.sort(key=lambda c: -measured[id(c)][0])
+        best, best_low = measured[id(alive[0])][0], measured[id(alive[0])][1]
+        keep = [alive[0]]
+        for c in alive[1:]:
+            rate, _, high = measured[id(c)]
+            if rate < a.drop_slower_than * best:
+                c.pruned = (f"round {round_no}: {rate:,.0f} tokens/s/device, below {a.drop_slower_than:.0%} "
                             f"of the fastest ({best:,.0f})")
-            elif i >= math.ceil(len(alive) / 2) and len(alive) > 1:
-                c.pruned = f"round {round_no}: ranked {i + 1} of {len(alive)} measured; the faster half goes on"
+            elif high < best_low:  # NaN (one timed step) compares False: it stays
+                c.pruned = (f"round {round_no}: {rate:,.0f} tokens/s/device, its 95 % interval (up to {high:,.0f}) "
+                            f"below the fastest's ({best_low:,.0f} and up)")
             else:
                 keep.append(c)
         return keep
@@ -292,7 +328,8 @@ class Autotune:
         mean = statistics.fmean(c.times) if c.times else c.predicted_step_s
         return last.wall_s + (steps - len(last.step_times_s)) * mean
 
-    def _record(self, grid: list[Candidate], winner: Candidate | None, stop_reason: str, budget_s: float) -> dict:
+    def _record(self, grid: list[Candidate], winner: Candidate | None, stop_reason: str, budget_s: float,
+                check: Check) -> dict:
         a = self.job.autotune
         # The whole grid, each candidate once with the first round's steps: the measured
         # per-member overhead (start-up, and a compiled member's compile: the mean of the measured
@@ -312,13 +349,18 @@ class Autotune:
             m = c.measured(self.tokens_per_step, self.world)
             return {"name": c.name, "overrides": c.overrides, "predicted_tokens_per_s": c.predicted_tps,
                     "predicted_step_s": c.predicted_step_s, "predicted_breakdown_s": c.breakdown,
-                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "pruned": c.pruned,
+                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "split": c.split, "pruned": c.pruned,
                     "measured_tokens_per_s": m[0] if m else None, "interval": list(m[1:]) if m else None,
                     "prediction_error": c.predicted_tps / m[0] - 1 if m else None,
                     "members": [m.run_dir for m in c.members]}
 
+        cov = self.coverage
         return {
             "world": self.world, "profile": self.profile.name if self.profile.source != "defaults" else "defaults",
+            "calibration": {"measured": cov.lacked if cov.seconds else [], "seconds": cov.seconds,
+                            "estimated": cov.lacks,
+                            "estimates_line": estimates_line(cov.lacks, self.profile, None) if cov.lacks else ""},
+            "prediction_check": dataclasses.asdict(check) | {"band": BAND},
             "search": [s.value for s in a.search], "top_k": a.top_k, "budget_s": budget_s,
             "spent_s": self.spent_s, "spent_device_s": self.spent_s * self.world,
             "grid": {"candidates": len(grid), "fit": sum(c.fits for c in grid), "estimated_s": grid_s},
@@ -328,15 +370,14 @@ class Autotune:
         }
 
     def _refit(self, grid: list[Candidate]) -> dict:
-        from titan_exp.perf.fit import refit
-        from titan_exp.perf.profile import record_accuracy
-        from titan_exp.perf.step import predict_step
-
         runs = [(predict_step(c.job, self.profile, cuda=self.cuda), statistics.fmean(c.times)) for c in grid if c.times]
         if not runs:
             return {}
         fitted = refit(self.profile, runs)
-        record_accuracy(self.profile, fitted.corrections.median_error_before, len(runs))
+        # How these predictions did, for the next plan to say: FLOPs estimates where the profile
+        # lacked the model's block, else this profile's.
+        kind = ESTIMATES if self.coverage.lacks else accuracy_kind(self.profile)
+        record_accuracy(kind, fitted.corrections.median_error_before, len(runs))
         path = fitted.save()
         c = fitted.corrections
         logger.info("refit %s to %d measured runs: median step-time error %.0f%% -> %.0f%%", path, len(runs),
@@ -356,6 +397,9 @@ def _rate(x: float) -> str:
 def markdown(record: dict) -> str:
     w = record["winner"]
     lines = ["## Autotune", ""]
+    cal = record.get("calibration") or {}
+    if cal.get("estimates_line"):
+        lines += [f"**{cal['estimates_line']}.**", ""]
     if w:
         lo, hi = w["interval"]
         lines.append(f"**Winner: {w['name']}** — {w['measured_tokens_per_s']:,.0f} tokens/s/device "
@@ -364,13 +408,18 @@ def markdown(record: dict) -> str:
     else:
         lines.append("**No winner**: no measured member finished.")
     g = record["grid"]
+    calibrated = (f" Calibrated first ({'; '.join(cal['measured'])}): {cal['seconds']:.0f} s, counted in the machine time."
+                  if cal.get("measured") else "")
+    check = record.get("prediction_check")
+    band = (f" Each prediction was given ±{check['band'] * check['median_abs_error']:.0%}: {check['band']:g} x the "
+            f"predictions' median error when last checked ({check['when']}, {check['where']})." if check else "")
     lines += ["", f"{g['candidates']} candidates on {record['world']} ranks (search: {', '.join(record['search'])}), "
-                  f"{g['fit']} fit in memory; times from {record['profile']}. Machine time: {record['spent_s']:.0f} s "
-                  f"({record['spent_device_s']:.0f} device-s) vs about {g['estimated_s']:.0f} s for the whole grid "
-                  f"({record['spent_s'] / g['estimated_s']:.0%}). Stopped: {record['stopped']}.", "",
-              "| candidate | predicted tok/s/dev | measured tok/s/dev (95 %) | error | predicted GiB "
+                  f"{g['fit']} fit in memory; times from {record['profile']}.{calibrated}{band} Machine time: "
+                  f"{record['spent_s']:.0f} s ({record['spent_device_s']:.0f} device-s) vs about {g['estimated_s']:.0f} s "
+                  f"for the whole grid ({record['spent_s'] / g['estimated_s']:.0%}). Stopped: {record['stopped']}.", "",
+              "| candidate | batch split | predicted tok/s/dev | measured tok/s/dev (95 %) | error | predicted GiB "
               "| model: compute / comm / bubble / recompute s | rounds | outcome |",
-              "|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|"]
     measured = [c for c in record["candidates"] if c["measured_tokens_per_s"]]
     rest = [c for c in record["candidates"] if not c["measured_tokens_per_s"]]
     for c in sorted(measured, key=lambda c: -c["measured_tokens_per_s"]) + rest:
@@ -379,7 +428,7 @@ def markdown(record: dict) -> str:
              if c["measured_tokens_per_s"] else "")
         err = f"{c['prediction_error']:+.0%}" if c["prediction_error"] is not None else ""
         outcome = "winner" if w and c["name"] == w["name"] else c["pruned"]
-        lines.append(f"| {c['name']} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} | {c['predicted_memory_gib']:.2f} "
+        lines.append(f"| {c['name']} | {c.get('split', '')} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} | {c['predicted_memory_gib']:.2f} "
                      f"| {b['compute']:.3f} / {b['exposed_comm']:.3f} / {b['bubble']:.3f} / {b['recompute']:.3f} "
                      f"| {len(c['members'])} | {outcome} |")
     r = record.get("refit")

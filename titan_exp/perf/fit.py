@@ -1,16 +1,66 @@
-"""Predictions against measurements: rank correlation, errors, and refitting a profile's
-corrections to measured runs (so the next plan on the same machine is better)."""
+"""Predictions against measurements: rank correlation, errors, refitting a profile's
+corrections to measured runs (so the next plan on the same machine is better), and how far off
+predictions were when last checked: what a plan says beside them, and how wide the interval is
+that autotune gives each prediction."""
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from titan_exp.perf.profile import Corrections, MachineProfile
+from titan_exp.perf.profile import Corrections, MachineProfile, accuracy_kind, last_accuracy
 from titan_exp.perf.step import COMM_PARTS, StepPrediction
+
+
+@dataclass(frozen=True)
+class Check:
+    """How far off one kind of prediction was against measured runs: the median |tokens/s error|."""
+
+    median_abs_error: float
+    when: str
+    where: str
+
+
+# Measured by this project (BENCHMARKS.md); a machine's own record (profile.record_accuracy) wins.
+# A calibrated profile: the worst of the four cases' median errors, 2026-11-24 (issue 13).
+CALIBRATED = Check(0.083, "2026-11-24", "BENCHMARKS.md, the performance model (issue 13)")
+# Blocks estimated from FLOPs (no calibration): the uncalibrated predictions of a sweep as a user
+# runs it, on two shapes this machine had not measured.
+FLOPS_ESTIMATES = Check(0.57, "2026-11-25", "BENCHMARKS.md, autotune as a user runs it (issue 41)")
+# Half-width of a prediction's interval, in median errors: about 90 % of normally spread errors.
+BAND = 2.5
+ESTIMATES = "flops-estimates"  # the key under which a machine records how its FLOPs estimates did
+
+
+def last_check(profile: MachineProfile, *, estimated: bool, folder: Path | None = None) -> Check:
+    """How far off this profile's predictions were when last checked: a refit's own residual, this
+    machine's record (of its defaults, or of FLOPs estimates), else the project's (CALIBRATED,
+    FLOPS_ESTIMATES)."""
+    c = profile.corrections
+    if not estimated and c.measurements and c.median_error_after is not None:
+        return Check(c.median_error_after, profile.created, f"this profile's refit to {c.measurements} runs")
+    seen = last_accuracy(ESTIMATES if estimated else accuracy_kind(profile), folder)
+    if seen:
+        return Check(seen["median_abs_error"], seen["when"], f"{seen['runs']} runs on this machine")
+    return FLOPS_ESTIMATES if estimated or profile.source == "defaults" else CALIBRATED
+
+
+def estimates_line(missing: list[str], profile: MachineProfile, folder: Path | None) -> str:
+    """What a plan or an autotune record says first when it predicts parts it did not measure."""
+    check = last_check(profile, estimated=True, folder=folder)
+    return (f"PREDICTIONS ARE FLOPs ESTIMATES for {'; '.join(missing)} (autotune.calibrate=false): when last "
+            f"checked ({check.when}, {check.where}) such estimates were off by a median "
+            f"{check.median_abs_error:.0%} in tokens/s")
+
+
+def predicted_interval(tokens_per_s: float, check: Check) -> tuple[float, float]:
+    """Where a prediction's true value likely lies: BAND median errors either way."""
+    spread = 1 + BAND * check.median_abs_error
+    return tokens_per_s / spread, tokens_per_s * spread
 
 
 def ranks(values: Sequence[float]) -> list[float]:

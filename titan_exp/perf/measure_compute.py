@@ -15,12 +15,8 @@ from torch import nn
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.profile import Line
+from titan_exp.perf.shapes import tp_degrees
 from titan_exp.perf.timing import Options, Runs, in_rounds, medians, side_by_side, timed, together
-
-
-def tp_degrees(m: ModelConfig, world: int) -> list[int]:
-    return [tp for tp in range(1, world + 1)
-            if world % tp == 0 and m.n_heads % tp == 0 and m.kv_heads % tp == 0 and m.ffn_hidden_dim % tp == 0]
 
 
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:

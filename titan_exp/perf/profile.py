@@ -46,7 +46,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 from titan_exp.cache import cache_dir
 from titan_exp.config import JobConfig
@@ -240,6 +240,25 @@ class MachineProfile:
     def block(self, shape: str, tp: int) -> BlockCost | None:
         return self.blocks.get(shape, {}).get(tp)
 
+    def missing(self, job: JobConfig, tps: Iterable[int], *, compile: bool) -> list[str]:
+        """What the performance model would estimate from FLOPs rather than read here, for `job`'s
+        block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
+        of this machine measures. A spec sheet's profile lacks nothing one could measure here."""
+        if self.source == "spec":
+            return []
+        if self.source == "defaults":
+            return [f"this machine at world {self.key['world']} (no profile)"]
+        shape = model_shape(job)
+        out = []
+        absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
+        if absent:
+            out.append(f"the block {shape} at tp {', '.join(map(str, absent))}")
+        if compile and self.compile_speedup is None:
+            out.append("the compiled block's speed-up")
+        if self.key["world"] > 1 and not self.collectives:
+            out.append(f"the collectives at world {self.key['world']}")
+        return out
+
     def collective(self, op: str, group: int, across_nodes: bool = False) -> Line:
         """The measured line for `op` on groups of `group` ranks (`across_nodes`: a group that
         spans nodes, where the profile measured them); a group size that was not measured takes
@@ -316,18 +335,23 @@ def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int 
             or defaults(device, backend, world, threads_per_rank))
 
 
-# -- how wrong the defaults were: kept so `plan` can say so when it falls back to them --------
-def record_accuracy(profile: MachineProfile, median_abs_error: float, runs: int, folder: Path | None = None) -> None:
+# -- how wrong predictions were on this machine: kept so `plan` can say so beside its own -------
+def record_accuracy(kind: str, median_abs_error: float, runs: int, folder: Path | None = None) -> None:
+    """Record how far off one kind of prediction was here (`kind`: a profile's name, "defaults",
+    or perf.fit.ESTIMATES)."""
     path = (folder or profiles_dir()) / "accuracy.json"
     known = json.loads(path.read_text()) if path.exists() else {}
-    known[profile.source if profile.source == "defaults" else profile.name] = {
-        "median_abs_error": median_abs_error, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")}
+    known[kind] = {"median_abs_error": median_abs_error, "runs": runs, "when": time.strftime("%Y-%m-%d %H:%M")}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(known, indent=1))
 
 
-def last_accuracy(profile: MachineProfile, folder: Path | None = None) -> dict[str, Any] | None:
+def accuracy_kind(profile: MachineProfile) -> str:
+    return profile.source if profile.source == "defaults" else profile.name
+
+
+def last_accuracy(kind: str, folder: Path | None = None) -> dict[str, Any] | None:
     path = (folder or profiles_dir()) / "accuracy.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text()).get(profile.source if profile.source == "defaults" else profile.name)
+    return json.loads(path.read_text()).get(kind)

@@ -1,9 +1,9 @@
-"""What the cost models count a model in: a block's weight tensors on one TP rank, and how often
-FSDP gathers and reduces a unit per step."""
+"""What the cost models count a model in: the TP degrees its block splits into, a block's weight
+tensors on one TP rank, and how often FSDP gathers and reduces a unit per step."""
 
 from __future__ import annotations
 
-from titan_exp.config import JobConfig
+from titan_exp.config import JobConfig, ModelConfig
 
 Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
 
@@ -29,3 +29,9 @@ def block_tensors(job: JobConfig) -> Sizes:
         if m.n_shared_experts:
             out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
     return out
+
+
+def tp_degrees(m: ModelConfig, world: int) -> list[int]:
+    """The TP degrees `world` ranks can split this model's block into (heads and SwiGLU width)."""
+    return [tp for tp in range(1, world + 1)
+            if world % tp == 0 and m.n_heads % tp == 0 and m.kv_heads % tp == 0 and m.ffn_hidden_dim % tp == 0]

@@ -18,6 +18,9 @@ class Options:
 
     refresh: bool = False
     tiny: bool = False  # smallest sizes and fewest repeats: for tests
+    # Fewer rounds (QUICK_ROUNDS) and sizes (1 and 2 sequences): what a plan or an autotune sweep
+    # measures first of what the profile lacks, in about half a full calibration's time.
+    quick: bool = False
     compile: bool = False
     profile_dir: str | None = None  # default: <cache>/perf
 
@@ -26,8 +29,12 @@ class Options:
         return 2 if self.tiny else 6
 
     @property
+    def rounds(self) -> int:
+        return 1 if self.tiny else QUICK_ROUNDS if self.quick else ROUNDS
+
+    @property
     def sequences(self) -> list[int]:
-        return [1, 2] if self.tiny else [1, 2, 4]
+        return [1, 2] if self.tiny or self.quick else [1, 2, 4]
 
     @property
     def comm_bytes(self) -> list[int]:
@@ -68,6 +75,7 @@ def together(fn: Callable[[], object], reps: int, device: torch.device) -> float
 # Rounds of a full calibration: the median of 5 rather than 3 (two calibrations of the 100M model
 # at world 2, an hour apart, priced TP at 0.6 s and at 2.0 s a step; issue 13).
 ROUNDS = 5
+QUICK_ROUNDS = 3
 
 
 def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.device) -> list[list[float]]:
@@ -78,8 +86,8 @@ def in_rounds(fns: list[Callable[[], object]], opts: Options, device: torch.devi
     next, and a line fitted on sizes timed one after the other bends with the machine's speed).
     A full calibration's round times each fn as the median of a third of `opts.reps` calls (2); a
     tiny one (the tests) is one round of all of them."""
-    rounds, reps = (1, opts.reps) if opts.tiny else (ROUNDS, max(1, opts.reps // 3))
-    return [[together(fn, reps, device) for fn in fns] for _ in range(rounds)]
+    reps = opts.reps if opts.tiny else max(1, opts.reps // 3)
+    return [[together(fn, reps, device) for fn in fns] for _ in range(opts.rounds)]
 
 
 def medians(times: list[list[float]]) -> list[float]:

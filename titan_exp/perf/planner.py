@@ -1,0 +1,260 @@
+"""The layout planner: every valid layout of a model on N devices, with predicted step time,
+tokens/s per device and memory per device, ranked; optionally written out as a sweep preset.
+`python -m titan_exp.perf.plan` is its command (titan_exp.perf.plan).
+
+"Valid" is decided by titan_exp.validation, the same check the launcher runs, so a planned
+layout never fails at launch. Time comes from titan_exp.perf.step with this machine's calibrated
+profile (`python -m titan_exp.perf.calibrate --world N`), or round-number defaults, which the output
+says, with how far off the defaults were the last time they were checked against real runs.
+Memory comes from titan_exp.perf.memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps, world_of
+from titan_exp.perf.memory import predict_memory
+from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy, this_machine
+from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
+from titan_exp.validation import resolve, validate
+
+__all__ = ["Plan", "plan", "predict_memory", "valid_layouts", "with_layout", "layout_overrides", "write_sweep"]
+
+
+def degrees_of(job: JobConfig) -> dict[str, int]:
+    """The job's layout: its mesh degrees, and ep when expert parallel is on."""
+    return job.parallelism.layout
+
+
+def layout_overrides(job: JobConfig) -> list[str]:
+    """The overrides that give another job this job's layout and batch split: its local batch and,
+    under PP, its microbatch (for an MoE model, its expert parallel degree too, 1 included)."""
+    layout = degrees_of(job) | ({"ep": job.parallelism.expert_parallel_degree} if job.model.is_moe else {})
+    p = job.parallelism
+    microbatch = ([f"parallelism.pipeline_parallel_microbatch_size={p.pipeline_parallel_microbatch_size}"]
+                  if p.pipeline_parallel_degree > 1 else [])
+    return [f"parallelism.{LAYOUT_FIELDS[dim]}={d}" for dim, d in layout.items()] + [
+        f"training.local_batch_size={job.training.local_batch_size}", *microbatch]
+
+
+def split_label(job: JobConfig) -> str:
+    """How a job splits its global batch: the local batch, its accumulation steps, the PP microbatch."""
+    t, p = job.training, job.parallelism
+    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
+    accumulation = t.global_batch_size // (t.local_batch_size * dp) if t.global_batch_size > 0 else 1
+    out = f"local batch {t.local_batch_size}" + (f" x {accumulation} accumulated" if accumulation > 1 else "")
+    return out + (f", microbatch {p.pipeline_parallel_microbatch_size}" if p.pipeline_parallel_degree > 1 else "")
+
+
+@dataclass
+class Plan:
+    degrees: dict[str, int]
+    local_batch_size: int
+    split: str  # split_label: local batch, accumulation, PP microbatch
+    overrides: list[str]
+    memory_gib: float
+    parts_gib: dict[str, float]
+    step: StepPrediction
+    fits: bool = True
+    across_nodes: tuple[str, ...] = ()  # mesh dims whose groups span nodes (perf.step.across_nodes)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted tokens/s per device."""
+        return self.step.tokens_per_s_per_device
+
+    @property
+    def name(self) -> str:
+        return layout_label(self.degrees)
+
+
+def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int, *, local_batch_size: int | None = None,
+                microbatch_size: int | None = None) -> JobConfig:
+    """`job` with these degrees, `global_batch` sequences per step, and the given local batch (and
+    PP microbatch), or the largest local batch (at most the configured one) that divides it."""
+    degrees = {"ep": 1} | degrees  # a layout without ep has none
+    p = dataclasses.replace(job.parallelism, **{LAYOUT_FIELDS[dim]: d for dim, d in degrees.items()})
+    if microbatch_size is not None:
+        p = dataclasses.replace(p, pipeline_parallel_microbatch_size=microbatch_size)
+    dp = degrees["dp_replicate"] * degrees["dp_shard"]
+    local = local_batch_size or min(job.training.local_batch_size, max(1, global_batch // dp))
+    while local_batch_size is None and local > 1 and global_batch % (local * dp):
+        local -= 1
+    world = world_of(degrees)
+    nodes = job.cluster.nodes_for(world)
+    return dataclasses.replace(
+        job, parallelism=p,
+        training=dataclasses.replace(job.training, local_batch_size=local, global_batch_size=global_batch),
+        cluster=dataclasses.replace(job.cluster, nnodes=nodes, nproc_per_node=world // nodes),
+    )
+
+
+def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
+    """Every assignment of degrees to the five mesh dims whose product is `world`; for an MoE
+    model (`n_experts` > 0) each also with every expert parallel degree that divides the experts
+    and dp_shard x cp (validation decides which of those can be carved)."""
+    divisors = [d for d in range(1, world + 1) if world % d == 0]
+    out = []
+    for pp, rep, shard, cp in itertools.product(divisors, repeat=4):
+        rest = pp * rep * shard * cp
+        if world % rest == 0:
+            degrees = dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest)))
+            out.append(degrees)
+            out += [degrees | {"ep": ep} for ep in range(2, shard * cp + 1)
+                    if n_experts % ep == 0 and (shard * cp) % ep == 0]
+    return out
+
+
+def global_batch_of(job: JobConfig, world: int) -> int:
+    """The job's global batch; with none set (-1), its local batch on every one of `world` ranks."""
+    gb = job.training.global_batch_size
+    return gb if gb > 0 else job.training.local_batch_size * world
+
+
+def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[JobConfig]:
+    """Every layout of `world` devices that validates at the job's global batch and its local
+    batch (or the largest below it that divides the global batch)."""
+    global_batch = global_batch_of(job, world)
+    jobs = (with_layout(job, degrees, global_batch) for degrees in factorizations(world, job.model.n_experts))
+    return [resolve(j) for j in jobs if not validate(j, cuda=cuda)]
+
+
+# The fields a batch split sets, as validation's messages name them (`field = value: ...`).
+SPLIT_FIELDS = ("training.local_batch_size", "training.global_batch_size", "parallelism.pipeline_parallel_microbatch_size")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def batch_splits(job: JobConfig, degrees: dict[str, int], global_batch: int, *, cuda: bool = False) -> list[JobConfig]:
+    """The job with these degrees at every split of `global_batch` that validates: each local batch
+    that divides a rank's share (the rest accumulates) and, under PP, each microbatch that divides
+    the local batch."""
+    dp = degrees["dp_replicate"] * degrees["dp_shard"]
+    if global_batch % dp:
+        return []
+    # A layout refused for anything but its split is refused at every split.
+    if any(not e.startswith(SPLIT_FIELDS) for e in validate(with_layout(job, degrees, global_batch), cuda=cuda)):
+        return []
+    jobs = (with_layout(job, degrees, global_batch, local_batch_size=local, microbatch_size=microbatch)
+            for local in divisors(global_batch // dp)
+            for microbatch in (divisors(local) if degrees["pp"] > 1 else [None]))
+    return [resolve(j) for j in jobs if not validate(j, cuda=cuda)]
+
+
+def fastest(jobs: list[JobConfig], profile: MachineProfile, *, cuda: bool, memory_gib: float) -> JobConfig | None:
+    """The fastest predicted of `jobs` among those that fit in memory, else the fastest."""
+    def key(j: JobConfig) -> tuple[bool, float]:
+        return predict_memory(j, cuda=cuda)["total"] > memory_gib, predict_step(j, profile, cuda=cuda).step_s
+
+    return min(jobs, key=key, default=None)
+
+
+def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, cuda: bool = False,
+                       memory_gib: float = float("inf")) -> list[JobConfig]:
+    """Every layout of `world` devices, each at its fastest predicted split of the job's global
+    batch (batch_splits): a layout is not left out for want of a local batch or microbatch the
+    user did not ask for."""
+    global_batch = global_batch_of(job, world)
+    best = (fastest(batch_splits(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda, memory_gib=memory_gib)
+            for degrees in factorizations(world, job.model.n_experts))
+    return [j for j in best if j is not None]
+
+
+def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
+         profile: MachineProfile | None = None, any_split: bool = False) -> list[Plan]:
+    """Every valid layout, fastest first among those that fit, then those that do not; at the
+    job's local batch, or with `any_split` each at its fastest split of the global batch."""
+    nodes = job.cluster.nodes_for(world)
+    profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
+    layouts = (best_split_layouts(job, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
+               else valid_layouts(job, world, cuda=cuda))
+    plans = []
+    for candidate in layouts:
+        parts = predict_memory(candidate, cuda=cuda)
+        plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
+                          layout_overrides(candidate),
+                          parts["total"], {k: v for k, v in parts.items() if k != "total"},
+                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
+                          across_nodes=tuple(d for d in MESH_DIMS if d in across_nodes(candidate))))
+    return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
+
+
+def profile_line(profile: MachineProfile) -> str:
+    """Which profile the times come from, or that they are the defaults and how wrong those were."""
+    if profile.source == "spec":
+        return (f"times PREDICTED FROM A SPEC SHEET ({profile.notes[0] if profile.notes else profile.name}); "
+                "calibrate on the GPU to replace it with measured costs")
+    if profile.source == "defaults":
+        seen = last_accuracy(accuracy_kind(profile))
+        how = (f"the last check against {seen['runs']} real runs ({seen['when']}) found a median error of "
+               f"{seen['median_abs_error']:.0%}" if seen else "never checked against real runs on this machine")
+        return (f"times from DEFAULT costs (no profile for this machine and world size: run python -m "
+                f"titan_exp.perf.calibrate --world {profile.key['world']}); {how}")
+    c = profile.corrections
+    fitted = f", refit to {c.measurements} measured runs" if c.measurements else ""
+    return f"times predicted from the measured machine profile {profile.name} ({profile.created}{fitted})"
+
+
+def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
+    """The plans as a table; times are seconds per step, by part (perf.step.BREAKDOWN)."""
+    nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
+    lines = [f"{len(plans)} valid layouts on {world} devices ({device_memory_gib:g} GiB each), fastest first:", "",
+             "| rank | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
+             "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nodes else "")]
+    for i, pl in enumerate(plans, 1):
+        b = pl.step.breakdown()
+        lines.append(f"| {i} | {pl.name} | {pl.split} | {pl.step.step_s:.3f} | {pl.tokens_per_s:,.0f} "
+                     f"| {b['compute']:.3f} | {b['exposed_comm']:.3f} | {b['bubble']:.3f} | {b['recompute']:.3f} "
+                     f"| {pl.memory_gib:.2f} | {pl.parts_gib['states']:.2f} "
+                     f"| {pl.parts_gib['activations'] + pl.parts_gib['checkpoints']:.2f} "
+                     f"| {'yes' if pl.fits else 'NO'} |" + (f" {' '.join(pl.across_nodes) or '-'} |" if nodes else ""))
+    return "\n".join(lines) + "\n"
+
+
+def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str], folder: Path | None = None) -> Path:
+    """The top-k layouts that fit, as a sweep preset: `python launch.py -m +sweep=NAME`. Each
+    layout is one value of a `+layout` choice, so the sweep runs exactly those layouts. Written to
+    the user's sweeps/ (config.user_sweeps), never into the package."""
+    folder = folder or user_sweeps()
+    chosen = [pl for pl in plans if pl.fits][:top]
+    layouts = {f"{name}_{i}": pl.overrides for i, pl in enumerate(chosen)}
+    preset = {
+        "hydra": {"sweeper": {"params": {"+plan_layout": ",".join(layouts)}}},
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    out = folder / f"{name}.yaml"
+    header = (f"# Written by python -m titan_exp.perf.plan {' '.join(base_overrides)}\n"
+              f"# The {len(chosen)} fastest predicted layouts that fit; run: python launch.py -m +sweep={name} "
+              f"{' '.join(base_overrides)}\n")
+    out.write_text(header + yaml.safe_dump(preset, sort_keys=False))
+    layout_dir = folder / "plan_layout"
+    layout_dir.mkdir(exist_ok=True)
+    for (key, overrides), pl in zip(layouts.items(), chosen):
+        node: dict = {}
+        for o in overrides:
+            path, value = o.split("=")
+            group, field = path.split(".")
+            node.setdefault(group, {})[field] = int(value)
+        node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees)
+        (layout_dir / f"{key}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
+    return out
+
+
+def device_memory_gib(world: int, cuda: bool) -> float:
+    """Memory per device when not given: this GPU's, or this machine's RAM shared by the ranks."""
+    import os
+
+    import torch
+
+    if cuda and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / world
