@@ -3,7 +3,7 @@ validation: it plans and measures the candidates)."""
 
 from __future__ import annotations
 
-from titan_exp.config.schema import JobConfig, problem
+from titan_exp.config.schema import AutotuneAxis, JobConfig, problem
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -18,6 +18,11 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("autotune.device_memory_gib", a.device_memory_gib, "must be > 0, or null for this GPU's / RAM per rank"))
     if not a.search:
         e.append(problem("autotune.search", [], "name at least one axis, e.g. [layout]"))
+    splits = [s.value for s in a.search if s in (AutotuneAxis.local_batch_size, AutotuneAxis.microbatch_size)]
+    if splits:
+        e.append(problem("autotune.search", [s.value for s in a.search],
+                         f"{', '.join(splits)}: every split of the global batch (local batch, PP microbatch) is a "
+                         "candidate already; drop it"))
     if len(set(a.search)) != len(a.search):
         e.append(problem("autotune.search", [s.value for s in a.search], "lists an axis twice"))
     return e

@@ -46,7 +46,7 @@ from titan_exp.files import atomic_write
 from titan_exp.perf.calibrate import Coverage, cover
 from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
 from titan_exp.perf.memory import predict_memory
-from titan_exp.perf.planner import (batch_splits, device_memory_gib, factorizations, fastest, global_batch_of,
+from titan_exp.perf.planner import (batch_splits, device_memory_gib, factorizations, global_batch_of,
                                     layout_overrides, split_label, with_layout)
 from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
 from titan_exp.perf.step import predict_step
@@ -62,7 +62,6 @@ def _key(override: str) -> str:
 
 # How a candidate's overrides read in its name.
 LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}"}
-SPLIT_AXES = {AutotuneAxis.local_batch_size: "local batch {}", AutotuneAxis.microbatch_size: "microbatch {}"}
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -86,6 +85,7 @@ class Candidate:
     breakdown: dict[str, float]
     memory_gib: float
     fits: bool
+    layout: str = ""  # the layout and the other axes' values, without the split
     split: str = ""  # planner.split_label: the batch split it runs with
     pruned: str = ""  # why it was not measured further; empty for the winner
     members: list[Member] = field(default_factory=list)
@@ -119,47 +119,35 @@ def _variant(job: JobConfig, overrides: list[str], axis: AutotuneAxis, cuda: boo
     return [(job, overrides)]
 
 
-def split_value(job: JobConfig, axis: AutotuneAxis) -> int | None:
-    """A split's value on a searched split axis (no microbatch without PP)."""
-    if axis == AutotuneAxis.local_batch_size:
-        return job.training.local_batch_size
-    p = job.parallelism
-    return p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else None
-
-
 def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: float) -> list[Candidate]:
-    """Every valid candidate, predicted; those that fit first, fastest first. Each layout (with
-    each value of the other axes) runs at its fastest predicted split of the global batch, or at
-    each value of the split axes the search names."""
+    """Every valid candidate, predicted; those that fit first, fastest first. A candidate is a
+    layout (with a value of each other axis searched) at one split of the global batch: every
+    split that validates is one (planner.batch_splits), so no layout is lost for want of a split,
+    and the split a layout runs best with is a prediction like the rest, measured when it is close."""
     axes = job.autotune.search
     job = resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job
     global_batch = global_batch_of(job, world)
     degree_sets = factorizations(world, job.model.n_experts) if AutotuneAxis.layout in axes else [job.parallelism.layout]
-    splits_searched = [a for a in axes if a in SPLIT_AXES]
     out, seen = [], set()
     for degrees in degree_sets:
         variants: list[tuple[JobConfig, list[str]]] = [(with_layout(job, degrees, global_batch), [])]
         for axis in axes:
-            if axis != AutotuneAxis.layout and axis not in SPLIT_AXES:
+            if axis != AutotuneAxis.layout:
                 variants = [v for j, o in variants for v in _variant(j, o, axis, cuda)]
         for variant, extra in variants:
-            by_searched: dict[tuple, list[JobConfig]] = {}
             for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
-                by_searched.setdefault(tuple(split_value(split, a) for a in splits_searched), []).append(split)
-            for values, splits in by_searched.items():
-                best = fastest(splits, profile, cuda=cuda, memory_gib=memory_gib)
-                overrides = [*layout_overrides(best), f"training.global_batch_size={global_batch}",
+                overrides = [*layout_overrides(split), f"training.global_batch_size={global_batch}",
                              f"cluster.nproc_per_node={world}", *extra]
                 if tuple(overrides) in seen:
                     continue
                 seen.add(tuple(overrides))
-                step = predict_step(best, profile, cuda=cuda)
-                memory = predict_memory(best, cuda=cuda)["total"]
+                step = predict_step(split, profile, cuda=cuda)
+                memory = predict_memory(split, cuda=cuda)["total"]
                 labels = [LABELS[_key(o)].format(o.split("=", 1)[1]) for o in extra]
-                labels += [SPLIT_AXES[a].format(v) for a, v in zip(splits_searched, values) if v is not None]
-                name = ", ".join([layout_label(best.parallelism.layout), *labels])
-                out.append(Candidate(name, overrides, best, step.step_s, step.tokens_per_s_per_device,
-                                     step.breakdown(), memory, memory <= memory_gib, split=split_label(best)))
+                layout = ", ".join([layout_label(split.parallelism.layout), *labels])
+                out.append(Candidate(f"{layout} [{split_label(split)}]", overrides, split, step.step_s,
+                                     step.tokens_per_s_per_device, step.breakdown(), memory, memory <= memory_gib,
+                                     layout=layout, split=split_label(split)))
     return sorted(out, key=lambda c: (not c.fits, -c.predicted_tps))
 
 
@@ -349,7 +337,7 @@ class Autotune:
             m = c.measured(self.tokens_per_step, self.world)
             return {"name": c.name, "overrides": c.overrides, "predicted_tokens_per_s": c.predicted_tps,
                     "predicted_step_s": c.predicted_step_s, "predicted_breakdown_s": c.breakdown,
-                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "split": c.split, "pruned": c.pruned,
+                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "layout": c.layout, "split": c.split, "pruned": c.pruned,
                     "measured_tokens_per_s": m[0] if m else None, "interval": list(m[1:]) if m else None,
                     "prediction_error": c.predicted_tps / m[0] - 1 if m else None,
                     "members": [m.run_dir for m in c.members]}
@@ -413,24 +401,34 @@ def markdown(record: dict) -> str:
     check = record.get("prediction_check")
     band = (f" Each prediction was given ±{check['band'] * check['median_abs_error']:.0%}: {check['band']:g} x the "
             f"predictions' median error when last checked ({check['when']}, {check['where']})." if check else "")
-    lines += ["", f"{g['candidates']} candidates on {record['world']} ranks (search: {', '.join(record['search'])}), "
+    lines += ["", f"{g['candidates']} candidates (each layout at each split of the global batch) on {record['world']} ranks "
+                  f"(search: {', '.join(record['search'])}), "
                   f"{g['fit']} fit in memory; times from {record['profile']}.{calibrated}{band} Machine time: "
                   f"{record['spent_s']:.0f} s ({record['spent_device_s']:.0f} device-s) vs about {g['estimated_s']:.0f} s "
                   f"for the whole grid ({record['spent_s'] / g['estimated_s']:.0%}). Stopped: {record['stopped']}.", "",
-              "| candidate | batch split | predicted tok/s/dev | measured tok/s/dev (95 %) | error | predicted GiB "
+              "| layout | batch split | predicted tok/s/dev | measured tok/s/dev (95 %) | error | predicted GiB "
               "| model: compute / comm / bubble / recompute s | rounds | outcome |",
               "|---|---|---|---|---|---|---|---|---|"]
     measured = [c for c in record["candidates"] if c["measured_tokens_per_s"]]
-    rest = [c for c in record["candidates"] if not c["measured_tokens_per_s"]]
+    # Unmeasured: each layout's fastest predicted split; the other splits are in autotune.json.
+    shown = {c["layout"] for c in measured}
+    rest = []
+    for c in record["candidates"]:
+        if not c["measured_tokens_per_s"] and c["layout"] not in shown:
+            shown.add(c["layout"])
+            rest.append(c)
+    hidden = len(record["candidates"]) - len(measured) - len(rest)
     for c in sorted(measured, key=lambda c: -c["measured_tokens_per_s"]) + rest:
         b = c["predicted_breakdown_s"]
         m = (f"{c['measured_tokens_per_s']:,.0f} ({_rate(c['interval'][0])}–{_rate(c['interval'][1])})"
              if c["measured_tokens_per_s"] else "")
         err = f"{c['prediction_error']:+.0%}" if c["prediction_error"] is not None else ""
         outcome = "winner" if w and c["name"] == w["name"] else c["pruned"]
-        lines.append(f"| {c['name']} | {c.get('split', '')} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} | {c['predicted_memory_gib']:.2f} "
+        lines.append(f"| {c['layout']} | {c['split']} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} | {c['predicted_memory_gib']:.2f} "
                      f"| {b['compute']:.3f} / {b['exposed_comm']:.3f} / {b['bubble']:.3f} / {b['recompute']:.3f} "
                      f"| {len(c['members'])} | {outcome} |")
+    if hidden:
+        lines += ["", f"Not shown: {hidden} other splits of these layouts, none measured (autotune.json lists them)."]
     r = record.get("refit")
     if r:
         lines += ["", f"Profile refit to this sweep's measured members: median step-time error "
