@@ -14,6 +14,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("autotune.budget_minutes", a.budget_minutes, "must be > 0"))
     if not 0 <= a.drop_slower_than < 1:
         e.append(problem("autotune.drop_slower_than", a.drop_slower_than, "a share of the fastest: 0 <= it < 1 (0: never)"))
+    if not 0 <= a.tolerance < 1:
+        e.append(problem("autotune.tolerance", a.tolerance, "a share of the fastest: 0 <= it < 1"))
     if a.device_memory_gib is not None and not a.device_memory_gib > 0:
         e.append(problem("autotune.device_memory_gib", a.device_memory_gib, "must be > 0, or null for this GPU's / RAM per rank"))
     if not a.search:

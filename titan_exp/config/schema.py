@@ -523,6 +523,8 @@ class AutotuneConfig:
     warmup_steps: int = doc(2, "untimed steps at the start of every member (compile, allocator)", min=0)
     steps: int = doc(4, "timed steps per member in the first round; each later round doubles them", min=2)
     drop_slower_than: float = doc(0.5, "a member measured below this share of the round's fastest is dropped at once")
+    tolerance: float = doc(0.02, "a candidate that cannot be more than this share faster than the fastest measured is "
+                                 "as good as tied: no more rounds are spent telling them apart")
     device_memory_gib: Optional[float] = doc(None, "memory per device for pruning; null = this GPU's, or RAM / world")
     refit: bool = doc(True, "refit the machine profile's corrections to the measured members")
 

@@ -19,8 +19,9 @@
 3. Rounds: each runs the survivors for `warmup_steps` + `steps` x 2^round steps as ordinary sweep
    members (their own run dirs), pools each candidate's timed steps over its rounds, drops members
    that failed or ran out of memory, those slower than `drop_slower_than` x the round's fastest
-   and those whose measured interval lies below the fastest's; until the fastest one's interval
-   clears the rest, or the next round would overrun the budget.
+   and those whose measured 95 % interval does not reach `tolerance` above the fastest's rate
+   (closer than that, candidates are as good as tied); until one is left, or the next round would
+   overrun the budget.
 4. The record: `<sweep dir>/autotune.json` and `autotune.md` (the winner with its tokens/s and a
    95 % interval, prediction vs measurement per member with its batch split, what was pruned and
    why, machine time spent, calibration included, vs the whole grid's); report.md includes it.
@@ -202,7 +203,8 @@ class Autotune:
             self._measure(survivors, round_no, steps)
             survivors = self._select(survivors, round_no)
             if len(survivors) <= 1:
-                stop_reason = ("the fastest one's measured interval clears the rest" if len(chosen) > 1 and survivors
+                stop_reason = (f"no other candidate may be more than {a.tolerance:.0%} faster than the fastest"
+                               if len(chosen) > 1 and survivors
                                else stop_reason if survivors else "no member finished")
                 break
             round_no += 1
@@ -284,7 +286,8 @@ class Autotune:
 
     def _select(self, cs: list[Candidate], round_no: int) -> list[Candidate]:
         """The candidates that may still be the fastest: those that finished, reach drop_slower_than
-        of the fastest, and whose measured interval reaches the fastest one's."""
+        of the fastest, and whose measured interval reaches more than `tolerance` above the
+        fastest's rate (closer than that they are as good as tied, and a round would not tell)."""
         a = self.job.autotune
         alive = []
         for c in cs:
@@ -297,16 +300,17 @@ class Autotune:
             return []
         measured = {id(c): c.measured(self.tokens_per_step, self.world) for c in alive}
         alive.sort(key=lambda c: -measured[id(c)][0])
-        best, best_low = measured[id(alive[0])][0], measured[id(alive[0])][1]
+        best = measured[id(alive[0])][0]
+        bar = best * (1 + a.tolerance)
         keep = [alive[0]]
         for c in alive[1:]:
             rate, _, high = measured[id(c)]
             if rate < a.drop_slower_than * best:
                 c.pruned = (f"round {round_no}: {rate:,.0f} tokens/s/device, below {a.drop_slower_than:.0%} "
                             f"of the fastest ({best:,.0f})")
-            elif high < best_low:  # NaN (one timed step) compares False: it stays
+            elif high <= bar:  # NaN (one timed step) compares False: it stays
                 c.pruned = (f"round {round_no}: {rate:,.0f} tokens/s/device, its 95 % interval (up to {high:,.0f}) "
-                            f"below the fastest's ({best_low:,.0f} and up)")
+                            f"not above the fastest's {best:,.0f} + {a.tolerance:.0%}")
             else:
                 keep.append(c)
         return keep
