@@ -66,7 +66,7 @@ def test_uncalibrated_predictions_say_so_first(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     first = out.stdout.splitlines()[0]
     assert first.startswith("PREDICTIONS ARE FLOPs ESTIMATES for this machine at world 2 (no profile)")
-    assert "when last checked (2026-11-25" in first and not (tmp_path / "runs").exists()
+    assert "when last checked (2026-11-24" in first and not (tmp_path / "runs").exists()
 
 
 def test_the_sweep_calibrates_what_the_profile_lacks_and_counts_it(tmp_path, monkeypatch):
