@@ -121,7 +121,7 @@ BAD = [
     (["activation_checkpoint.mode=selective", "activation_checkpoint.selective_ac_option=0"],
      "'op' for the per-op policy or a positive integer N"),
     (["parallelism=tp", "compile.enable=true", "activation_checkpoint.mode=full"],
-     "activation_checkpoint.mode = 'full': fails with compile.enable=true and tensor parallel"),
+     "activation_checkpoint.mode = 'full': fails on CPU with compile.enable=true and tensor parallel"),
     (["checkpoint=default", "checkpoint.async_mode=async_with_pinned_mem"], "pinned memory needs CUDA"),
     (["checkpoint=default", "checkpoint.keep_latest_k=-1"], "checkpoint.keep_latest_k = -1: must be >= 0"),
     (["checkpoint=default", "checkpoint.load_step=-2"], "checkpoint.load_step = -2: must be a saved step"),

@@ -176,3 +176,41 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
     bad = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "--device", "h300", "--world", "8"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr
+
+
+def test_torchtitans_published_tables_validate_and_plan_for_cuda():
+    """Every configuration of TorchTitan's published H100 tables (issue 36) validates for CUDA and
+    is predicted: the benchmark runs to its summary line. A refusal seen on CPU over gloo (full AC
+    with compile and TP, Tables 4-6) stays on CPU."""
+    out = subprocess.run([sys.executable, "benchmarks/bench_torchtitan.py"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 18 and {line.split("|")[1].strip()[0] for line in rows} == set("123456")
+    assert "held-out rows: 14;" in out.stdout
+    cpu = job_config(["parallelism=tp", "compile.enable=true", "activation_checkpoint.mode=full"])
+    assert any("fails on CPU" in e for e in validate(cpu, cuda=False)) and validate(cpu, cuda=True) == []
+
+
+def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_source_out():
+    """benchmarks/bench_published.py (issue 36): an MPT row becomes a job with the published
+    parameter count (its learned position embedding aside), every TorchTitan row plans for CUDA,
+    and the leave-one-source-out summary is the last line."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import bench_published as bench
+
+    planned = bench.plan_rows(bench.read_rows())
+    mpt = [p for p in planned if p.row.source == "llm_foundry" and p.job is not None]
+    assert len(mpt) >= 100
+    for p in mpt:
+        m = p.job.model
+        published = p.row.num("params_b") * 1e9 - p.job.training.seq_len * m.dim
+        assert m.num_params == pytest.approx(published, rel=2e-3), p.row.key
+    assert sum(p.row.source == "torchtitan" and p.job is not None for p in planned) == 18
+    assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
+    assert {p.row.key for p in bench.fitting_set(planned)} >= {p.row.key for p in planned
+                                                             if p.row.source == "torchtitan" and p.row.table.startswith("Table 1")}
+    out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1].startswith("held-out: 18 rows from 1 sources; tokens/s median |error| ")

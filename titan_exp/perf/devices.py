@@ -62,6 +62,8 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
                "[h200] SXM; NDR 400 Gb/s per GPU"),
     DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 80 * 1e9 / GIB, 2.039, 300, 25,
                "[a100] 80GB SXM; HDR 200 Gb/s per GPU"),
+    DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40 * 1e9 / GIB, 1.555, 300, 25,
+               "[a100] 40GB SXM; HDR 200 Gb/s per GPU"),
     DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * 1e9 / GIB, 8.0, 900, 50,
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
                "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU"),
@@ -123,7 +125,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
 
 
 def spec_for(device: str) -> DeviceSpec:
-    """The spec named `device` (h100, h100_500w, h200, a100, b200), or an error naming them."""
+    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200), or an error naming them."""
     if device not in SPECS:
         raise ValueError(f"--device {device!r}: no spec sheet for it; choose from {', '.join(SPECS)}")
     return SPECS[device]

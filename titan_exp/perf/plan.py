@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan for GPUs (default: whether this machine has one)")
     parser.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
     parser.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
-                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, b200); a profile calibrated on "
+                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, a100_40gb, b200); a profile calibrated on "
                         "that GPU replaces the spec one")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="with --device: GPUs per node; mesh dims "
                         "whose groups span nodes pay the network's costs")
