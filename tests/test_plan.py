@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import subprocess
 import sys
 
@@ -214,3 +215,51 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1].startswith("held-out: 18 rows from 1 sources; tokens/s median |error| ")
+
+
+@pytest.mark.quick
+def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path):
+    """--hardware FILE (issue 36): the file's values replace the spec sheet's, the plan says which,
+    and every mistake names the file, the key and the value."""
+    from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
+
+    def write(text: str):
+        path = tmp_path / "hw.yaml"
+        path.write_text(text)
+        return path
+
+    hw = load_hardware(write("device: h100\ngpus_per_node: 4\nnvlink_gb_s: 100\nlatency_network_us: 30\n"))
+    assert (hw.spec.nvlink_gb_s, hw.spec.network_gb_s, hw.gpus_per_node) == (100, SPECS["h100"].network_gb_s, 4)
+    assert hw.efficiency.latency_network_s == pytest.approx(30e-6)
+    assert "nvlink_gb_s 100" in hw.line() and "gpus_per_node 4" in hw.line()
+    slow, spec = spec_profile(hw.spec, 16, 4, hw.efficiency), spec_profile(SPECS["h100"], 16, 4)
+    gather = lambda p: p.collectives["all_gather"][4].per_unit_s  # noqa: E731
+    assert gather(slow) == pytest.approx(gather(spec) * 450 / 100)
+
+    own = load_hardware(write("device: {bf16_tflops: 500, tf32_tflops: 250, memory_gib: 64, memory_tb_s: 2}\n"
+                              "nvlink_gb_s: 200\nnetwork_gb_s: 25\n"))
+    assert own.spec.fp8_tflops is None and "float8" not in spec_profile(own.spec, 8, 8).gemm
+
+    for text, message in [
+        ("device: h100\nnvlnk_gb_s: 3\n", "unknown key(s) nvlnk_gb_s (did you mean nvlink_gb_s?)"),
+        ("device: h300\n", "device = 'h300': no spec sheet for it"),
+        ("device: {bf16_tflops: 500}\n", "missing tf32_tflops, memory_gib, memory_tb_s"),
+        ("device: h100\ngpus_per_node: 2.5\n", "gpus_per_node = 2.5: must be a whole number > 0"),
+        ("device: h100\nnvlink_gb_s: -1\n", "nvlink_gb_s = -1: must be a number > 0"),
+        ("device: h100\npower_limit_w: 500\n", "power_limit_w = 500: not modelled yet"),
+        ("gpus_per_node: 8\n", "needs a mapping with at least `device`"),
+        ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1}\n", "needs nvlink_gb_s and network_gb_s"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            load_hardware(write(text))
+
+
+def test_plan_cli_reads_a_hardware_file(tmp_path):
+    (tmp_path / "hw.yaml").write_text("device: h100\ngpus_per_node: 4\nnvlink_gb_s: 100\n")
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "model=llama3_8b", "--world", "16", "--top", "2",
+                          "--hardware", str(tmp_path / "hw.yaml")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines()[0].startswith(f"hardware from {tmp_path / 'hw.yaml'}: device h100, gpus_per_node 4")
+    both = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "model=llama3_8b", "--world", "16", "--device",
+                           "h100", "--hardware", str(tmp_path / "hw.yaml")], cwd=REPO, capture_output=True, text=True)
+    assert both.returncode == 2 and "leave out --device and --gpus-per-node" in both.stderr

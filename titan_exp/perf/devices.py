@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from titan_exp.perf.profile import COLLECTIVES, Line, MachineProfile, machine_key
 
@@ -143,3 +144,94 @@ def profile_for(device: str, world: int, gpus_per_node: int, folder=None) -> Mac
         if measured is not None and measured.source == "calibrated":
             return measured
     return spec_profile(spec, world, gpus_per_node)
+
+
+# A user's cluster in one file (`python -m titan_exp.perf.plan ... --hardware FILE`): its GPU (a spec
+# name above, or its numbers) and what a spec sheet cannot know about the cluster it sits in.
+SPEC_NUMBERS = ("bf16_tflops", "fp8_tflops", "tf32_tflops", "memory_gib", "memory_tb_s")
+HARDWARE_KEYS = {
+    "device": "a spec name (" + ", ".join(SPECS) + ") or a mapping of its numbers: " + ", ".join(SPEC_NUMBERS),
+    "gpus_per_node": "GPUs per node (an integer > 0)",
+    "nvlink_gb_s": "GB/s per GPU and direction inside a node",
+    "network_gb_s": "GB/s per GPU and direction between nodes",
+    "latency_nvlink_us": "a collective step's latency inside a node, microseconds",
+    "latency_network_us": "a ring hop's latency between nodes, microseconds",
+    "power_limit_w": "the GPUs' power limit, watts",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """A cluster read from a hardware file: the spec to plan with, the efficiency terms it set,
+    GPUs per node, and which values the file gave (for the plan to say)."""
+
+    spec: DeviceSpec
+    efficiency: Efficiency
+    gpus_per_node: int
+    from_file: dict[str, object]
+    path: str
+
+    def line(self) -> str:
+        given = ", ".join(f"{k} {v}" for k, v in self.from_file.items())
+        return f"hardware from {self.path}: {given}; the rest from the spec sheet of {self.spec.name}"
+
+
+def _positive(path: str, key: str, value: object, *, integer: bool = False) -> float:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or value <= 0:
+        raise ValueError(f"{path}: {key} = {value!r}: must be a {'whole number' if integer else 'number'} > 0")
+    return value
+
+
+def load_hardware(path: str | Path) -> Hardware:
+    """The cluster a hardware file describes, or a ValueError naming the file, the key, the value
+    and what it should be. Every key is used; none is ignored (an unknown one is refused)."""
+    import yaml
+
+    path = str(path)
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"--hardware {path}: cannot read it as YAML ({exc})") from None
+    if not isinstance(data, dict) or "device" not in data:
+        raise ValueError(f"{path}: needs a mapping with at least `device`; keys: "
+                         + "; ".join(f"{k} ({v})" for k, v in HARDWARE_KEYS.items()))
+    unknown = sorted(set(data) - set(HARDWARE_KEYS))
+    if unknown:
+        import difflib
+
+        hints = [f"{k} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, HARDWARE_KEYS, 1)) else k
+                 for k in unknown]
+        raise ValueError(f"{path}: unknown key(s) {', '.join(hints)}; the keys are {', '.join(HARDWARE_KEYS)}")
+    if "power_limit_w" in data:
+        raise ValueError(f"{path}: power_limit_w = {data['power_limit_w']!r}: not modelled yet (sustained clocks under "
+                         "a power cap are issue 36's next part); remove it, and for TorchTitan's 500 W H100 use "
+                         "device: h100_500w, whose efficiencies were fitted at that cap")
+    device = data["device"]
+    if isinstance(device, str):
+        if device not in SPECS:
+            raise ValueError(f"{path}: device = {device!r}: no spec sheet for it; choose from {', '.join(SPECS)}, "
+                             f"or give its numbers ({', '.join(SPEC_NUMBERS)})")
+        spec = SPECS[device]
+    elif isinstance(device, dict):
+        wrong = sorted(set(device) - set(SPEC_NUMBERS))
+        missing = [k for k in SPEC_NUMBERS if k not in device and k != "fp8_tflops"]
+        if wrong or missing:
+            raise ValueError(f"{path}: device: {'unknown ' + ', '.join(wrong) + '; ' if wrong else ''}"
+                             f"{'missing ' + ', '.join(missing) + '; ' if missing else ''}"
+                             f"a device's numbers are {', '.join(SPEC_NUMBERS)} (fp8_tflops may be left out: no FP8)")
+        numbers = {k: _positive(path, f"device.{k}", v) for k, v in device.items()}
+        spec = DeviceSpec("custom", (), numbers["bf16_tflops"], numbers.get("fp8_tflops"), numbers["tf32_tflops"],
+                          numbers["memory_gib"], numbers["memory_tb_s"], 0.0, 0.0, f"the numbers in {path}")
+    else:
+        raise ValueError(f"{path}: device = {device!r}: {HARDWARE_KEYS['device']}")
+    links = {k: _positive(path, k, data[k]) for k in ("nvlink_gb_s", "network_gb_s") if k in data}
+    if spec.name == "custom" and len(links) < 2:
+        raise ValueError(f"{path}: a device given by its numbers needs nvlink_gb_s and network_gb_s too")
+    spec = dataclasses.replace(spec, **links)
+    eff = Efficiency()
+    for key, field in (("latency_nvlink_us", "latency_nvlink_s"), ("latency_network_us", "latency_network_s")):
+        if key in data:
+            eff = dataclasses.replace(eff, **{field: _positive(path, key, data[key]) * 1e-6})
+    per_node = int(_positive(path, "gpus_per_node", data["gpus_per_node"], integer=True)) if "gpus_per_node" in data else 8
+    return Hardware(spec, eff, per_node, dict(data), path)

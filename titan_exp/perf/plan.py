@@ -4,6 +4,7 @@ step time, tokens/s per device and memory per device, ranked (titan_exp.perf.pla
     python -m titan_exp.perf.plan model=llama3_100m --world 4 training.global_batch_size=16
     python -m titan_exp.perf.plan model=llama3_100m --world 4 --write-sweep plan_100m_4
     python -m titan_exp.perf.plan model=llama3_8b --device h100 --world 512 --gpus-per-node 8
+    python -m titan_exp.perf.plan model=llama3_8b --hardware my_cluster.yaml --world 512
 
 Positional arguments are the Hydra overrides `launch.py` takes (model, batch, AC, ...). Each
 layout runs at its fastest predicted split of the global batch (local batch, accumulation, PP
@@ -11,7 +12,10 @@ microbatch; `--keep-split` keeps the configured local batch). On this machine th
 measures what the machine profile lacks for the model (its block at every TP degree, the
 collectives at the world size), through the configured executor, unless autotune.calibrate=false:
 then the first line says which parts are FLOPs estimates and how far off those were when last
-checked. From a spec sheet (`--device`) nothing is measured.
+checked. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` describes your
+cluster in a small YAML file (titan_exp.perf.devices.HARDWARE_KEYS): its GPU, by spec name or by its
+numbers, GPUs per node, NVLink and network bandwidth, latencies; the plan's first line says which
+values came from the file.
 """
 
 from __future__ import annotations
@@ -43,8 +47,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
                         "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, a100_40gb, b200); a profile calibrated on "
                         "that GPU replaces the spec one")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="with --device: GPUs per node; mesh dims "
-                        "whose groups span nodes pay the network's costs")
+    parser.add_argument("--gpus-per-node", type=int, default=None, help="with --device: GPUs per node (default 8); "
+                        "mesh dims whose groups span nodes pay the network's costs")
+    parser.add_argument("--hardware", metavar="FILE", default=None, help="your cluster in a YAML file: device (a spec "
+                        "name or its numbers), gpus_per_node, nvlink_gb_s, network_gb_s, latency_nvlink_us, "
+                        "latency_network_us; instead of --device and --gpus-per-node")
     parser.add_argument("--keep-split", action="store_true",
                         help="every layout at the configured local batch, not at its fastest split of the global batch")
     parser.add_argument("--top", type=int, default=10)
@@ -54,21 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     job = compose_job(args.overrides)
     folder = Path(args.profile_dir) if args.profile_dir else None
     first = []
-    if args.device:
-        from titan_exp.perf.devices import profile_for, spec_for
+    if args.hardware and (args.device or args.gpus_per_node):
+        parser.error("--hardware describes the device and GPUs per node: leave out --device and --gpus-per-node")
+    if args.device or args.hardware:
+        from titan_exp.perf.devices import load_hardware, profile_for, spec_for, spec_profile
 
         try:
-            spec = spec_for(args.device)
+            hardware = load_hardware(args.hardware) if args.hardware else None
+            spec = hardware.spec if hardware else spec_for(args.device)
         except ValueError as exc:
             parser.error(str(exc))
-        if args.world % args.gpus_per_node and args.world > args.gpus_per_node:
-            parser.error(f"--world {args.world} is not a whole number of nodes of --gpus-per-node {args.gpus_per_node}")
-        per_node = min(args.gpus_per_node, args.world)
+        gpus_per_node = hardware.gpus_per_node if hardware else (args.gpus_per_node or 8)
+        if args.world % gpus_per_node and args.world > gpus_per_node:
+            parser.error(f"--world {args.world} is not a whole number of nodes of {gpus_per_node} GPUs")
+        per_node = min(gpus_per_node, args.world)
         job = dataclasses.replace(job, cluster=dataclasses.replace(  # a cluster of them, not this machine
             job.cluster, executor=Executor.slurm, nnodes=args.world // per_node, nproc_per_node=per_node,
             gpus_per_node=per_node))
         args.cuda, memory = True, args.device_memory_gib or spec.memory_gib
-        profile = profile_for(args.device, args.world, per_node, folder)
+        if hardware:  # the file's cluster as described (a profile calibrated on this machine is not of it)
+            first.append(hardware.line())
+            profile = spec_profile(spec, args.world, per_node, hardware.efficiency)
+        else:
+            profile = profile_for(args.device, args.world, per_node, folder)
     else:
         memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
         nodes = job.cluster.nodes_for(args.world)
