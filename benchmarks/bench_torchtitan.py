@@ -90,7 +90,18 @@ FIELDS = {"dp_shard": "data_parallel_shard_degree", "tp": "tensor_parallel_degre
           "cp": "context_parallel_degree"}
 
 
+_JOBS: dict[tuple[int, str], object] = {}
+
+
 def job_for(row: Row):
+    """The row's job, composed once (the fits below predict each row many times)."""
+    key = (row.table, row.label)
+    if key not in _JOBS:
+        _JOBS[key] = _compose(row)
+    return _JOBS[key]
+
+
+def _compose(row: Row):
     overrides = [f"model={row.model}", f"training.local_batch_size={row.local_batch}", f"training.seq_len={row.seq_len}",
                  f"training.global_batch_size={row.local_batch * row.degrees['dp_shard']}",
                  "precision=float8" if row.float8 else "precision=bf16", f"activation_checkpoint.mode={row.ac}",
