@@ -106,6 +106,9 @@ BAD = [
     (["parallelism=tp", "cluster.nnodes=3"], "does not divide the 2 ranks the degrees need"),
     (["data.dataset=text"], "reads local files; give a file, glob or directory"),
     (["data.dataset=json", "data.path=/nonexistent/*.jsonl"], "matches no file"),
+    (["data.path=/data/mine.jsonl"], "data.path = '/data/mine.jsonl': would be ignored: data.dataset = 'pydoc_topics' "
+                                     "(the default) is the bundled corpus; set data.dataset=json to read it"),
+    (["validation.enable=true", "validation.path=/data/held_out"], "validation.path = '/data/held_out': would be ignored"),
     (["data.tokenizer_path=/nonexistent.json"], "is neither a tokenizer.json file nor a directory holding one"),
     (["data.tokenizer_vocab_size=100"], "needs >= 258"),
     (["precision=float8", "model.dim=264", "model.n_heads=12", "model.n_kv_heads=12"],

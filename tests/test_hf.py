@@ -4,6 +4,7 @@ loss, and our export loads back into transformers with the same logits."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,18 +12,18 @@ import torch
 
 from conftest import SMALL, run_job
 from titan_exp.config import ModelConfig
-from titan_exp.config.hf import model_fields
+from titan_exp.config.hf import config_errors, model_fields
 from titan_exp.models import hf
 from titan_exp.models.llama import Transformer
 
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_llama(folder, *, tie: bool = False):
+def tiny_llama(folder, *, tie: bool = False, rope_theta: float = 10000.0):
     """A random Llama 3-shaped model (GQA, SwiGLU width not Llama's rule) saved as transformers does."""
     config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       intermediate_size=160, vocab_size=2048, max_position_embeddings=128,
-                                      rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=tie)
+                                      rope_theta=rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=tie)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # RMSNorm weights start at 1: make them random too, so a swapped norm shows
@@ -49,6 +50,37 @@ def test_hf_weights_load_into_ours_with_the_same_logits(tmp_path, tie):
     tokens = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.quick
+def test_a_rope_base_as_this_transformers_saves_it_is_read(tmp_path):
+    """transformers 5 writes RoPE's base inside `rope_parameters`; a non-default one loads with the
+    same logits, and the control shows the base matters (read as 10000, the logits differ)."""
+    theirs = tiny_llama(tmp_path, rope_theta=123456.0)
+    ours, cfg = ours_from(tmp_path)
+    assert cfg.rope_theta == 123456.0
+    tokens = torch.randint(0, 2048, (2, 64), generator=torch.Generator().manual_seed(5))
+    default = Transformer(dataclasses.replace(cfg, rope_theta=10000.0))
+    hf.load_into([default], tmp_path, cfg)
+    with torch.no_grad():
+        assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
+        assert (default.eval()(tokens) - theirs(tokens).logits).abs().max() > 1e-3
+
+
+def test_rope_scaling_and_other_unread_math_is_refused(tmp_path):
+    """A config.json key that changes the math and is not read is refused by validation, named."""
+    tiny_llama(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for extra, message in [
+        ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0}},
+         "rope_type 'llama3' (RoPE scaling), rope_parameters {'factor': 8.0}"),
+        ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling {'type': 'linear', 'factor': 2.0}"),
+        ({"rope_theta": 10000.0, "rope_parameters": {"rope_theta": 500000.0}}, "rope_theta 10000.0 at the top but 500000.0"),
+        ({"attention_dropout": 0.1}, "attention_dropout 0.1"),
+    ]:
+        (tmp_path / "config.json").write_text(json.dumps({**saved, **extra}))
+        (error,) = config_errors(ModelConfig(hf_config=str(tmp_path)))
+        assert error.startswith(f"model.hf_config = '{tmp_path}': this Llama has {message}"), error
 
 
 def test_the_rope_permutation_matters(tmp_path):

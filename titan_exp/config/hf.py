@@ -18,12 +18,34 @@ def config_file(path: str | Path) -> Path:
     return path / CONFIG if path.is_dir() else path
 
 
-def model_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for what our
-    Llama does not implement (biases, RoPE scaling, a head_dim other than dim / heads)."""
-    unsupported = [k for k in ("attention_bias", "mlp_bias") if config.get(k)]
+def rope_theta(config: dict[str, Any], unsupported: list[str]) -> float:
+    """RoPE's base from either layout: transformers 5 writes it inside `rope_parameters` (with a
+    `rope_type`), transformers 4 at the top with an optional `rope_scaling`. Anything that changes
+    the rotation besides the base (a rope_type other than default, scaling factors) is added to
+    `unsupported`: loaded unread, it would give other logits without a word."""
+    rope = dict(config.get("rope_parameters") or {})
+    top = config.get("rope_theta")
+    theta = rope.pop("rope_theta", top if top is not None else 10000.0)
+    if top is not None and float(top) != float(theta):
+        unsupported.append(f"rope_theta {top} at the top but {theta} in rope_parameters")
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    if rope_type != "default":
+        unsupported.append(f"rope_type {rope_type!r} (RoPE scaling)")
+    if rope:
+        unsupported.append(f"rope_parameters {rope}")
     if config.get("rope_scaling"):
         unsupported.append(f"rope_scaling {config['rope_scaling']}")
+    return float(theta)
+
+
+def model_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for what our
+    Llama does not implement (biases, RoPE scaling, attention dropout, a head_dim other than
+    dim / heads)."""
+    unsupported = [k for k in ("attention_bias", "mlp_bias") if config.get(k)]
+    theta = rope_theta(config, unsupported)
+    if config.get("attention_dropout"):
+        unsupported.append(f"attention_dropout {config['attention_dropout']}")
     dim, heads = config["hidden_size"], config["num_attention_heads"]
     if config.get("head_dim") not in (None, dim // heads):
         unsupported.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
@@ -39,7 +61,7 @@ def model_fields(config: dict[str, Any]) -> dict[str, Any]:
         "vocab_size": config["vocab_size"],
         "intermediate_size": config["intermediate_size"],
         "norm_eps": config.get("rms_norm_eps", 1e-6),
-        "rope_theta": float(config.get("rope_theta", 10000.0)),
+        "rope_theta": theta,
         "max_seq_len": config.get("max_position_embeddings", 2048),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
     }

@@ -47,6 +47,16 @@ def _held_out_docs() -> list[dict]:
     return docs
 
 
+BUNDLED_PREFIX = "pydoc_topics-"  # the bundled corpus's folder in the cache: pydoc_topics-<digest>
+
+
+def is_bundled(path: str | None) -> bool:
+    """Whether `path` is the bundled corpus's folder, which the launcher sets as data.path for
+    data.dataset=pydoc_topics."""
+    name = Path(path).name if path else ""
+    return name.startswith(BUNDLED_PREFIX) and name[len(BUNDLED_PREFIX):].isalnum()
+
+
 def default_corpus() -> Path:
     """The bundled data set's training file: Python's documentation topics as one JSON document
     per line, in a fixed shuffled order. Beside it, validation.jsonl holds the docstrings of some
@@ -57,7 +67,7 @@ def default_corpus() -> Path:
     random.Random(0).shuffle(docs)
     train = "".join(json.dumps(d) + "\n" for d in docs)
     validation = "".join(json.dumps(d) + "\n" for d in _held_out_docs())
-    folder = cache_dir() / f"pydoc_topics-{_digest(train + validation)}"
+    folder = cache_dir() / f"{BUNDLED_PREFIX}{_digest(train + validation)}"
     folder.mkdir(parents=True, exist_ok=True)
     for name, payload in (("validation.jsonl", validation), ("train.jsonl", train)):  # train last: it marks the folder done
         if not (folder / name).exists():

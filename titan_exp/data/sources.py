@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Iterator
 
 from titan_exp.config import DataConfig, JobConfig, problem
+from titan_exp.data.corpus import is_bundled
 
 BUILDERS = ("json", "text", "parquet", "csv", "arrow")  # datasets' packaged builders for local files
 TOKENS = "tokens"  # a token store (titan_exp.data.tokens)
+BY_EXTENSION = {".json": "json", ".jsonl": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
 LOCAL = ("pydoc_topics", *BUILDERS, TOKENS)
 HUB_ALIASES = {"c4": ("allenai/c4", "en")}
 HUB_HOST = "huggingface.co"
@@ -94,6 +96,12 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
     if cfg.dataset not in LOCAL and cfg.path:
         e.append(problem(f"{prefix}.path", cfg.path, f"would be ignored: {cfg.dataset!r} is a hub data set, which reads "
                                                      f"its own files; for local files set data.dataset to one of {', '.join(BUILDERS)}"))
+    if cfg.dataset == "pydoc_topics" and cfg.path and not is_bundled(cfg.path):
+        builder = BY_EXTENSION.get(Path(cfg.path.rstrip("/*")).suffix.lower())
+        fix = (f"set data.dataset={builder} to read it (the builder its extension names)" if builder else
+               f"set data.dataset to the builder that reads it ({', '.join(BUILDERS)}; {TOKENS} for a token store)")
+        e.append(problem(f"{prefix}.path", cfg.path, f"would be ignored: data.dataset = 'pydoc_topics' (the default) "
+                                                     f"is the bundled corpus; {fix}"))
     if cfg.dataset in LOCAL and cfg.name:
         e.append(problem(f"{prefix}.name", cfg.name, f"would be ignored: local files ({cfg.dataset}) have no subsets; "
                                                      "name is for hub data sets"))
