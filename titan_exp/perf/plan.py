@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     first = []
     if args.hardware and (args.device or args.gpus_per_node):
         parser.error("--hardware describes the device and GPUs per node: leave out --device and --gpus-per-node")
+    if args.gpus_per_node and not args.device:
+        parser.error("--gpus-per-node describes the cluster of --device; without it the plan is for this machine")
     if args.device or args.hardware:
         from titan_exp.perf.devices import load_hardware, profile_for, spec_for, spec_profile
 
