@@ -32,6 +32,7 @@ import dataclasses
 import math
 import statistics
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -42,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from titan_exp.config import ACMode, Executor, PipelineSchedule, compose_job  # noqa: E402
 from titan_exp.models.llama import flops_per_token  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
+from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
 from titan_exp.perf.memory import GpuMemory, predict_memory  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
@@ -57,15 +59,15 @@ HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
 FITTED = {"matmul": (0.05, 1.0), "float8_matmul": (0.05, 1.0), "compile_speedup": (0.5, 3.0)}
 
 
-@dataclass(frozen=True)
+@dataclass
 class Row:
     source: str
     table: str
     label: str
-    cells: tuple[tuple[str, str], ...]  # the CSV row, as read
+    cells: dict[str, str]  # the CSV row, as read
 
     def __getitem__(self, key: str) -> str:
-        return dict(self.cells)[key]
+        return self.cells[key]
 
     @property
     def key(self) -> str:
@@ -82,7 +84,7 @@ class Row:
 
 def read_rows() -> list[Row]:
     with DATA.open() as f:
-        return [Row(r["source"], r["table"], r["row_label"], tuple(r.items())) for r in csv.DictReader(f)]
+        return [Row(r["source"], r["table"], r["row_label"], r) for r in csv.DictReader(f)]
 
 
 def skip_reason(row: Row) -> str | None:
@@ -259,18 +261,6 @@ def fit(rows: list[Planned]) -> Efficiency:
     return eff
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v):
-        order = sorted(range(len(v)), key=v.__getitem__)
-        r = [0.0] * len(v)
-        for i, j in enumerate(order):
-            r[j] = float(i)
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(xs)
-    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry)) / (n * (n * n - 1))
-
-
 TECHNIQUES = {"compile": lambda r: r["compile"], "precision": lambda r: (r.precision, r["fp8_recipe"]),
               "async TP": lambda r: r["async_tp"], "activation checkpointing": lambda r: r["activation_checkpointing"],
               "pipeline schedule": lambda r: (r["pp_schedule"], r["vp"])}
@@ -303,10 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     fitting = fitting_set(planned)
     print(f"{len(planned)} published rows; {len(ok)} planned for CUDA; fitting set: {len(fitting)} rows "
           f"({', '.join(sorted({p.row.source for p in fitting}))})")
-    skipped: dict[str, int] = {}
-    for p in planned:
-        if p.job is None:
-            skipped[f"{p.row.source}: {p.why_not[:110]}"] = skipped.get(f"{p.row.source}: {p.why_not[:110]}", 0) + 1
+    skipped = Counter(f"{p.row.source}: {p.why_not[:110]}" for p in planned if p.job is None)
     for why, n in sorted(skipped.items()):
         print(f"  not planned, {n} row(s): {why}")
     print()
@@ -314,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
           "worst | tables with order kept |")
     print("|---|---|---|---|---|---|---|")
     held_tps: list[float] = []
-    all_effects = []
+    all_effects, listed = [], []
     sources = [s for s in SOURCES if s in (args.source or SOURCES)]
     scored_sources = 0
     for source in sources:
@@ -323,9 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             continue
         eff = fit([p for p in fitting if p.row.source != source])
         preds = [(p, predict(p, eff)) for p in mine]
-        errs = [pred / published(p.row)[1] - 1 for p, pred in preds]
-        scale = statistics.median(pred / published(p.row)[1] for p, pred in preds)
-        scaled = [(pred / scale) / published(p.row)[1] - 1 for p, pred in preds]
+        values = [published(p.row)[1] for p, _ in preds]
+        errs = relative_errors([pred for _, pred in preds], values)
+        scale = statistics.median(1 + e for e in errs)
+        scaled = [(1 + e) / scale - 1 for e in errs]
         tables: dict[str, list[tuple[float, float]]] = {}
         for p, pred in preds:
             tables.setdefault(p.row.table, []).append((published(p.row)[1], pred))
@@ -334,14 +322,15 @@ def main(argv: list[str] | None = None) -> int:
         held_tps += [abs(e) for e in errs]
         scored_sources += 1
         all_effects += [(source, *e) for e in effects(preds)]
+        listed += [(p, pred, e) for (p, pred), e in zip(preds, errs)]
         print(f"| {source} | matmul {eff.matmul:.3f}, float8 {eff.float8_matmul:.3f}, compile {eff.compile_speedup:.3f} "
-              f"| {len(mine)} | {100 * statistics.median(abs(e) for e in errs):.0f} % | {100 * max(errs, key=abs):+.0f} % "
-              f"| {100 * statistics.median(abs(e) for e in scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % "
-              f"| {kept} of {len(ordered)} |")
-        if args.rows:
-            for (p, pred), e in zip(preds, errs):
-                unit, value = published(p.row)
-                print(f"|  | {p.row.key} | {unit} | {value:,.3g} | {pred:,.3g} | {100 * e:+.0f} % | |")
+              f"| {len(mine)} | {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % "
+              f"| {100 * median_abs(scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
+    if args.rows:
+        print("\n| source, table, row | published | predicted | error |\n|---|---|---|---|")
+        for p, pred, e in listed:
+            unit, value = published(p.row)
+            print(f"| {p.row.key} | {value:,.3g} {unit} | {pred:,.3g} | {100 * e:+.0f} % |")
     print()
     print("| source | technique | pair of rows | published effect | predicted | difference (points) |")
     print("|---|---|---|---|---|---|")
@@ -354,10 +343,10 @@ def main(argv: list[str] | None = None) -> int:
     mem_err = [abs(predict_memory(p.job, cuda=True, gpu=GpuMemory())["total"] / float(p.row["memory_gib"]) - 1)
                for p in memory if p.row.key not in fitted_memory]
     print()
-    mem = (f"memory median |error| {100 * statistics.median(mem_err):.0f} %, worst {100 * max(mem_err):.0f} % "
+    mem = (f"memory median |error| {100 * median_abs(mem_err):.0f} %, worst {100 * max(mem_err):.0f} % "
            f"({len(mem_err)} rows of the one source publishing memory, not fitted on)" if mem_err else "memory: no rows")
     print(f"held-out: {len(held_tps)} rows from {scored_sources} sources; tokens/s median |error| "
-          f"{100 * statistics.median(held_tps):.0f} %, worst {100 * max(held_tps):.0f} %; {mem}")
+          f"{100 * median_abs(held_tps):.0f} %, worst {100 * max(held_tps):.0f} %; {mem}")
     return 0
 
 

@@ -193,11 +193,11 @@ def test_torchtitans_published_tables_validate_and_plan_for_cuda():
     assert any("fails on CPU" in e for e in validate(cpu, cuda=False)) and validate(cpu, cuda=True) == []
 
 
-def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_source_out():
+def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_source_out(monkeypatch):
     """benchmarks/bench_published.py (issue 36): an MPT row becomes a job with the published
     parameter count (its learned position embedding aside), every TorchTitan row plans for CUDA,
     and the leave-one-source-out summary is the last line."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_published as bench
 
     planned = bench.plan_rows(bench.read_rows())
