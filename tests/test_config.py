@@ -142,6 +142,7 @@ BAD = [
     (["sweep.objective=final_los"], "sweep.objective = 'final_los': not a number summary.json records; did you mean final_loss"),
     (["autotune.budget_minutes=0"], "autotune.budget_minutes = 0.0: must be > 0"),
     (["autotune.drop_slower_than=1.5"], "autotune.drop_slower_than = 1.5: a share of the fastest"),
+    (["autotune.tolerance=-0.1"], "autotune.tolerance = -0.1: a share of the fastest: 0 <= it < 1"),
     (["autotune.device_memory_gib=0"], "autotune.device_memory_gib = 0.0: must be > 0"),
     (["profiling.save_traces_folder=/tmp/traces"], "profiling.save_traces_folder = '/tmp/traces': a folder name inside the run dir"),
 ]
