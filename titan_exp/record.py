@@ -66,6 +66,8 @@ class RunSummary:
     losses: Optional[list[float]] = None
     final_val_loss: Optional[float] = None  # validation.enable: the held-out loss at the last validation
     val_losses: Optional[dict[str, float]] = None  # step (as JSON spells it) -> held-out loss
+    val_loss_per_source: Optional[dict[str, float]] = None  # data.mixture: each source's held-out loss at the last validation
+    tokens_per_source: Optional[dict[str, int]] = None  # data.mixture: tokens trained on from each source
     grad_norms: Optional[list[float]] = None
     expert_load: Optional[dict[str, float]] = None  # MoE: the last step's max/min tokens per expert over the mean, largest bias
     skipped_steps: Optional[list[int]] = None

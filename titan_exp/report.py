@@ -77,8 +77,15 @@ def row(path: Path) -> dict[str, Any]:
         "status": summary.status.value,
         "reason": error.splitlines()[0][:300] if error else "",
         "losses": summary.losses or [],
+        "per_source": per_source(summary),
         **prediction(run_dir, summary.tokens_per_second_per_device),
     }
+
+
+def per_source(summary: RunSummary) -> dict[str, Any]:
+    """A mixture's numbers per source (data.mixture): tokens trained on and the last held-out loss."""
+    return {**{f"tokens {k}": v for k, v in (summary.tokens_per_source or {}).items()},
+            **{f"val_loss {k}": v for k, v in (summary.val_loss_per_source or {}).items()}}
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,10 +179,26 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
               "machine's profile, each marked with where its costs came from: [measured profile] (`python -m "
               "titan_exp.perf.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
               "other column is measured."]
+    lines += per_source_table(rows)
     autotune = sweep / "autotune.md"
     if autotune.exists():  # an autotune sweep's own record comes first
         lines = [*lines[:2], autotune.read_text(), *lines[2:]]
     return "\n".join(lines) + "\n"
+
+
+def source_columns(rows: list[dict[str, Any]]) -> list[str]:
+    """The per-source columns any member has, in first-seen order."""
+    return list(dict.fromkeys(k for r in rows for k in r.get("per_source", {})))
+
+
+def per_source_table(rows: list[dict[str, Any]]) -> list[str]:
+    columns = source_columns(rows)
+    if not columns:
+        return []
+    return ["", "Per data source (data.mixture): tokens trained on, and the held-out loss at the last validation.", "",
+            "| member | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|",
+            *("| " + " | ".join([r["member"], *(_fmt(r["per_source"].get(c), 4) for c in columns)]) + " |"
+              for r in rows)]
 
 
 def _predicted(r: dict[str, Any]) -> str:
@@ -194,9 +217,9 @@ def _shares(r: dict[str, Any]) -> str:
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=COLUMNS, extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *source_columns(rows)], extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(rows)
+    writer.writerows({**r, **r.get("per_source", {})} for r in rows)
     return out.getvalue()
 
 

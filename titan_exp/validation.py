@@ -20,14 +20,14 @@ import os
 from titan_exp import metrics, precision, record, targets, watchdog
 from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.config import Executor, JobConfig, autotune, cluster, problem
-from titan_exp.data import loader
+from titan_exp.data import loader, mixture
 from titan_exp.data import sources as data
 from titan_exp.models import llama
 from titan_exp.parallel import activation_checkpoint, context, dims, expert, fsdp, pipeline, tensor
 from titan_exp.train import optim, profiling
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
-CHECKS = (llama.check, optim.check, metrics.check, watchdog.check, data.check, precision.check,
+CHECKS = (llama.check, optim.check, metrics.check, watchdog.check, data.check, mixture.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, autotune.check,
           record.check, profiling.check, targets.check)
 LAYOUT_CHECKS = (loader.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)
@@ -96,7 +96,7 @@ def resolve(job: JobConfig) -> JobConfig:
 
     return dataclasses.replace(
         job,
-        data=dataclasses.replace(d, path=absolute(d.path), tokenizer_path=absolute(d.tokenizer_path)),
+        data=mixture.absolute(dataclasses.replace(d, path=absolute(d.path), tokenizer_path=absolute(d.tokenizer_path))),
         checkpoint=dataclasses.replace(k, initial_load_path=absolute(k.initial_load_path)),
         cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes),
         parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=layout.dp_shard),

@@ -385,6 +385,23 @@ class ClusterConfig:
 
 
 @dataclass
+class SourceConfig:
+    """One source of a data mixture (data.mixture): the fields of `data` that name documents,
+    and its weight."""
+
+    dataset: Optional[str] = doc(None, "as data.dataset: json | text | parquet | csv | arrow | tokens | a hub id")
+    path: Optional[str] = doc(None, "as data.path: a file, a glob, a directory, or a token store's folder")
+    name: Optional[str] = doc(None, "as data.name: a hub data set's subset")
+    split: str = doc("train", "as data.split")
+    text_field: str = doc("text", "as data.text_field")
+    weight: float = doc(1.0, "the source's share of the training rows is weight / the sum of the weights (> 0)")
+    label: Optional[str] = doc(None, "its name in metrics, summary.json and the report; null = its path's or data "
+                                     "set's name")
+    validation_path: Optional[str] = doc(None, "held-out files of this source (a token store for dataset=tokens); "
+                                               "null = the validation.split of its directory or hub data set")
+
+
+@dataclass
 class DataConfig:
     _target_: str = target("titan_exp.data.loader.build_loader", "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
     kwargs: Dict[str, Any] = target_kwargs()
@@ -402,6 +419,9 @@ class DataConfig:
                                               "layout, whose tokenizer_config.json names BOS/EOS); null = BPE trained "
                                               "on the default corpus")
     tokenizer_vocab_size: int = doc(2048, "vocabulary of the trained BPE when tokenizer_path is null")
+    mixture: List[SourceConfig] = doc([], "train on several sources, each global batch's rows drawn by weight with a "
+                                          "seeded generator (titan_exp.data.mixture), instead of dataset/path/name/"
+                                          "split/text_field: [{dataset: json, path: a.jsonl, weight: 3}, ...]")
 
 
 @dataclass

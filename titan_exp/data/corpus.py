@@ -106,8 +106,9 @@ def assets(d: DataConfig) -> tuple[DataConfig, Path]:
     the tokenizer file the run uses: data.tokenizer_path's, or the BPE trained on the corpus."""
     import dataclasses
 
-    corpus = default_corpus() if d.dataset == "pydoc_topics" or not d.tokenizer_path else None
-    if d.dataset == "pydoc_topics":
+    bundled = d.dataset == "pydoc_topics" and not d.mixture  # a mixture names its own sources
+    corpus = default_corpus() if bundled or not d.tokenizer_path else None
+    if bundled:
         d = dataclasses.replace(d, path=str(corpus.parent))  # its train and validation files
     return d, tokenizer_file(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(corpus, d.tokenizer_vocab_size)
 

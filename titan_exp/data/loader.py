@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import copy
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator
 
 import torch
 
 from titan_exp.config import JobConfig, problem
 from titan_exp.data.corpus import Tokenizer
+from titan_exp.data.mixture import Mixture, MixtureLoader
+from titan_exp.data.prefetch import Prefetch
 from titan_exp.data.tokens import TokenLoader, TokenStore
 from titan_exp.parallel.dims import ParallelDims
 
@@ -43,10 +44,15 @@ def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
 
 
 def build_loader(dataset, tokenizer: Tokenizer, **kwargs: Any):
-    """data._target_'s default: a TokenLoader for a token store (data.dataset=tokens), else a
-    PackedLoader that tokenizes the documents as it goes. Both give the same batches."""
+    """data._target_'s default: a TokenLoader for a token store (data.dataset=tokens), a
+    MixtureLoader for a mixture (data.mixture), else a PackedLoader that tokenizes the documents as
+    it goes. A token store's loader and a PackedLoader of the same documents give the same batches."""
     if isinstance(dataset, TokenStore):
         return TokenLoader(dataset, **kwargs)
+    if isinstance(dataset, Mixture):
+        each = [build_loader(ds, tokenizer, **{**kwargs, "text_field": field, "prefetch": False})
+                for ds, field in zip(dataset.datasets, dataset.text_fields)]
+        return MixtureLoader(dataset, each, **kwargs)
     return PackedLoader(dataset, tokenizer, **kwargs)
 
 
@@ -80,9 +86,7 @@ class PackedLoader:
         self._loaded: dict | None = None  # the dataset state last loaded, until a document is read
         # Prefetch: the next batch is cut (documents read and tokenized) by a background thread
         # while the step runs; the position handed out is the one after the batch returned.
-        self.prefetch = prefetch
-        self._pool: ThreadPoolExecutor | None = None
-        self._ahead: Future | None = None
+        self._prefetch = Prefetch(self._cut, prefetch)
         self._state: dict[str, Any] | None = None
 
     def _next_doc(self) -> dict:
@@ -109,17 +113,16 @@ class PackedLoader:
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's share of the next global batch, as (inputs, labels) microbatches."""
-        batch, self._state = self._ahead.result() if self._ahead is not None else self._cut()
-        self._ahead = None
-        if self.prefetch:
-            self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="loader-prefetch")
-            self._ahead = self._pool.submit(self._cut)
+        batch, self._state = self._prefetch.next()
         return batch
+
+    def take(self, n: int, keep: slice) -> torch.Tensor:
+        """Rows `keep` of the stream's next `n` rows (each seq_len + 1 tokens); the position moves by n."""
+        return self._rows(n)[keep]
 
     def _cut(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, Any]]:
         """The next batch and the position after it."""
-        rows = self._rows(self.global_batch_size)
-        mine = rows[self.dp_rank * self.rows_per_rank : (self.dp_rank + 1) * self.rows_per_rank]
+        mine = self.take(self.global_batch_size, slice(self.dp_rank * self.rows_per_rank, (self.dp_rank + 1) * self.rows_per_rank))
         return [(mb[:, :-1], mb[:, 1:]) for mb in mine.split(self.local_batch_size)], self._position()
 
     def state_dict(self) -> dict[str, Any]:
@@ -135,9 +138,7 @@ class PackedLoader:
         return {"dataset": copy.deepcopy(dataset), "epoch": self.epoch, "buffer": list(self.buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self._ahead is not None:  # a prefetched batch from the old position: finish, then drop it
-            self._ahead.result()
-            self._ahead = None
+        self._prefetch.drain()
         self._state = None
         self.epoch = state["epoch"]
         self.buffer = list(state["buffer"])

@@ -14,6 +14,7 @@ import codecs
 import dataclasses
 import glob
 import json
+import logging
 import os
 import socket
 from pathlib import Path
@@ -28,6 +29,8 @@ BY_EXTENSION = {".json": "json", ".jsonl": "json", ".txt": "text", ".parquet": "
 LOCAL = ("pydoc_topics", *BUILDERS, TOKENS)
 HUB_ALIASES = {"c4": ("allenai/c4", "en")}
 HUB_HOST = "huggingface.co"
+
+logger = logging.getLogger(__name__)
 
 
 def load_arguments(cfg: DataConfig) -> tuple[tuple, dict]:
@@ -90,7 +93,7 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
         if not cfg.path or (why := problem_with(cfg.path)):
             e.append(problem(f"{prefix}.path", cfg.path, f"not a token store: {why if cfg.path else 'give its folder'}"))
     if cfg.dataset in BUILDERS and not cfg.path:
-        e.append(problem(f"{prefix}.path", cfg.path, f"data.dataset = {cfg.dataset!r} reads local files; give a file, glob or directory"))
+        e.append(problem(f"{prefix}.path", cfg.path, f"{'data' if prefix == 'validation' else prefix}.dataset = {cfg.dataset!r} reads local files; give a file, glob or directory"))
     elif cfg.dataset in BUILDERS and next(_files(cfg.path), None) is None:  # every rank: the first file, not a listing
         e.append(problem(f"{prefix}.path", cfg.path, "matches no file; check the path"))
     if cfg.dataset not in LOCAL and cfg.path:
@@ -113,8 +116,8 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
 def check(job: JobConfig, cuda: bool) -> list[str]:
     """The fields (cheap: every rank runs it); `data_file_errors` reads the files, once, at launch."""
     d = job.data
-    e = source_errors(d, "data")
-    if job.validation.enable:
+    e = [] if d.mixture else source_errors(d, "data")  # a mixture's sources: titan_exp.data.mixture.check
+    if job.validation.enable and not d.mixture:
         v = validation_source(job)
         e += [x for x in source_errors(v, "validation") if x not in e]
         same_files = v.path == d.path and (v.dataset == TOKENS or (v.dataset in BUILDERS and not os.path.isdir(v.path or "")))
@@ -159,6 +162,36 @@ def hub_errors(cfg: DataConfig, prefix: str) -> list[str]:
     if info.features and cfg.text_field not in info.features:
         e.append(problem("data.text_field", cfg.text_field, f"{hub_id} has no such field; choose from {', '.join(info.features)}"))
     return e
+
+
+def token_store(d: DataConfig, tokenizer: Path) -> Path:
+    """The cache's token store of source `d` (keyed by the data, its files' sizes and times, and
+    the tokenizer), tokenized into it the first time it is asked for."""
+    from titan_exp.cache import cache_dir
+    from titan_exp.data import tokens
+
+    source = describe(d)
+    folder = cache_dir() / "tokens" / tokens.cache_key(source, tokenizer)
+    if tokens.problem_with(folder) is None:
+        logger.info("data: the token store %s of %s %s is ready", folder, d.dataset, d.path or d.name or "")
+    else:
+        logger.info("data: tokenizing %s %s once into %s", d.dataset, d.path or d.name or "", folder)
+        tokens.prepare(iter(open_dataset(d)), d.text_field, tokenizer, folder, source=source,
+                       workers=tokens.default_workers(), progress=True)
+    return folder
+
+
+def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
+    """data.pretokenize: the job reading a token store of its data, made once into the cache.
+    Validation keeps reading the documents (its own fields pinned to what data's were)."""
+    d = job.data
+    if d.dataset == TOKENS:
+        return job
+    folder = token_store(d, tokenizer)
+    held_out = validation_source(job)  # pinned before data's fields change
+    validation = dataclasses.replace(job.validation, dataset=held_out.dataset, path=held_out.path, name=held_out.name)
+    return dataclasses.replace(job, data=dataclasses.replace(d, dataset=TOKENS, path=str(folder), pretokenize=False),
+                               validation=validation)
 
 
 HEAD_BYTES = 1 << 16

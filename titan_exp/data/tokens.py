@@ -174,11 +174,15 @@ class TokenLoader:
         return np.take(self.tokens, np.arange(start, start + length) % self.n)
 
     def next_batch(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        first = self.row + self.dp_rank * self.rows_per_rank
-        span = self._span(first * self.row_len, self.rows_per_rank * self.row_len)
-        self.row += self.global_batch_size
-        rows = torch.from_numpy(span.astype(np.int64)).view(self.rows_per_rank, self.row_len)
+        first = self.dp_rank * self.rows_per_rank
+        rows = self.take(self.global_batch_size, slice(first, first + self.rows_per_rank))
         return [(mb[:, :-1], mb[:, 1:]) for mb in rows.split(self.local_batch_size)]
+
+    def take(self, n: int, keep: slice) -> torch.Tensor:
+        """Rows `keep` of the next `n` global rows, read alone; the position moves by n."""
+        span = self._span((self.row + keep.start) * self.row_len, (keep.stop - keep.start) * self.row_len)
+        self.row += n
+        return torch.from_numpy(span.astype(np.int64)).view(keep.stop - keep.start, self.row_len)
 
     def state_dict(self) -> dict[str, Any]:
         return {"row": self.row}

@@ -67,46 +67,28 @@ def check(p: Pending) -> tuple[Pending, list[str]]:
 
 def data(p: Pending) -> tuple[Pending, list[str]]:
     from titan_exp.data.corpus import Tokenizer, assets
-    from titan_exp.data.sources import data_file_errors, hub_errors, store_errors, validation_source
+    from titan_exp.data.sources import data_file_errors, hub_errors, pretokenized, store_errors, validation_source
     from titan_exp.models.llama import check_vocab
+
+    from titan_exp.data import mixture
 
     d, tokenizer = assets(p.job.data)
     job = dataclasses.replace(p.job, data=d)
-    hub = hub_errors(d, "data")
-    errors = check_vocab(job.model, Tokenizer(tokenizer).vocab_size) + data_file_errors(d) + hub
-    if job.validation.enable:
-        v = validation_source(job)
-        same_hub = hub and v.dataset == d.dataset  # already said: unreachable, or no such data set
-        errors += data_file_errors(v, "validation") + ([] if same_hub else hub_errors(v, "validation"))
-    if d.pretokenize and not errors:
-        job = pretokenized(job, tokenizer)
-    errors += store_errors(job.data, tokenizer, job.model.vocab_size)
-    return dataclasses.replace(p, job=job, tokenizer=tokenizer), errors
-
-
-def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
-    """data.pretokenize: the job reading a token store of its data, made once into the cache
-    (keyed by the data, its files' sizes and times, and the tokenizer). Validation keeps reading
-    the documents (its own fields pinned to what data's were)."""
-    from titan_exp.cache import cache_dir
-    from titan_exp.data import tokens
-    from titan_exp.data.sources import TOKENS, describe, open_dataset, validation_source
-
-    d = job.data
-    if d.dataset == TOKENS:
-        return job
-    source = describe(d)
-    folder = cache_dir() / "tokens" / tokens.cache_key(source, tokenizer)
-    if tokens.problem_with(folder) is None:
-        logger.info("data: the token store %s (data.pretokenize) is ready", folder)
+    errors = check_vocab(job.model, Tokenizer(tokenizer).vocab_size)
+    if d.mixture:
+        errors += mixture.file_errors(job)
     else:
-        logger.info("data: tokenizing %s once into %s (data.pretokenize)", d.dataset, folder)
-        tokens.prepare(iter(open_dataset(d)), d.text_field, tokenizer, folder, source=source,
-                       workers=tokens.default_workers(), progress=True)
-    held_out = validation_source(job)  # pinned before data's fields change
-    validation = dataclasses.replace(job.validation, dataset=held_out.dataset, path=held_out.path, name=held_out.name)
-    return dataclasses.replace(job, data=dataclasses.replace(d, dataset=TOKENS, path=str(folder), pretokenize=False),
-                               validation=validation)
+        hub = hub_errors(d, "data")
+        errors += data_file_errors(d) + hub
+        if job.validation.enable:
+            v = validation_source(job)
+            same_hub = hub and v.dataset == d.dataset  # already said: unreachable, or no such data set
+            errors += data_file_errors(v, "validation") + ([] if same_hub else hub_errors(v, "validation"))
+    if d.pretokenize and not errors:
+        job = mixture.pretokenized(job, tokenizer) if d.mixture else pretokenized(job, tokenizer)
+    for source in [s.data for s in mixture.sources(job.data)] if job.data.mixture else [job.data]:
+        errors += store_errors(source, tokenizer, job.model.vocab_size)
+    return dataclasses.replace(p, job=job, tokenizer=tokenizer), errors
 
 
 def resolved(p: Pending) -> tuple[Pending, list[str]]:

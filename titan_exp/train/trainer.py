@@ -23,6 +23,8 @@ from titan_exp.checkpoint.manager import Checkpointer
 from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
 from titan_exp.config import JobConfig, OnNonfinite
 from titan_exp.data.corpus import Tokenizer
+from titan_exp.data import mixture
+from titan_exp.data.mixture import open_mixture
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models import moe
@@ -137,21 +139,26 @@ class Trainer:
 
     def _build_data(self) -> None:
         self.tokenizer = Tokenizer(self.run_dir.tokenizer)
-        self.loader = self._loader(self.job.data)
-        if self.job.validation.enable:  # opened once; every validation rewinds it to its start
-            self.val_loader = self._loader(validation_source(self.job), prefetch=False)
-            self.val_start = self.val_loader.state_dict()
+        d, v = self.job.data, self.job.validation
+        self.loader = self._loader(open_mixture(mixture.sources(d), self.job.training.seed) if d.mixture
+                                   else open_dataset(d), d.text_field)
+        # Each held-out set (one per mixture source), opened once; every validation rewinds it to its start.
+        self.val_sets: list[tuple[mixture.Source, Any, dict[str, Any]]] = []
+        held_out = mixture.validation_sources(d, v) if d.mixture else [mixture.Source("", 1.0, validation_source(self.job))]
+        for source in held_out if v.enable else []:
+            loader = self._loader(open_dataset(source.data), source.data.text_field, prefetch=False)
+            self.val_sets.append((source, loader, loader.state_dict()))
 
-    def _loader(self, source, prefetch: bool = True):
-        """A loader of `source` (the data node, or the validation set's) from data._target_;
+    def _loader(self, dataset, text_field: str, prefetch: bool = True):
+        """A loader of `dataset` (the data node's, a mixture, or a held-out set) from data._target_;
         `prefetch`: cut the next batch in the background while the step runs."""
         t = self.job.training
         return targets.build(
             self.job,
             "data",
-            open_dataset(source),
+            dataset,
             self.tokenizer,
-            text_field=source.text_field,
+            text_field=text_field,
             seq_len=t.seq_len,
             global_batch_size=t.global_batch_size,
             local_batch_size=t.local_batch_size,
@@ -227,18 +234,26 @@ class Trainer:
         with self.profiler.phase("optimizer"):
             return self._update(loss)
 
-    def held_out_loss(self) -> float:
+    def validate(self) -> dict[str, float]:
+        """The held-out loss and perplexity; with a mixture, each source's loss too (`val_loss/<label>`)
+        and as `val_loss` their mean weighted as the mixture draws them."""
+        losses = {source.label: self.held_out_loss(loader, start) for source, loader, start in self.val_sets}
+        loss = sum(source.weight * losses[source.label] for source, _, _ in self.val_sets)
+        return {"val_loss": loss, "val_perplexity": math.exp(min(loss, 700)),
+                **{f"val_loss/{label}": x for label, x in losses.items() if label}}
+
+    def held_out_loss(self, loader, start: dict[str, Any]) -> float:
         """The held-out loss: the mean over validation.steps global batches, read from the start
         of the validation set every time (so the numbers compare across steps and layouts).
         torch's forward-only pipeline `eval` cannot run the V-shaped schedules (it trips on their
         backward actions), so those take a whole step, whose gradients the next step's zero_grad
         discards; the loss is the same, the cost that of a training step."""
-        self.val_loader.load_state_dict(self.val_start)
+        loader.load_state_dict(start)
         by_step = self.schedule is not None and self.job.parallelism.pipeline_parallel_schedule.value in V_SHAPED
         total = 0.0
         with contextlib.nullcontext() if by_step else torch.no_grad():
             for _ in range(self.job.validation.steps):
-                total += self._global_loss(self._forward_backward(self.val_loader.next_batch(), backward=by_step)).item()
+                total += self._global_loss(self._forward_backward(loader.next_batch(), backward=by_step)).item()
         return total / self.job.validation.steps
 
     def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], backward: bool = True) -> torch.Tensor:
@@ -306,6 +321,7 @@ class Trainer:
         interrupted: dict[str, Any] = {}
         nonfinite: list[int] = []  # steps whose update was skipped
         val_losses: dict[str, float] = {}  # step -> held-out loss
+        last_val: dict[str, float] = {}  # the last validation's metrics
         start = time.perf_counter()
         try:
             with self.profiler:  # traces and memory records, when profiling.* asks
@@ -326,11 +342,9 @@ class Trainer:
                         self._read(history, tokens_per_step, nonfinite, at=step)
                     if step == first:
                         set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
-                    val = {}
+                    val = self.validate() if validate else {}
                     if validate:
-                        val_loss = self.held_out_loss()
-                        val_losses[str(step)] = val_loss  # JSON's keys are strings
-                        val = {"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 700))}
+                        val_losses[str(step)], last_val = val["val_loss"], val  # JSON's keys are strings
                     if log:
                         self._log(step, history.losses[-1], history.grad_norms[-1], val)
                     faults.inject("step", step)
@@ -348,6 +362,10 @@ class Trainer:
             resumed["skipped_steps"] = nonfinite
         if val_losses:
             resumed |= {"val_losses": val_losses, "final_val_loss": list(val_losses.values())[-1]}
+            if self.job.data.mixture:
+                resumed["val_loss_per_source"] = {k.split("/", 1)[1]: x for k, x in last_val.items() if k.startswith("val_loss/")}
+        if self.job.data.mixture:
+            resumed["tokens_per_source"] = self.loader.tokens_per_source()
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
             if interrupted:
@@ -401,6 +419,7 @@ class Trainer:
             **self.throughput.window(),
             "peak_memory_gib": peak_memory_gib(self.device),
             **{f"moe/{k}": v for k, v in self._expert_load().items()},
+            **({f"tokens/{k}": v for k, v in self.loader.tokens_per_source().items()} if self.job.data.mixture else {}),
         })
 
     def _expert_load(self) -> dict[str, float]:
