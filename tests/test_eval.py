@@ -138,3 +138,26 @@ def test_a_failed_evaluation_is_recorded_and_training_goes_on(tmp_path):
     assert "eval" not in summary and list(summary["eval_errors"]) == ["2"]
     assert "the evaluator exited with 1" in summary["eval_errors"]["2"] and "missing.jsonl" in summary["eval_errors"]["2"]
     assert (tmp_path / "run" / "eval" / "step-2.log").is_file()
+
+
+def test_evaluations_reach_every_sink(tmp_path, monkeypatch):
+    """MetricSinks.log_eval, with the real TensorBoard and wandb (offline): metrics.jsonl gets the
+    table at its step, TensorBoard eval/<task>/<metric> at that step, and wandb takes it after
+    later steps (by eval/step) without failing, which would turn its logging off."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from titan_exp.metrics import MetricSinks
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    job = job_config([*EVAL, "metrics.enable_tensorboard=true", "metrics.enable_wandb=true",
+                      "metrics.wandb_mode=offline"])
+    sinks = MetricSinks(job, tmp_path, rank=0)
+    for step in (1, 2, 3):
+        sinks.log(step, {"loss": 1.0 / step, "grad_norm": 1.0, "lr": 1e-3, "tps_per_device": 1.0, "mfu": 1.0,
+                         "peak_memory_gib": 0.1})
+    sinks.log_eval(2, {"tiny_mc": {"acc": 0.5, "acc_norm": 0.75}})  # step 2's, finished at step 3
+    assert sinks.wandb_run is not None
+    sinks.close()
+    assert RunDir(tmp_path).read_metrics()[-1] == {"step": 2, "eval": {"tiny_mc": {"acc": 0.5, "acc_norm": 0.75}}}
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert [(e.step, e.value) for e in events.Scalars("eval/tiny_mc/acc_norm")] == [(2, 0.75)]
