@@ -1,7 +1,8 @@
 """The training loop. Construction builds, in order: mesh -> model (meta) -> parallelize ->
 weights -> optimizer and schedule -> data -> metrics -> checkpointer. `train()` resumes from
 the latest checkpoint if there is one, runs the steps (and the held-out loss every
-validation.freq steps), and returns the numbers the run summary records."""
+validation.freq steps, and downstream evaluations every eval.freq steps in a process of their
+own: titan_exp.eval), and returns the numbers the run summary records."""
 
 from __future__ import annotations
 
