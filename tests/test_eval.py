@@ -44,7 +44,7 @@ def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path
     assert code == 0 and summary["status"] == "ok", summary
     records = [r for r in RunDir(run_dir).read_metrics() if "eval" in r]
     assert [r["step"] for r in records] == [2, 4]
-    assert summary["eval"] == records[-1]["eval"] and summary["eval_step"] == 4
+    assert summary["eval"] == records[-1]["eval"]
     assert "eval_errors" not in summary and "eval_skipped_steps" not in summary
     assert set(summary["eval"]["tiny_mc"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
     final = run_dir / "eval" / "step-4"
@@ -161,3 +161,25 @@ def test_evaluations_reach_every_sink(tmp_path, monkeypatch):
     assert RunDir(tmp_path).read_metrics()[-1] == {"step": 2, "eval": {"tiny_mc": {"acc": 0.5, "acc_norm": 0.75}}}
     events = EventAccumulator(str(tmp_path / "tb")).Reload()
     assert [(e.step, e.value) for e in events.Scalars("eval/tiny_mc/acc_norm")] == [(2, 0.75)]
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_optimises_an_eval_metric(tmp_path):
+    """hydra/sweeper=optuna with sweep.objective=eval.tiny_mc.acc_norm: each member returns its last
+    evaluation's number, so the study's best value is the best of the members' summaries."""
+    import yaml
+
+    from conftest import launch_cli
+
+    pytest.importorskip("lm_eval")
+    sweep = tmp_path / "optuna"
+    result = launch_cli(["-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.direction=maximize",
+                         "hydra.sweeper.sampler.seed=0", "optimizer.lr=interval(1e-4,3e-2)", "training.steps=2",
+                         "training.seq_len=64", "training.global_batch_size=8", *EVAL, "eval.limit=6",
+                         "sweep.objective=eval.tiny_mc.acc_norm", f"hydra.sweep.dir={sweep}"], timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    members = [json.loads((d / "summary.json").read_text()) for d in sweep.iterdir() if (d / "summary.json").exists()]
+    values = [m["eval"]["tiny_mc"]["acc_norm"] for m in members]
+    assert len(values) == 2
+    assert yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"] == pytest.approx(max(values))
+    assert "eval/tiny_mc/acc_norm" in (sweep / "report.csv").read_text().splitlines()[0]

@@ -68,10 +68,9 @@ class RunSummary:
     final_val_loss: Optional[float] = None  # validation.enable: the held-out loss at the last validation
     val_losses: Optional[dict[str, float]] = None  # step (as JSON spells it) -> held-out loss
     grad_norms: Optional[list[float]] = None
-    # eval.enable: the latest evaluation that finished ({task: {metric: value}}) and its step; the
-    # evaluations that failed (step -> why; training went on) or were skipped (one still running)
+    # eval.enable: the last step's evaluation ({task: {metric: value}}; the earlier ones are in
+    # metrics.jsonl), the evaluations that failed (step -> why; training went on) or were skipped
     eval: Optional[dict[str, dict[str, float]]] = None
-    eval_step: Optional[int] = None
     eval_errors: Optional[dict[str, str]] = None
     eval_skipped_steps: Optional[list[int]] = None
     expert_load: Optional[dict[str, float]] = None  # MoE: the last step's max/min tokens per expert over the mean, largest bias

@@ -6,8 +6,8 @@ its results to every sink when it is done.
 
 One evaluation runs at a time: at an eval.freq step while the previous one is still running,
 that step's evaluation is skipped (logged, and listed in summary.json's eval_skipped_steps),
-so training never waits for one. The last step's evaluation always runs: its model is written
-at once and it starts when the previous one ends; the run awaits it before it ends, every rank
+so training never waits for one. The last step's evaluation always runs (summary.json's eval):
+its model is written at once and it starts when the previous one ends; the run awaits it, every rank
 polling rank 0's evaluator each second (so no collective waits longer). A failed evaluation is
 logged with the end of its output and recorded in summary.json (eval_errors); training goes on.
 """
@@ -119,9 +119,10 @@ class Evaluations:
             self.queued = step
             self._collect()  # starts it unless the previous one is still running
 
-    def finish(self, interrupted: bool) -> dict[str, Any]:
+    def finish(self, last_step: int, interrupted: bool) -> dict[str, Any]:
         """Await the evaluation still running or queued (every rank polls rank 0 each second),
-        or, for a run stopped by a signal, end it; the summary's eval fields (rank 0's)."""
+        or, for a run stopped by a signal, end it; the summary's eval fields (rank 0's): `eval` is
+        the last step's evaluation (the model the run ends with), absent when it failed."""
         if not self.enabled:
             return {}
         if interrupted:
@@ -134,9 +135,8 @@ class Evaluations:
                 break
             time.sleep(1.0)
         fields: dict[str, Any] = {}
-        if self.results:
-            fields["eval"] = self.results[max(self.results)]
-            fields["eval_step"] = max(self.results)
+        if last_step in self.results:
+            fields["eval"] = self.results[last_step]
         if self.errors:
             fields["eval_errors"] = self.errors
         if self.skipped:

@@ -351,7 +351,7 @@ class Trainer:
         finally:
             watchdog.disarm()
         self.checkpointer.close()
-        evaluated = self.evals.finish(interrupted=bool(interrupted))
+        evaluated = self.evals.finish(t.steps, interrupted=bool(interrupted))
         self.sinks.close()
         resumed = {"start_step": first, **interrupted, **evaluated, **({} if interrupted else self._export())}
         if nonfinite:
