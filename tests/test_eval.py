@@ -31,16 +31,25 @@ def by_hand(model_dir: Path, limit: int, batch_size: int, monkeypatch) -> dict[s
     return raw["results"]["tiny_mc"]
 
 
+def same_tensors(a: Path, b: Path) -> bool:
+    from safetensors.torch import load_file
+
+    theirs, ours = load_file(a), load_file(b)
+    return theirs.keys() == ours.keys() and all(theirs[k].equal(ours[k]) for k in theirs)
+
+
 def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path, monkeypatch):
     """FSDP over 2 ranks, 4 steps, an evaluation at step 2 and at the last step: both reach
-    metrics.jsonl, the last is summary.json's `eval`, a sweep objective and a report column, and
-    its numbers are lm-eval's by hand on <run dir>/eval/step-4."""
+    metrics.jsonl, the last is summary.json's `eval`, a sweep objective and a report column, its
+    model is the run's final model (checkpoint.last_save_in_hf's export), and its numbers are
+    lm-eval's by hand on <run dir>/eval/step-4."""
     pytest.importorskip("lm_eval")
     run_dir = tmp_path / "sweep" / "0"  # a sweep's member, for the report
     code, summary = run_job(["training.steps=4", "training.seq_len=64", "training.global_batch_size=8",
                              "training.local_batch_size=4", "metrics.log_freq=1", "parallelism=fsdp",
                              "cluster.nproc_per_node=2", *EVAL, "eval.freq=2", "eval.limit=4", "eval.batch_size=4",
-                             "sweep.objective=eval.tiny_mc.acc_norm"], run_dir)
+                             "sweep.objective=eval.tiny_mc.acc_norm", "checkpoint.enable=true", "checkpoint.interval=4",
+                             "checkpoint.last_save_in_hf=true"], run_dir)
     assert code == 0 and summary["status"] == "ok", summary
     records = [r for r in RunDir(run_dir).read_metrics() if "eval" in r]
     assert [r["step"] for r in records] == [2, 4]
@@ -53,6 +62,7 @@ def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path
     # Each evaluation scored its own step's model, and the DCP copies are gone once exported.
     weights = [(run_dir / "eval" / f"step-{s}" / "model.safetensors").read_bytes() for s in (2, 4)]
     assert weights[0] != weights[1]
+    assert same_tensors(final / "model.safetensors", run_dir / "export" / "hf" / "model.safetensors")
     assert not list((run_dir / "eval" / "checkpoints").iterdir())
 
     theirs = by_hand(final, limit=4, batch_size=4, monkeypatch=monkeypatch)
@@ -183,3 +193,15 @@ def test_an_optuna_sweep_optimises_an_eval_metric(tmp_path):
     assert len(values) == 2
     assert yaml.safe_load((sweep / "optimization_results.yaml").read_text())["best_value"] == pytest.approx(max(values))
     assert "eval/tiny_mc/acc_norm" in (sweep / "report.csv").read_text().splitlines()[0]
+
+
+@pytest.mark.slow
+def test_a_pipeline_run_evaluates_its_final_model(tmp_path):
+    """Under PP (each rank holds half the blocks) the evaluated model is whole: the final export's."""
+    pytest.importorskip("lm_eval")
+    run_dir = tmp_path / "run"
+    code, summary = run_job(["training.steps=2", "training.seq_len=64", "training.global_batch_size=8",
+                             "training.local_batch_size=2", "parallelism=pp", *EVAL, "eval.limit=2",
+                             "checkpoint.enable=true", "checkpoint.last_save_in_hf=true"], run_dir)
+    assert code == 0 and set(summary["eval"]) == {"tiny_mc"}, summary
+    assert same_tensors(run_dir / "eval" / "step-2" / "model.safetensors", run_dir / "export" / "hf" / "model.safetensors")
