@@ -154,8 +154,9 @@ def eval_objective_errors(job: JobConfig, objective: str) -> list[str]:
         return [problem("sweep.objective", objective, "an evaluation's number needs eval.enable=true and the task "
                         "in eval.tasks")]
     if not task or not metric or task not in job.eval.tasks:
+        example = f"eval.{(job.eval.tasks or ['hellaswag'])[0]}.acc"
         return [problem("sweep.objective", objective, f"not {EVAL_OBJECTIVE} with a task of eval.tasks "
-                        f"({', '.join(job.eval.tasks)}), e.g. eval.{job.eval.tasks[0] if job.eval.tasks else 'hellaswag'}.acc")]
+                        f"({', '.join(job.eval.tasks)}), e.g. {example}")]
     return []
 
 
