@@ -83,6 +83,7 @@ def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
 @pytest.mark.parametrize("field, module, extra", [
     ("metrics.enable_wandb", "wandb", "wandb"),
     ("metrics.enable_tensorboard", "tensorboard", "tensorboard"),
+    ("eval.enable", "lm_eval", "eval"),
 ])
 @pytest.mark.quick
 def test_a_feature_whose_extra_is_missing_says_what_to_install(field, module, extra, monkeypatch):

@@ -1,7 +1,7 @@
 """Optional dependencies: which pip extra brings each one, and the message when it is missing.
 
-The core install trains, sweeps and reports; wandb, TensorBoard and the notebook's pandas come
-with `pip install 'titan_exp[wandb]'`, `[tensorboard]`, `[notebooks]` (or `[all]`). A config that
+The core install trains, sweeps and reports; wandb, TensorBoard, the notebook's pandas and lm-eval
+come with `pip install 'titan_exp[wandb]'`, `[tensorboard]`, `[notebooks]`, `[eval]` (or `[all]`). A config that
 asks for one that is not installed fails at validation, before anything starts.
 """
 
@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-EXTRA_OF = {"wandb": "wandb", "tensorboard": "tensorboard", "pandas": "notebooks"}
+EXTRA_OF = {"wandb": "wandb", "tensorboard": "tensorboard", "pandas": "notebooks", "lm_eval": "eval"}
 
 
 def missing(module: str) -> str | None:

@@ -251,10 +251,14 @@ class MetricSinks:
             import wandb
 
             self.wandb_run = wandb.init(**wandb_init_args(job, run_dir))
+            if job.eval.enable:  # evaluations arrive steps after their own: wandb plots them by eval/step
+                self._wandb("define_metric", "eval/*", step_metric="eval/step")
+        self.step = 0  # the latest step logged
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.active:
             return
+        self.step = step
         self.jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
         self.jsonl.flush()
         if self.tb is not None:
@@ -267,6 +271,21 @@ class MetricSinks:
             metrics["tps_per_device"], metrics["mfu"], metrics["peak_memory_gib"],
             f" | val_loss {metrics['val_loss']:.4f} | val_ppl {metrics['val_perplexity']:.1f}" if "val_loss" in metrics else "",
         )
+
+    def log_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
+        """An evaluation of the model at `step` ({task: {metric: value}}, titan_exp.eval), which
+        finishes steps later: metrics.jsonl gets {"step": step, "eval": results}, TensorBoard and
+        wandb each `eval/<task>/<metric>` (wandb at its latest step, with eval/step beside)."""
+        if not self.active:
+            return
+        self.jsonl.write(json.dumps({"step": step, "eval": results}) + "\n")
+        self.jsonl.flush()
+        flat = {f"eval/{task}/{metric}": value for task, row in results.items() for metric, value in row.items()}
+        if self.tb is not None:
+            for key, value in flat.items():
+                self.tb.add_scalar(key, value, step)
+        self._wandb("log", {**flat, "eval/step": step}, step=max(step, self.step))
+        logger.info("step %4d | eval %s", step, " | ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in flat.items()))
 
     def close(self) -> None:
         if self.jsonl is not None:

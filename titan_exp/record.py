@@ -10,6 +10,7 @@ go through it.
     <run dir>/slurm_job.json   the SLURM job (id, log paths, code snapshot), cluster=slurm only
     <run dir>/checkpoints/step-N/   DCP checkpoints (titan_exp.checkpoint), when enabled
     <run dir>/export/model.safetensors   the final model alone (checkpoint.export_format)
+    <run dir>/eval/step-N/     the model at step N for lm-eval, and its results.json (titan_exp.eval)
 
 A sweep dir (`python launch.py -m`) holds one run dir per member, each with Hydra's
 `.hydra/overrides.yaml`.
@@ -69,6 +70,11 @@ class RunSummary:
     val_loss_per_source: Optional[dict[str, float]] = None  # data.mixture: each source's held-out loss at the last validation
     tokens_per_source: Optional[dict[str, int]] = None  # data.mixture: tokens trained on from each source
     grad_norms: Optional[list[float]] = None
+    # eval.enable: the last step's evaluation ({task: {metric: value}}; the earlier ones are in
+    # metrics.jsonl), the evaluations that failed (step -> why; training went on) or were skipped
+    eval: Optional[dict[str, dict[str, float]]] = None
+    eval_errors: Optional[dict[str, str]] = None
+    eval_skipped_steps: Optional[list[int]] = None
     expert_load: Optional[dict[str, float]] = None  # MoE: the last step's max/min tokens per expert over the mean, largest bias
     skipped_steps: Optional[list[int]] = None
     tokens_per_second_per_device: Optional[float] = None
@@ -125,21 +131,46 @@ class RunSummary:
         return cls(**{k: v for k, v in data.items() if k in known} | {"status": Status(data["status"])})
 
 
+EVAL_OBJECTIVE = "eval.<task>.<metric>"  # an evaluation's number (summary.json's eval), e.g. eval.hellaswag.acc_norm
+
+
 def objectives() -> list[str]:
-    """The summary's numbers a sweep may optimise (`sweep.objective`)."""
+    """The summary's numbers a sweep may optimise (`sweep.objective`), besides EVAL_OBJECTIVE."""
     import typing
 
     hints = typing.get_type_hints(RunSummary)
-    return [f.name for f in dataclasses.fields(RunSummary) if hints[f.name] in (Optional[float], Optional[int])]
+    return [f.name for f in dataclasses.fields(RunSummary)
+            if hints[f.name] in (Optional[float], Optional[int]) and not f.name.startswith("eval")]
+
+
+def eval_objective(name: str) -> tuple[str, str]:
+    """(task, metric) of an `eval.<task>.<metric>` name (a task name may hold dots, a metric not)."""
+    task, _, metric = name.removeprefix("eval.").rpartition(".")
+    return task, metric
+
+
+def eval_objective_errors(job: JobConfig, objective: str) -> list[str]:
+    """`eval.<task>.<metric>` names a task of eval.tasks, with eval on (the metric is the task's own)."""
+    task, metric = eval_objective(objective)
+    if not job.eval.enable:
+        return [problem("sweep.objective", objective, "an evaluation's number needs eval.enable=true and the task "
+                        "in eval.tasks")]
+    if not task or not metric or task not in job.eval.tasks:
+        example = f"eval.{(job.eval.tasks or ['hellaswag'])[0]}.acc"
+        return [problem("sweep.objective", objective, f"not {EVAL_OBJECTIVE} with a task of eval.tasks "
+                        f"({', '.join(job.eval.tasks)}), e.g. {example}")]
+    return []
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
     objective = job.sweep.objective
+    if objective is not None and objective.startswith("eval."):
+        return eval_objective_errors(job, objective)
     if objective is not None and objective not in objectives():
         import difflib
 
         close = difflib.get_close_matches(objective, objectives(), n=2)
-        hint = f"did you mean {' or '.join(close)}?" if close else f"choose from {', '.join(objectives())}"
+        hint = f"did you mean {' or '.join(close)}?" if close else f"choose from {', '.join(objectives())}, {EVAL_OBJECTIVE}"
         return [problem("sweep.objective", objective, f"not a number summary.json records; {hint}")]
     return []
 
@@ -148,6 +179,9 @@ def objective_value(summary: RunSummary | None, name: str) -> float:
     """What a member returns to an optimising sweeper: the summary's number, NaN if it has none
     (the run failed, or was invalid), which Optuna records as a failed trial."""
     value = getattr(summary, name, None) if summary is not None and summary.status == Status.ok else None
+    if name.startswith("eval.") and summary is not None and summary.status == Status.ok:
+        task, metric = eval_objective(name)
+        value = (summary.eval or {}).get(task, {}).get(metric)
     return float("nan") if value is None else float(value)
 
 

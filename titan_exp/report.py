@@ -78,6 +78,7 @@ def row(path: Path) -> dict[str, Any]:
         "reason": error.splitlines()[0][:300] if error else "",
         "losses": summary.losses or [],
         "per_source": per_source(summary),
+        **eval_columns(summary),
         **prediction(run_dir, summary.tokens_per_second_per_device),
     }
 
@@ -86,6 +87,20 @@ def per_source(summary: RunSummary) -> dict[str, Any]:
     """A mixture's numbers per source (data.mixture): tokens trained on and the last held-out loss."""
     return {**{f"tokens {k}": v for k, v in (summary.tokens_per_source or {}).items()},
             **{f"val_loss {k}": v for k, v in (summary.val_loss_per_source or {}).items()}}
+
+
+def eval_columns(summary: RunSummary) -> dict[str, float]:
+    """The member's evaluation (eval.enable) as one column per number: `eval/<task>/<metric>`."""
+    return {f"eval/{task}/{metric}": value for task, row in (summary.eval or {}).items() for metric, value in row.items()}
+
+
+def _eval_keys(rows: list[dict[str, Any]]) -> list[str]:
+    return sorted({k for r in rows for k in r if k.startswith("eval/")})
+
+
+def _eval_cell(r: dict[str, Any]) -> str:
+    """The evaluation's metrics (standard errors left to report.csv): `task/metric value, ...`."""
+    return ", ".join(f"{k.removeprefix('eval/')} {r[k]:.4f}" for k in _eval_keys([r]) if not k.endswith("_stderr"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -163,16 +178,16 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
     lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
              "(steady state, warm-up steps excluded).", "",
              "| rank | member | overrides | layout | EP | max expert load | precision | compile | AC | world "
-             "| tokens/s/device | MFU % | peak GiB/device | final loss | val loss | status | reason "
+             "| tokens/s/device | MFU % | peak GiB/device | final loss | val loss | eval | status | reason "
              "| predicted tokens/s (error) | step: compute / comm / bubble / recompute % (from) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows, 1):
         rank = str(i) if r["status"] == "ok" else ""
         lines.append("| " + " | ".join([
             rank, r["member"], r["overrides"], r["layout"], _fmt(r["ep"]), _fmt(r["expert_load"], 2), r["precision"],
             _fmt(r["compile"]),
             _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
-            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4), r["status"],
+            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4), _eval_cell(r), r["status"],
             r["reason"].replace("|", "/"), _predicted(r), _shares(r),
         ]) + " |")
     lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "
@@ -217,7 +232,7 @@ def _shares(r: dict[str, Any]) -> str:
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *source_columns(rows)], extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *source_columns(rows), *_eval_keys(rows)], extrasaction="ignore")
     writer.writeheader()
     writer.writerows({**r, **r.get("per_source", {})} for r in rows)
     return out.getvalue()

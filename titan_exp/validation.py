@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import os
 
+from titan_exp import eval as evaluation
 from titan_exp import metrics, precision, record, targets, watchdog
 from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.config import Executor, JobConfig, autotune, cluster, problem
@@ -29,7 +30,7 @@ from titan_exp.train import optim, profiling
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
 CHECKS = (llama.check, optim.check, metrics.check, watchdog.check, data.check, mixture.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, autotune.check,
-          record.check, profiling.check, targets.check)
+          record.check, profiling.check, targets.check, evaluation.check)
 LAYOUT_CHECKS = (loader.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)
 
 
@@ -98,6 +99,7 @@ def resolve(job: JobConfig) -> JobConfig:
         job,
         data=mixture.absolute(dataclasses.replace(d, path=absolute(d.path), tokenizer_path=absolute(d.tokenizer_path))),
         checkpoint=dataclasses.replace(k, initial_load_path=absolute(k.initial_load_path)),
+        eval=dataclasses.replace(job.eval, include_path=absolute(job.eval.include_path)),
         cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes),
         parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=layout.dp_shard),
         training=dataclasses.replace(

@@ -14,8 +14,8 @@ dispatch mode, so on any device) and the device's own (the caching allocator's r
 a GPU, the process's resident high-water mark on a CPU). Beside them are the planner's prediction
 (titan_exp.perf.memory) and, apart, the peak while the model was built and initialised. Values
 that collectives computed (the loss, the gradient norm) are meaningless under the fake group;
-memory and shapes are not. Nothing is submitted and no checkpoint, validation or tracker is
-touched.
+memory and shapes are not. Nothing is submitted and no checkpoint, validation, evaluation or
+tracker is touched.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def dry_job(job: JobConfig) -> JobConfig:
         training=dataclasses.replace(job.training, steps=2, on_nonfinite=OnNonfinite.stop),
         checkpoint=dataclasses.replace(job.checkpoint, enable=False, initial_load_path=None),
         validation=dataclasses.replace(job.validation, enable=False),
+        eval=dataclasses.replace(job.eval, enable=False, tasks=[]),
         metrics=dataclasses.replace(job.metrics, enable_wandb=False, enable_tensorboard=False),
     )
 

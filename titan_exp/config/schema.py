@@ -440,6 +440,22 @@ class ValidationConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Downstream evaluation with lm-evaluation-harness (`pip install 'titan_exp[eval]'`): every
+    `freq` steps and at the last step the model is exported as a Hugging Face directory and scored
+    in a separate process while training goes on (titan_exp.eval)."""
+
+    enable: bool = doc(False, "evaluate every freq steps and at the last step, in a process of its own")
+    freq: int = doc(100, "steps between evaluations; one still running at the next is skipped (the last is awaited)", min=1)
+    tasks: List[str] = doc([], "lm-eval task names, e.g. [hellaswag] or your own from include_path")
+    include_path: Optional[str] = doc(None, "a directory of your own lm-eval task YAMLs (their relative data_files "
+                                            "are read from it)")
+    limit: Optional[int] = doc(None, "documents per task; null = all")
+    batch_size: int = doc(8, "sequences per evaluation forward", min=1)
+    device: Optional[str] = doc(None, "where the evaluator runs: cpu, cuda or cuda:N; null = rank 0's device")
+
+
+@dataclass
 class TrainingConfig:
     _target_: str = target("titan_exp.train.trainer.Trainer", "(job, run_dir, device); a subclass plugs in")
     kwargs: Dict[str, Any] = target_kwargs()
@@ -554,7 +570,7 @@ class SweepConfig:
     """What a multirun member tells Hydra's sweeper."""
 
     objective: Optional[str] = doc(None, "a number in summary.json each member returns to the sweeper (e.g. "
-                                         "tokens_per_second_per_device, final_loss) for optimising sweepers like "
+                                         "tokens_per_second_per_device, final_loss, or eval.<task>.<metric> of eval.enable) for optimising sweepers like "
                                          "hydra/sweeper=optuna, whose own config sets the direction; NaN when the "
                                          "member failed; null = the exit code")
 
@@ -573,6 +589,7 @@ class JobConfig:
     data: DataConfig = field(default_factory=DataConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = field(default_factory=LRSchedulerConfig)
     comm: CommConfig = field(default_factory=CommConfig)

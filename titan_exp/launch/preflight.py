@@ -5,6 +5,7 @@ with more filled in) and its errors; the first step with errors ends the preflig
     ranks    cluster.nproc_per_node unset with a -1 degree: every visible GPU (torchrun's `gpu`); on a
              CPU one process, said loudly, since nothing is then sharded
     check    validation: the schema's bounds and every component's `check`
+    evaluation  eval.tasks exist (the user's eval.include_path, else lm-eval's own task index)
     data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
     resolve  derived values become numbers (world size, dp_shard, global batch, absolute paths)
     checkpoint  the folder is writable; the checkpoint the run would load is whole and fits the model
@@ -63,6 +64,14 @@ def ranks(p: Pending) -> tuple[Pending, list[str]]:
 
 def check(p: Pending) -> tuple[Pending, list[str]]:
     return p, validate(p.job)
+
+
+def evaluation(p: Pending) -> tuple[Pending, list[str]]:
+    if not p.job.eval.enable:
+        return p, []
+    from titan_exp.eval.tasks import task_errors
+
+    return p, task_errors(p.job)
 
 
 def data(p: Pending) -> tuple[Pending, list[str]]:
@@ -139,7 +148,7 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
 
 
-STEPS: tuple[Step, ...] = (ranks, check, data, resolved, checkpoint, cluster, machine)
+STEPS: tuple[Step, ...] = (ranks, check, evaluation, data, resolved, checkpoint, cluster, machine)
 
 
 def preflight(job: JobConfig, run_dir: RunDir, steps: tuple[Step, ...] = STEPS) -> tuple[Pending, list[str]]:

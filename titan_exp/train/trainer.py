@@ -1,7 +1,8 @@
 """The training loop. Construction builds, in order: mesh -> model (meta) -> parallelize ->
 weights -> optimizer and schedule -> data -> metrics -> checkpointer. `train()` resumes from
 the latest checkpoint if there is one, runs the steps (and the held-out loss every
-validation.freq steps), and returns the numbers the run summary records."""
+validation.freq steps, and downstream evaluations every eval.freq steps in a process of their
+own: titan_exp.eval), and returns the numbers the run summary records."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from titan_exp.data.corpus import Tokenizer
 from titan_exp.data import mixture
 from titan_exp.data.mixture import open_mixture
 from titan_exp.data.sources import open_dataset, validation_source
+from titan_exp.eval.runner import Evaluations
 from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
 from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
@@ -86,6 +88,8 @@ class Trainer:
         self._build_data()
         self._build_metrics()
         self._build_checkpointer()
+        # eval.*: the model at eval steps, scored by lm-eval in a process of its own (titan_exp.eval)
+        self.evals = Evaluations(job, run_dir, device, self.model_parts, self.sinks.log_eval)
         self.profiler = Profiler(job, run_dir.path, self.rank, device)
 
     def _build_model(self) -> None:
@@ -349,15 +353,21 @@ class Trainer:
                         self._log(step, history.losses[-1], history.grad_norms[-1], val)
                     faults.inject("step", step)
                     self.checkpointer.maybe_save(step, last_step=t.steps, force=bool(stop))
+                    if not stop:
+                        self.evals.after_step(step, t.steps)
                     if stop:
                         interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
                         logger.warning("stopped by %s after step %d", " and ".join(stop), step)
                         break
+        except BaseException:
+            self.evals.kill()  # an evaluator outliving a failed run would hold its cores or GPU
+            raise
         finally:
             watchdog.disarm()
         self.checkpointer.close()
+        evaluated = self.evals.finish(t.steps, interrupted=bool(interrupted))
         self.sinks.close()
-        resumed = {"start_step": first, **interrupted, **({} if interrupted else self._export())}
+        resumed = {"start_step": first, **interrupted, **evaluated, **({} if interrupted else self._export())}
         if nonfinite:
             resumed["skipped_steps"] = nonfinite
         if val_losses:

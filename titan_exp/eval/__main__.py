@@ -1,0 +1,3 @@
+from titan_exp.eval.evaluator import main
+
+raise SystemExit(main())
