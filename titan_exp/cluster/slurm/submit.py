@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -79,7 +80,7 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
     }
     return {
         "job_name": c.name,
-        "nodes": c.nnodes,
+        "nodes": f"{c.min_nodes}-{c.nnodes}" if c.min_nodes is not None and c.min_nodes < c.nnodes else c.nnodes,
         "ntasks_per_node": c.nproc_per_node,
         "cpus_per_task": c.cpus_per_task,
         "time": c.timeout_min,
@@ -104,16 +105,20 @@ def snapshot_code(root: Path) -> Path:
     return code
 
 
-def _setup_lines(job: JobConfig, code: Path) -> list[str]:
+def _setup_lines(job: JobConfig, code: Path, run_dir: RunDir) -> list[str]:
     """The user's setup, the ranks' environment, and the snapshot first on the path. The ranks
     start in the snapshot's parent: `python -m` puts the working directory first on sys.path, so
-    starting in a checkout would import its titan_exp instead (paths in the config are absolute)."""
+    starting in a checkout would import its titan_exp instead (paths in the config are absolute).
+    With cluster.elastic, each start of the job (a requeue too) first fits the run's layout to the
+    nodes it got (titan_exp.cluster.elastic), so such a member is a job of its own, not in an array."""
     c = job.cluster
     lines = list(c.setup)
     env = {**rank_env(c, threads=c.cpus_per_task, gpu=c.gpus_per_node > 0), **c.env}  # the user's values win
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
     lines.append(f"export PYTHONPATH={shlex.quote(str(code))}${{PYTHONPATH:+:$PYTHONPATH}}")
     lines.append(f"cd {shlex.quote(str(code.parent))}")
+    if c.elastic:
+        lines.append(f"{shlex.quote(sys.executable)} -m titan_exp.cluster.elastic {shlex.quote(str(run_dir.path))} || exit 1")
     return lines
 
 
@@ -123,7 +128,7 @@ def submit(runs: list[tuple[JobConfig, RunDir]], root: Path, entry: str = TRAIN)
     code = snapshot_code(root)
     groups: dict[str, list[tuple[JobConfig, RunDir]]] = {}
     for job, run_dir in runs:
-        key = json.dumps({**sbatch_parameters(job.cluster), "setup": _setup_lines(job, code),
+        key = json.dumps({**sbatch_parameters(job.cluster), "setup": _setup_lines(job, code, run_dir),
                           "max_num_timeout": job.cluster.max_num_timeout}, sort_keys=True)
         groups.setdefault(key, []).append((job, run_dir))
     jobs: list[submitit.Job] = []
