@@ -27,11 +27,14 @@ from titan_exp.record import LayoutSpan, RunDir, RunSummary, Status
 logger = logging.getLogger("titan_exp.launch")
 
 
-def fits_world(job: JobConfig) -> bool:
-    """Whether the job's degrees lay out on its world size (the check validation runs)."""
+def needs_a_plan(job: JobConfig) -> bool:
+    """Whether the job's degrees cannot lay out on its world size and that is all that is wrong
+    with it (anything else, validation names first)."""
     from titan_exp.parallel import dims
+    from titan_exp.validation import validate
 
-    return not dims.check(job)[1]
+    mismatch = dims.check(job)[1]
+    return bool(mismatch) and all(e in mismatch for e in validate(job))
 
 
 def resume_step(job: JobConfig, run_dir: RunDir) -> int:
@@ -58,7 +61,7 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     """`job` in the planner's layout for its world size when its own degrees cannot use it and
     cluster.elastic is on; otherwise `job` unchanged (validation then names the mismatch).
     `world_field` names what set the world, for the errors."""
-    if fits_world(job) or not job.cluster.elastic or not job.checkpoint.enable:
+    if not (job.cluster.elastic and job.checkpoint.enable and needs_a_plan(job)):
         return job, []
     from titan_exp.perf.planner import device_memory_gib, fastest_fitting, global_batch_of, split_label
     from titan_exp.validation import ranks_have_gpus
