@@ -113,8 +113,76 @@ def test_min_nodes_rules():
     slurm = ["cluster=slurm", "cluster.nnodes=3", "cluster.nproc_per_node=2", "checkpoint=default", "parallelism=fsdp",
              "training.global_batch_size=12", "training.local_batch_size=2"]
     job = job_config([*SMALL, *slurm, "cluster.min_nodes=2", "cluster.elastic=true"])
-    assert sbatch_parameters(job.cluster)["nodes"] == "2-3" and not validate(job)
+    params = sbatch_parameters(job.cluster)
+    assert params["additional_parameters"] == {"nodes": "2-3", "mincpus": 2} and "ntasks_per_node" not in params
+    assert params["srun_args"] == ["--ntasks-per-node=2"] and not validate(job)
     assert any("cluster.min_nodes = 2: a job on fewer nodes needs a layout for them; set cluster.elastic=true" in e
                for e in validate(job_config([*SMALL, *slurm, "cluster.min_nodes=2"])))
     assert any("cluster.min_nodes = 4: must be 1..cluster.nnodes = 3" in e
                for e in validate(job_config([*SMALL, *slurm, "cluster.min_nodes=4", "cluster.elastic=true"])))
+
+
+# --- SLURM: a 3-node job loses a node and goes on on 2 ----------------------------------------------
+
+from test_multinode import hosts_by_rank, job_nodes, nodes  # noqa: E402,F401 - `nodes` is the fixture
+from test_slurm import job_info, submit, wait_until  # noqa: E402
+
+
+def sacct_state(run_dir: Path) -> str:
+    """The job's state as sacct says it now. (submitit's watcher, which titan_exp's follow reads,
+    stops asking about a job once it saw a final state, and a node failure's NODE_FAIL is one,
+    though SLURM then requeues the job.)"""
+    import subprocess
+
+    out = subprocess.run(["sacct", "-n", "-X", "-j", job_info(run_dir)["job_id"], "-o", "State"],
+                         capture_output=True, text=True)
+    return out.stdout.strip().split("\n")[-1].strip()
+
+
+@pytest.mark.slurm
+@pytest.mark.multinode
+def test_job_that_loses_a_node_continues_on_the_others(nodes, tmp_path):
+    """A 3-node FSDP job (cluster.min_nodes=2) loses a node: its slurmd and every process on it
+    are killed and the node is marked DOWN, as a health check would. SLURM requeues the job; the
+    only 2 nodes left run it, the job's batch script re-plans the layout for their 4 ranks, and
+    the run resumes from its last periodic checkpoint to the losses of an uninterrupted
+    one-process run."""
+    import subprocess
+
+    from conftest import REPO, logged_steps, losses_by_step
+
+    args = [*SMALL, "training.steps=12", "training.global_batch_size=12", "training.local_batch_size=2",
+            "checkpoint=default", "checkpoint.interval=2", "cluster.elastic=true"]
+    code, local = run_job([*args, "cluster=debug"], tmp_path / "local")
+    assert code == 0, local
+    run_dir = tmp_path / "slurm"
+    out = submit([*args, "parallelism=fsdp", "cluster.partition=nodes", "cluster.nnodes=3", "cluster.min_nodes=2",
+                  "cluster.nproc_per_node=2"], run_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    script = next((run_dir / "slurm").glob("*_submission.sh")).read_text()
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "#SBATCH --nodes=2-3" in script and "#SBATCH --ntasks-per-node" not in script
+    assert " --ntasks-per-node=2 " in srun
+    wait_until(lambda: logged_steps(run_dir) >= 3, 240, "three steps")
+    first = job_nodes(run_dir)
+    assert len(first) == 3, first
+    victim = first[-1]
+    try:
+        for pid in subprocess.run(["ip", "netns", "pids", victim], capture_output=True, text=True,
+                                  check=True).stdout.split():
+            subprocess.run(["kill", "-9", pid], check=False)  # slurmd, the job step, the ranks: the node is gone
+        subprocess.run(["scontrol", "update", f"NodeName={victim}", "State=DOWN", "Reason=titan_exp test: node lost"],
+                       check=True)
+        wait_until(lambda: sacct_state(run_dir).startswith("PENDING"), 120, "the requeued job")
+        subprocess.run(["scontrol", "update", f"JobId={job_info(run_dir)['job_id']}", "StartTime=now"], check=True)
+        wait_until(lambda: sacct_state(run_dir).startswith("COMPLETED"), 400, "the job on 2 nodes")
+    finally:
+        subprocess.run(["bash", str(REPO / "scripts" / "local_slurm.sh"), "revive", victim], check=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "ok", summary
+    spans = summary["layouts"]
+    assert [s["world"] for s in spans] == [6, 4] and spans[0]["layout"]["dp_shard"] == 6, spans
+    assert spans[1]["from_step"] == summary["start_step"] - 1 >= 2 and spans[1]["layout"] == summary["layout"]
+    second = {host for rank, host in hosts_by_rank(run_dir, -1).items() if rank < 4}  # 4, 5: the first start's
+    assert len(second) == 2 and victim not in second
+    assert losses_by_step(run_dir) == pytest.approx(local["losses"], abs=1e-5)

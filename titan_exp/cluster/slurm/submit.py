@@ -78,9 +78,9 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
         "mem": f"{c.mem_gb}G" if c.mem_gb else None,
         "gpus_per_node": c.gpus_per_node or None,
     }
-    return {
+    params = {
         "job_name": c.name,
-        "nodes": f"{c.min_nodes}-{c.nnodes}" if c.min_nodes is not None and c.min_nodes < c.nnodes else c.nnodes,
+        "nodes": c.nnodes,
         "ntasks_per_node": c.nproc_per_node,
         "cpus_per_task": c.cpus_per_task,
         "time": c.timeout_min,
@@ -90,6 +90,16 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
         "srun_args": list(c.srun_args),
         **{k: v for k, v in given.items() if v is not None},
     }
+    if c.min_nodes is not None and c.min_nodes < c.nnodes:
+        # sbatch's --nodes=min-max (submitit's own `nodes` must be a number: it multiplies it into
+        # the task count), each node with its ranks' CPUs, and srun, not sbatch, starting
+        # nproc_per_node tasks on each: a job with --ntasks-per-node keeps the task count of its
+        # first allocation when SLURM requeues it (22.05), so it could not start on fewer nodes.
+        del params["ntasks_per_node"]
+        params["additional_parameters"] |= {"nodes": f"{c.min_nodes}-{c.nnodes}",
+                                            "mincpus": c.nproc_per_node * c.cpus_per_task}
+        params["srun_args"].append(f"--ntasks-per-node={c.nproc_per_node}")
+    return params
 
 
 def snapshot_code(root: Path) -> Path:
