@@ -3,8 +3,9 @@ continues in the planner's layout for the new world, with the losses, learning r
 of a run that was never interrupted (fp32, deterministic, the same global batch: 1e-5, as any two
 layouts agree); and what cannot be re-planned is refused before any process starts.
 
-The SLURM case (a 3-node job requeued onto 2 nodes) is in test_multinode.py's style at the end:
-marked `slurm` and `multinode`, it needs `bash scripts/local_slurm.sh nodes 3`.
+The SLURM case (a 3-node job that loses a node and is requeued onto the other 2) is at the end,
+in test_multinode.py's style: marked `slurm`, `multinode` and `slow`, it needs `bash
+scripts/local_slurm.sh nodes 3`.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def sacct_state(run_dir: Path) -> str:
     return out.stdout.strip().split("\n")[-1].strip()
 
 
+@pytest.mark.slow  # about 2 minutes on 2 cores, half of it the one-process run it is compared with
 @pytest.mark.slurm
 @pytest.mark.multinode
 def test_job_that_loses_a_node_continues_on_the_others(nodes, tmp_path):

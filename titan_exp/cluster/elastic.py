@@ -21,7 +21,7 @@ import logging
 import os
 import sys
 
-from titan_exp.config import ACMode, JobConfig, layout_label, load_job_config, problem, to_yaml
+from titan_exp.config import ACMode, Executor, JobConfig, layout_label, load_job_config, problem, to_yaml
 from titan_exp.record import LayoutSpan, RunDir, RunSummary, Status
 
 logger = logging.getLogger("titan_exp.launch")
@@ -72,7 +72,8 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     if global_batch <= 0:  # -1: the batch the run has trained with so far
         global_batch = before.training.global_batch_size if before else global_batch_of(job, world)
     job = dataclasses.replace(job, training=dataclasses.replace(job.training, global_batch_size=global_batch))
-    memory = job.autotune.device_memory_gib or device_memory_gib(world, cuda)
+    sharing = world if job.cluster.executor != Executor.slurm else job.cluster.nproc_per_node  # ranks on this node
+    memory = job.autotune.device_memory_gib or device_memory_gib(sharing, cuda)
     answer = fastest_fitting(job, world, cuda=cuda, memory_gib=memory)
     kept = ""
     if answer.job is None and answer.valid and job.activation_checkpoint.mode == ACMode.none:
