@@ -62,6 +62,7 @@ def test_fsdp_tp_run_continues_on_half_the_ranks(tmp_path, caplog, reference):
     """FSDP 2 x TP 2 on 4 ranks, then 2 ranks: the planner's fastest layout for 2 (what it is
     depends on the machine's profile, so the test reads it from the run) from step 3's checkpoint."""
     from titan_exp.config import layout_label, load_job_config
+    from titan_exp.record import LayoutSpan, RunDir
 
     second, line = relaunched_on_fewer_ranks(FSDP2_TP2, tmp_path, caplog, reference)
     spans = second["layouts"]
@@ -69,6 +70,8 @@ def test_fsdp_tp_run_continues_on_half_the_ranks(tmp_path, caplog, reference):
     assert spans[0]["layout"] == {"pp": 1, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
     assert spans[1]["layout"] == second["layout"] and spans[1]["layout"] != spans[0]["layout"]
     assert line.startswith(f"re-planned for world 2: dp_shard2 x tp2 -> {layout_label(second['layout'])} (")
+    assert RunDir(tmp_path).read_summary().layouts == [LayoutSpan(0, 4, spans[0]["layout"]),
+                                                       LayoutSpan(3, 2, second["layout"])]  # typed, read back
     saved = load_job_config(tmp_path / "config.yaml")  # what a later relaunch or requeue starts from
     assert saved.world_size == 2 and saved.parallelism.layout == second["layout"]
 

@@ -84,7 +84,8 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     value = getattr(job.cluster, world_field.split(".")[-1])
     if answer.job is None and not answer.valid:
         return job, [problem(world_field, value, f"cluster.elastic: no layout of {world} ranks validates for this "
-                             f"model at global batch {global_batch}; choose another world size or training.global_batch_size")]
+                             f"model at global batch {global_batch}; choose another world size or "
+                             "training.global_batch_size")]
     if answer.job is None:
         return job, [problem(world_field, value, f"cluster.elastic: no layout of {world} ranks fits in memory: the "
                              f"model needs at least {answer.least_gib:.2f} GiB per device ({answer.least_layout}, "

@@ -24,7 +24,8 @@ from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy,
 from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
 from titan_exp.validation import resolve, validate
 
-__all__ = ["Plan", "Replan", "fastest_fitting", "plan", "predict_memory", "valid_layouts", "with_layout", "layout_overrides", "write_sweep"]
+__all__ = ["Plan", "Replan", "fastest_fitting", "plan", "predict_memory", "valid_layouts", "with_layout",
+           "layout_overrides", "write_sweep"]
 
 
 def degrees_of(job: JobConfig) -> dict[str, int]:

@@ -128,7 +128,8 @@ def _setup_lines(job: JobConfig, code: Path, run_dir: RunDir) -> list[str]:
     lines.append(f"export PYTHONPATH={shlex.quote(str(code))}${{PYTHONPATH:+:$PYTHONPATH}}")
     lines.append(f"cd {shlex.quote(str(code.parent))}")
     if c.elastic:
-        lines.append(f"{shlex.quote(sys.executable)} -m titan_exp.cluster.elastic {shlex.quote(str(run_dir.path))} || exit 1")
+        replan = f"{shlex.quote(sys.executable)} -m titan_exp.cluster.elastic {shlex.quote(str(run_dir.path))}"
+        lines.append(f"{replan} || exit 1")  # refused: the summary says why, no rank starts
     return lines
 
 
