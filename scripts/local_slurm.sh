@@ -5,6 +5,7 @@
 #
 #   bash scripts/local_slurm.sh           install (Debian packages) if needed, configure, start
 #   bash scripts/local_slurm.sh nodes [N] also N (default 3) more compute nodes, partition `nodes`
+#   bash scripts/local_slurm.sh revive tnodeI   start a node's slurmd again (a test stopped it) and resume it
 #   bash scripts/local_slurm.sh stop      stop the daemons, remove the nodes' namespaces
 #
 # The one-node cluster (partition `debug`, this host) is what most tests use. `nodes` adds the
@@ -118,21 +119,32 @@ up_nodes() {  # up_nodes N: tnode1..tnodeN, on the running controller
     for _ in $(seq 120); do pgrep -x slurmctld >/dev/null || break; sleep 0.25; done
     detach "$LOGS/slurmctld.out" slurmctld -D
     wait_for 30 slurmctld bash -c "scontrol ping | grep -q UP"
-    for i in $(seq "$n"); do
-        ns=tnode$i
-        ip netns pids "$ns" | xargs -r ps -o comm= -p | grep -qx slurmd && continue
-        # Not `ip netns exec`: it remounts /sys, hiding the cgroup mounts slurmd needs.
-        detach "$LOGS/slurmd-$ns.out" unshare --uts --mount --propagation private \
-            nsenter --net="/var/run/netns/$ns" sh -c "hostname $ns \
-             && mount --bind /etc/netns/$ns/hosts /etc/hosts \
-             && mount --bind /etc/netns/$ns/resolv.conf /etc/resolv.conf \
-             && mount --bind /var/spool/slurmd-$ns /var/spool/slurmd \
-             && mount --bind /run/slurmd-$ns /run/slurmd && exec slurmd -D -N $ns -L $LOGS/slurmd-$ns.log"
-    done
+    for i in $(seq "$n"); do start_slurmd "tnode$i"; done
     scontrol reconfigure  # this host's slurmd reads the new node list too
     wait_for 60 "nodes tnode[1-$n]" nodes_up "$n"
     scontrol update NodeName="tnode[1-$n]" State=RESUME >/dev/null 2>&1 || true
     log "nodes up: $(sinfo -h -p nodes -o '%P %D %C %t %N')"
+}
+
+start_slurmd() {  # start_slurmd tnodeI: its slurmd, in its namespaces, unless one runs there
+    local ns=$1
+    ip netns pids "$ns" | xargs -r ps -o comm= -p | grep -qx slurmd && return 0
+    # Not `ip netns exec`: it remounts /sys, hiding the cgroup mounts slurmd needs.
+    detach "$LOGS/slurmd-$ns.out" unshare --uts --mount --propagation private \
+        nsenter --net="/var/run/netns/$ns" sh -c "hostname $ns \
+         && mount --bind /etc/netns/$ns/hosts /etc/hosts \
+         && mount --bind /etc/netns/$ns/resolv.conf /etc/resolv.conf \
+         && mount --bind /var/spool/slurmd-$ns /var/spool/slurmd \
+         && mount --bind /run/slurmd-$ns /run/slurmd && exec slurmd -D -N $ns -L $LOGS/slurmd-$ns.log"
+}
+
+node_back() {  # node_back tnodeI: answering and in service again
+    [[ $(sinfo -h -n "$1" -o '%T' 2>/dev/null) =~ ^(idle|mixed|allocated)$ ]]
+}
+
+resume_node() {  # resume_node tnodeI: once its slurmd answers, back in service
+    scontrol update NodeName="$1" State=RESUME >/dev/null 2>&1 || true
+    node_back "$1"
 }
 
 nodes_up() {  # nodes_up N: N nodes in the nodes partition, every one answering
@@ -141,6 +153,13 @@ nodes_up() {  # nodes_up N: N nodes in the nodes partition, every one answering
 }
 
 if [[ "${1:-}" == "stop" ]]; then stop; stop_nodes; exit 0; fi
+if [[ "${1:-}" == "revive" ]]; then  # a node whose slurmd a test stopped (a lost node): back in service
+    node_names | grep -qx "${2:-}" || { log "no node ${2:-} (bash scripts/local_slurm.sh nodes makes them)"; exit 1; }
+    start_slurmd "$2"
+    wait_for 60 "node $2" resume_node "$2"
+    log "node $2 back: $(sinfo -h -n "$2" -o '%T')"
+    exit 0
+fi
 
 if [[ "${1:-}" == "nodes" ]] && ! grep -qx "Include $NODES_CONF" "$ETC/slurm.conf" 2>/dev/null; then
     stop  # a controller configured before nodes existed: configure it again below

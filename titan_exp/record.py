@@ -8,6 +8,7 @@ go through it.
     <run dir>/summary.json     a RunSummary: status, throughput, MFU, memory, losses; always written
     <run dir>/logs/rank-K.log  each rank's log
     <run dir>/slurm_job.json   the SLURM job (id, log paths, code snapshot), cluster=slurm only
+    <run dir>/layouts.json     cluster.elastic: every layout the run used, from which step (LayoutSpan)
     <run dir>/checkpoints/step-N/   DCP checkpoints (titan_exp.checkpoint), when enabled
     <run dir>/export/model.safetensors   the final model alone (checkpoint.export_format)
     <run dir>/eval/step-N/     the model at step N for lm-eval, and its results.json (titan_exp.eval)
@@ -35,6 +36,16 @@ FINAL = (Status.ok, Status.failed, Status.oom, Status.invalid, Status.cancelled)
 
 
 @dataclass
+class LayoutSpan:
+    """One layout of an elastic run (cluster.elastic): the world it ran on, its degrees
+    (RunSummary.layout's), and the checkpoint step it continued from (0: the start)."""
+
+    from_step: int
+    world: int
+    layout: dict[str, int]
+
+
+@dataclass
 class RunSummary:
     """summary.json. Fields that do not apply to a run (no steps trained, not on SLURM, ...) are
     None and left out of the file."""
@@ -51,6 +62,7 @@ class RunSummary:
     global_batch_size: Optional[int] = None
     seq_len: Optional[int] = None
     slurm_job_id: Optional[str] = None
+    layouts: Optional[list[LayoutSpan]] = None  # cluster.elastic: every layout the run used, oldest first
     # Why it did not finish.
     error: Optional[str] = None
     errors: Optional[list[str]] = None  # every validation error of an invalid run
@@ -128,7 +140,9 @@ class RunSummary:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunSummary":
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known} | {"status": Status(data["status"])})
+        typed = {"status": Status(data["status"])} | (
+            {"layouts": [LayoutSpan(**span) for span in data["layouts"]]} if data.get("layouts") else {})
+        return cls(**{k: v for k, v in data.items() if k in known} | typed)
 
 
 EVAL_OBJECTIVE = "eval.<task>.<metric>"  # an evaluation's number (summary.json's eval), e.g. eval.hellaswag.acc_norm
@@ -195,6 +209,7 @@ class RunDir:
     summary = property(lambda self: self.path / "summary.json")
     logs = property(lambda self: self.path / "logs")
     slurm_job = property(lambda self: self.path / "slurm_job.json")
+    layouts = property(lambda self: self.path / "layouts.json")
     overrides = property(lambda self: self.path / ".hydra" / "overrides.yaml")
 
     def rank_log(self, rank: int) -> Path:
@@ -211,6 +226,15 @@ class RunDir:
         except FileNotFoundError:
             return None
 
+    def read_layouts(self) -> list[LayoutSpan]:
+        """cluster.elastic: the layouts the run has used so far (none recorded: [])."""
+        if not self.layouts.exists():
+            return []
+        return [LayoutSpan(**span) for span in json.loads(self.layouts.read_text())]
+
+    def write_layouts(self, spans: list[LayoutSpan]) -> None:
+        atomic_write(self.layouts, json.dumps([dataclasses.asdict(s) for s in spans], indent=1))
+
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
             return []
@@ -223,4 +247,4 @@ def sweep_members(sweep: Path) -> list[RunDir]:
     return sorted(found, key=lambda r: (not r.path.name.isdigit(), int(r.path.name) if r.path.name.isdigit() else r.path.name))
 
 
-__all__ = ["FINAL", "RunDir", "RunSummary", "Status", "check", "objective_value", "objectives", "sweep_members"]
+__all__ = ["FINAL", "LayoutSpan", "RunDir", "RunSummary", "Status", "check", "objective_value", "objectives", "sweep_members"]

@@ -50,6 +50,9 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
             e.append(problem("cluster.nproc_per_node", c.nproc_per_node,
                              f"one rank per GPU, and this machine shows {visible} (CUDA_VISIBLE_DEVICES); "
                              f"use at most {visible}"))
+    if c.elastic and not job.checkpoint.enable:
+        e.append(problem("cluster.elastic", True, "an elastic run continues from its checkpoints, and "
+                         "checkpoint.enable is false; set checkpoint=default (or checkpoint.enable=true)"))
     if c.executor == Executor.debug and job.world_size != 1:
         e.append(problem("cluster.executor", c.executor,
                          f"runs one rank in-process but the world size is {job.world_size}; use cluster=local"))
@@ -61,12 +64,18 @@ def check_slurm(job: JobConfig) -> list[str]:
     controller (titan_exp.cluster.slurm.preflight asks it about partitions and node sizes)."""
     c = job.cluster
     if c.executor != Executor.slurm:
-        return []
+        return [problem("cluster.min_nodes", c.min_nodes, "SLURM only (cluster=slurm); a local run's world is "
+                        "cluster.nproc_per_node")] if c.min_nodes is not None else []
     e: list[str] = []
     for name, low in (("timeout_min", 1), ("cpus_per_task", 1), ("gpus_per_node", 0), ("signal_delay_s", 0),
                       ("max_num_timeout", 0), ("array_parallelism", 1)):
         if getattr(c, name) < low:
             e.append(problem(f"cluster.{name}", getattr(c, name), f"must be >= {low}"))
+    if c.min_nodes is not None and not 1 <= c.min_nodes <= c.nnodes:
+        e.append(problem("cluster.min_nodes", c.min_nodes, f"must be 1..cluster.nnodes = {c.nnodes}, or null"))
+    elif c.min_nodes is not None and c.min_nodes < c.nnodes and not c.elastic:
+        e.append(problem("cluster.min_nodes", c.min_nodes, "a job on fewer nodes needs a layout for them; "
+                         "set cluster.elastic=true (the run re-plans on the nodes it gets)"))
     if c.mem_gb is not None and c.mem_gb < 1:
         e.append(problem("cluster.mem_gb", c.mem_gb, "must be >= 1 (GiB per node), or null for the partition's default"))
     if c.timeout_min >= 1 and c.signal_delay_s >= c.timeout_min * 60:

@@ -352,7 +352,11 @@ class ClusterConfig:
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
         "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
     )
+    elastic: bool = doc(False, "a run resumed on a world size its layout cannot use continues in the planner's "
+                               "fastest layout for that world (same global batch), from its checkpoint")
     # SLURM (cluster=slurm): one task per rank, nnodes x nproc_per_node tasks.
+    min_nodes: Optional[int] = doc(None, "slurm: the job may start on as few as this many nodes (--nodes=min_nodes-nnodes; "
+                                         "needs cluster.elastic=true); null = exactly nnodes")
     gpus_per_node: int = doc(0, "slurm: GPUs per node (--gpus-per-node), one rank per GPU; 0 = CPU nodes (gloo)")
     partition: Optional[str] = doc(None, "slurm: partition (-p); null = the cluster's default partition")
     account: Optional[str] = doc(None, "slurm: account to charge (-A)")

@@ -60,6 +60,10 @@ def write_record(pending: Pending) -> None:
     special = pending.tokenizer.parent / TOKENIZER_CONFIG  # a Hugging Face directory's BOS/EOS, kept beside it
     if special.is_file():
         shutil.copyfile(special, run_dir.path / TOKENIZER_CONFIG)
+    if pending.job.cluster.elastic:  # before config.yaml is replaced: it holds the last segment's layout
+        from titan_exp.cluster.elastic import record_layout
+
+        record_layout(pending.job, run_dir)
     data = dataclasses.replace(pending.job.data, tokenizer_path=str(run_dir.tokenizer))
     run_dir.config.write_text(to_yaml(dataclasses.replace(pending.job, data=data)))
 

@@ -4,6 +4,7 @@ with more filled in) and its errors; the first step with errors ends the preflig
 
     ranks    cluster.nproc_per_node unset with a -1 degree: every visible GPU (torchrun's `gpu`); on a
              CPU one process, said loudly, since nothing is then sharded
+    elastic  cluster.elastic: a layout its world size cannot use is re-planned for it (titan_exp.cluster.elastic)
     check    validation: the schema's bounds and every component's `check`
     evaluation  eval.tasks exist (the user's eval.include_path, else lm-eval's own task index)
     data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
@@ -60,6 +61,13 @@ def ranks(p: Pending) -> tuple[Pending, list[str]]:
         logger.warning("cluster.nproc_per_node is unset, so this runs ONE process on this CPU and %s = -1 shards "
                        "over nothing; set cluster.nproc_per_node=N for N ranks", " and ".join(derived))
     return p, []
+
+
+def elastic(p: Pending) -> tuple[Pending, list[str]]:
+    from titan_exp.cluster.elastic import replanned
+
+    job, errors = replanned(p.job, p.run_dir, "cluster.nproc_per_node")
+    return p.with_job(job), errors
 
 
 def check(p: Pending) -> tuple[Pending, list[str]]:
@@ -148,7 +156,7 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
 
 
-STEPS: tuple[Step, ...] = (ranks, check, evaluation, data, resolved, checkpoint, cluster, machine)
+STEPS: tuple[Step, ...] = (ranks, elastic, check, evaluation, data, resolved, checkpoint, cluster, machine)
 
 
 def preflight(job: JobConfig, run_dir: RunDir, steps: tuple[Step, ...] = STEPS) -> tuple[Pending, list[str]]:

@@ -24,7 +24,8 @@ from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy,
 from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
 from titan_exp.validation import resolve, validate
 
-__all__ = ["Plan", "plan", "predict_memory", "valid_layouts", "with_layout", "layout_overrides", "write_sweep"]
+__all__ = ["Plan", "Replan", "fastest_fitting", "plan", "predict_memory", "valid_layouts", "with_layout",
+           "layout_overrides", "write_sweep"]
 
 
 def degrees_of(job: JobConfig) -> dict[str, int]:
@@ -166,6 +167,38 @@ def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, c
     best = (fastest(batch_splits(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda, memory_gib=memory_gib)
             for degrees in factorizations(world, job.model.n_experts))
     return [j for j in best if j is not None]
+
+
+@dataclass
+class Replan:
+    """The planner's answer for an elastic run (fastest_fitting): the job in the chosen layout, or
+    None when no layout fits; and the layout that needs the least memory, for the refusal."""
+
+    job: JobConfig | None
+    least_gib: float = float("inf")
+    least_layout: str = ""
+    valid: int = 0  # layouts that validate (at their fastest split)
+    step_s: float = 0.0  # the chosen layout's predicted seconds per step
+    memory_gib: float = 0.0  # and its predicted memory per device
+
+
+def fastest_fitting(job: JobConfig, world: int, *, cuda: bool, memory_gib: float,
+                    profile: MachineProfile | None = None) -> Replan:
+    """The fastest predicted layout of `world` devices that fits in `memory_gib` per device, at
+    the job's global batch (each layout at its fastest split, gradient accumulation absorbing
+    what the local batch cannot hold), with the job's model, precision, AC and compile."""
+    profile = profile or this_machine(world, cuda=cuda, nodes=job.cluster.nodes_for(world))
+    layouts = best_split_layouts(job, world, profile, cuda=cuda, memory_gib=memory_gib)
+    if not layouts:
+        return Replan(None)
+    memory = [predict_memory(j, cuda=cuda)["total"] for j in layouts]
+    least = min(range(len(layouts)), key=memory.__getitem__)
+    answer = Replan(None, memory[least], layout_label(degrees_of(layouts[least])), len(layouts))
+    fits = [(predict_step(j, profile, cuda=cuda).step_s, m, j) for j, m in zip(layouts, memory) if m <= memory_gib]
+    if not fits:
+        return answer
+    step_s, gib, best = min(fits, key=lambda f: f[0])
+    return dataclasses.replace(answer, job=best, step_s=step_s, memory_gib=gib)
 
 
 def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,

@@ -103,7 +103,8 @@ def main(path: str) -> int:
     setup_logging(run_dir, rank)
     start = time.time()
     job = load_job_config(run_dir.config)
-    summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id())
+    summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id(),
+                            layouts=run_dir.read_layouts() or None)
     # Stop signals are recorded, not fatal, until the summary is written: when one rank dies the
     # agent SIGTERMs the others at once, and rank 0 must still say why the run ended (the agent
     # waits 30 s before SIGKILL). During training they stop the run at a step boundary.

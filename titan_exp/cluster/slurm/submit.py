@@ -9,6 +9,7 @@ import os
 import shlex
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -77,7 +78,7 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
         "mem": f"{c.mem_gb}G" if c.mem_gb else None,
         "gpus_per_node": c.gpus_per_node or None,
     }
-    return {
+    params = {
         "job_name": c.name,
         "nodes": c.nnodes,
         "ntasks_per_node": c.nproc_per_node,
@@ -89,6 +90,16 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
         "srun_args": list(c.srun_args),
         **{k: v for k, v in given.items() if v is not None},
     }
+    if c.min_nodes is not None and c.min_nodes < c.nnodes:
+        # sbatch's --nodes=min-max (submitit's own `nodes` must be a number: it multiplies it into
+        # the task count), each node with its ranks' CPUs, and srun, not sbatch, starting
+        # nproc_per_node tasks on each: a job with --ntasks-per-node keeps the task count of its
+        # first allocation when SLURM requeues it (22.05), so it could not start on fewer nodes.
+        del params["ntasks_per_node"]
+        params["additional_parameters"] |= {"nodes": f"{c.min_nodes}-{c.nnodes}",
+                                            "mincpus": c.nproc_per_node * c.cpus_per_task}
+        params["srun_args"].append(f"--ntasks-per-node={c.nproc_per_node}")
+    return params
 
 
 def snapshot_code(root: Path) -> Path:
@@ -104,16 +115,21 @@ def snapshot_code(root: Path) -> Path:
     return code
 
 
-def _setup_lines(job: JobConfig, code: Path) -> list[str]:
+def _setup_lines(job: JobConfig, code: Path, run_dir: RunDir) -> list[str]:
     """The user's setup, the ranks' environment, and the snapshot first on the path. The ranks
     start in the snapshot's parent: `python -m` puts the working directory first on sys.path, so
-    starting in a checkout would import its titan_exp instead (paths in the config are absolute)."""
+    starting in a checkout would import its titan_exp instead (paths in the config are absolute).
+    With cluster.elastic, each start of the job (a requeue too) first fits the run's layout to the
+    nodes it got (titan_exp.cluster.elastic), so such a member is a job of its own, not in an array."""
     c = job.cluster
     lines = list(c.setup)
     env = {**rank_env(c, threads=c.cpus_per_task, gpu=c.gpus_per_node > 0), **c.env}  # the user's values win
     lines += [f"export {k}={shlex.quote(str(v))}" for k, v in env.items()]
     lines.append(f"export PYTHONPATH={shlex.quote(str(code))}${{PYTHONPATH:+:$PYTHONPATH}}")
     lines.append(f"cd {shlex.quote(str(code.parent))}")
+    if c.elastic:
+        replan = f"{shlex.quote(sys.executable)} -m titan_exp.cluster.elastic {shlex.quote(str(run_dir.path))}"
+        lines.append(f"{replan} || exit 1")  # refused: the summary says why, no rank starts
     return lines
 
 
@@ -123,7 +139,7 @@ def submit(runs: list[tuple[JobConfig, RunDir]], root: Path, entry: str = TRAIN)
     code = snapshot_code(root)
     groups: dict[str, list[tuple[JobConfig, RunDir]]] = {}
     for job, run_dir in runs:
-        key = json.dumps({**sbatch_parameters(job.cluster), "setup": _setup_lines(job, code),
+        key = json.dumps({**sbatch_parameters(job.cluster), "setup": _setup_lines(job, code, run_dir),
                           "max_num_timeout": job.cluster.max_num_timeout}, sort_keys=True)
         groups.setdefault(key, []).append((job, run_dir))
     jobs: list[submitit.Job] = []
