@@ -139,6 +139,16 @@ def test_preflight_refuses_more_nodes_than_the_partition_has(nodes, tmp_path):
     assert out.returncode != 0
     assert f"cluster.nnodes = 4: partition 'nodes' has {len(nodes)} node(s)" in out.stdout + out.stderr
     assert not (tmp_path / "run" / "slurm_job.json").exists()
+    # With cluster.min_nodes the job may start on that many (--nodes=min-max): enough nodes for it will do.
+    from conftest import job_config
+    from titan_exp.cluster.slurm.preflight import preflight
+
+    elastic = ["cluster=slurm", "cluster.partition=nodes", "cluster.nproc_per_node=2", "cluster.elastic=true",
+               "checkpoint=default"]
+    assert preflight(job_config([*elastic, "cluster.nnodes=4", "cluster.min_nodes=2"])) == []
+    assert preflight(job_config([*elastic, "cluster.nnodes=5", "cluster.min_nodes=4"])) == [
+        f"cluster.min_nodes = 4: partition 'nodes' has {len(nodes)} node(s) with what each task group needs "
+        "(2 CPUs, 0 GPUs); lower cluster.min_nodes"]
 
 
 def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):

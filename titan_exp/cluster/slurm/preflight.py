@@ -44,8 +44,8 @@ def _gpus(gres: str) -> int:
 
 def preflight(job: JobConfig) -> list[str]:
     """What the controller would refuse or never schedule, asked of the controller before
-    submission: the partition exists, it has nnodes nodes with the tasks' CPUs, memory and GPUs,
-    and its time limit allows cluster.timeout_min."""
+    submission: the partition exists, it has nnodes nodes (cluster.min_nodes, when set) with the
+    tasks' CPUs, memory and GPUs, and its time limit allows cluster.timeout_min."""
     c = job.cluster
     if shutil.which("sbatch") is None or shutil.which("scontrol") is None:
         return ["cluster.executor = 'slurm': sbatch/scontrol are not on PATH on this machine; "
@@ -87,7 +87,8 @@ def preflight(job: JobConfig) -> list[str]:
             e.append(f"{field} = {value!r}: no node of partition {partition!r} has {need}; {largest}")
     if not e:
         fits = sum(all(has(n) for *_, has in needs) for n in nodes)
-        if fits < c.nnodes:
-            e.append(f"cluster.nnodes = {c.nnodes}: partition {partition!r} has {fits} node(s) with what each task "
-                     f"group needs ({cpus} CPUs, {c.gpus_per_node} GPUs); lower cluster.nnodes")
+        field, least = ("cluster.min_nodes", c.min_nodes) if c.min_nodes is not None else ("cluster.nnodes", c.nnodes)
+        if fits < least:  # with min_nodes the job starts on as few as that (--nodes=min-max)
+            e.append(f"{field} = {least}: partition {partition!r} has {fits} node(s) with what each task "
+                     f"group needs ({cpus} CPUs, {c.gpus_per_node} GPUs); lower {field}")
     return e
