@@ -100,6 +100,7 @@ def test_ten_skips_in_a_row_stop(tmp_path):
 
 SOAK = [*SMALL, "training.steps=30", "parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2",
         "checkpoint=default", "checkpoint.interval=2", "checkpoint.keep_latest_k=2"]
+KILLS = 10
 
 
 def rank_pids(run_dir: Path) -> list[int]:
@@ -121,11 +122,11 @@ def latest_step(run_dir: Path) -> int:
     return max(complete_steps(run_dir / "checkpoints"), default=0)
 
 
-@pytest.mark.parametrize("kills", [4, pytest.param(10, marks=pytest.mark.slow)])
-def test_soak_kill9_at_random_moments_then_resume(kills, tmp_path):
-    """kill -9 one rank of a 4-rank run `kills` times (4 in the default tier, 10 with the slow
-    ones), relaunching after each: half at a random moment (from outside, any rank), half while a
-    checkpoint is being written (TITAN_EXP_FAULT=save, after the rank's shard, before the marker). Every complete checkpoint stays verifiable, and the
+@pytest.mark.slow  # about 3 minutes on 2 cores; the default tier keeps test_checkpoint's kill -9 tests
+def test_soak_kill9_at_random_moments_then_resume(tmp_path):
+    """kill -9 one rank of a 4-rank run ten times, relaunching after each: half at a random moment
+    (from outside, any rank), half while a checkpoint is being written (TITAN_EXP_FAULT=save,
+    after the rank's shard, before the marker). Every complete checkpoint stays verifiable, and the
     losses of the whole run equal those of a run that was never killed."""
     from titan_exp.checkpoint import complete_steps, incomplete_dirs, step_dir, verify
 
@@ -133,7 +134,7 @@ def test_soak_kill9_at_random_moments_then_resume(kills, tmp_path):
     clean = tmp_path / "clean"
     assert launch_cli([*SOAK, f"hydra.run.dir={clean}"]).returncode == 0
     run_dir, log = tmp_path / "soak", []
-    for kill in range(kills):
+    for kill in range(KILLS):
         env = dict(os.environ)
         during_save = kill % 2 == 1
         if during_save:  # the next save after the latest complete checkpoint, on a random rank
