@@ -74,9 +74,8 @@ def sources(d: DataConfig) -> list[Source]:
 def validation_sources(d: DataConfig, v: ValidationConfig) -> list[Source]:
     """Each source's held-out set: its validation_path with the same builder, else its own
     directory's (or hub data set's) validation.split."""
-    return [Source(label_of(s), s.weight / sum(x.weight for x in d.mixture),
-                   dataclasses.replace(as_data(d, s), path=s.validation_path or s.path, split=v.split))
-            for s in d.mixture]
+    return [dataclasses.replace(src, data=dataclasses.replace(src.data, path=s.validation_path or s.path, split=v.split))
+            for s, src in zip(d.mixture, sources(d))]
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -161,9 +160,9 @@ def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
     mixture = []
     for s, held_out in zip(d.mixture, validation_sources(d, v)):
         if s.dataset != TOKENS:
+            held_out_store = str(token_store(held_out.data, tokenizer)) if v.enable else None
             s = dataclasses.replace(s, dataset=TOKENS, path=str(token_store(as_data(d, s), tokenizer)), name=None,
-                                    split="train", label=label_of(s), validation_path=str(token_store(held_out.data, tokenizer))
-                                    if v.enable else None)
+                                    split="train", label=label_of(s), validation_path=held_out_store)
         mixture.append(s)
     return dataclasses.replace(job, data=dataclasses.replace(d, mixture=mixture, pretokenize=False))
 
@@ -187,7 +186,7 @@ class Mixture:
 
 def draw(seed: int, batch: int, weights: tuple[float, ...], rows: int) -> np.ndarray:
     """The source of each row of global batch `batch`: a function of (seed, batch) alone."""
-    return np.random.default_rng([seed, batch]).choice(len(weights), size=rows, p=np.asarray(weights))
+    return np.random.default_rng([seed % 2**64, batch]).choice(len(weights), size=rows, p=np.asarray(weights))
 
 
 class MixtureLoader:
