@@ -30,8 +30,7 @@ import torch
 
 from titan_exp.config import DataConfig, JobConfig, SourceConfig, ValidationConfig, problem
 from titan_exp.data.prefetch import Prefetch
-from titan_exp.data.sources import (BUILDERS, TOKENS, data_file_errors, hub_errors, open_dataset, source_errors,
-                                    token_store)
+from titan_exp.data.sources import TOKENS, launch_errors, open_dataset, same_files, source_errors, token_store
 
 logger = logging.getLogger(__name__)
 
@@ -91,22 +90,18 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e += source_errors(s.data, f"data.mixture[{i}]")
         if job.validation.enable and v.data.path != s.data.path:
             e += source_errors(v.data, f"data.mixture[{i}].validation")
-        if job.validation.enable and d.mixture[i].validation_path is None and s.data.dataset in BUILDERS \
-                and not os.path.isdir(s.data.path or ""):
-            e.append(problem(f"data.mixture[{i}].validation_path", None,
+        if job.validation.enable and same_files(s.data, v.data):
+            e.append(problem(f"data.mixture[{i}].validation_path", d.mixture[i].validation_path,
                              f"validation would read the files training reads ({s.data.path}); give this source's "
                              "held-out files, or make its path a directory of train and validation files"))
     return e
 
 
 def file_errors(job: JobConfig) -> list[str]:
-    """Each source's files (and held-out files) read once at launch, as data's are (sources.data_file_errors, hub_errors)."""
-    e: list[str] = []
-    for i, (s, v) in enumerate(zip(sources(job.data), validation_sources(job.data, job.validation))):
-        e += data_file_errors(s.data, f"data.mixture[{i}]") + hub_errors(s.data, f"data.mixture[{i}]")
-        if job.validation.enable and v.data.dataset != TOKENS:
-            e += data_file_errors(v.data, f"data.mixture[{i}].validation")
-    return e
+    """Each source's files or hub data set, and its held-out set's, read once at launch (sources.launch_errors)."""
+    held_out = validation_sources(job.data, job.validation)
+    return [error for i, (s, v) in enumerate(zip(sources(job.data), held_out))
+            for error in launch_errors(s.data, v.data if job.validation.enable else None, f"data.mixture[{i}]")]
 
 
 def _rules(job: JobConfig, defaults: DataConfig) -> list[str]:

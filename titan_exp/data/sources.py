@@ -113,6 +113,13 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
     return e
 
 
+def same_files(train: DataConfig, held_out: DataConfig) -> bool:
+    """Whether the held-out set would read the very files training reads (a directory's splits
+    are other files; a token store has no splits)."""
+    return held_out.path == train.path and (held_out.dataset == TOKENS or (held_out.dataset in BUILDERS
+                                                                           and not os.path.isdir(held_out.path or "")))
+
+
 def check(job: JobConfig, cuda: bool) -> list[str]:
     """The fields (cheap: every rank runs it); `data_file_errors` reads the files, once, at launch."""
     d = job.data
@@ -120,8 +127,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if job.validation.enable and not d.mixture:
         v = validation_source(job)
         e += [x for x in source_errors(v, "validation") if x not in e]
-        same_files = v.path == d.path and (v.dataset == TOKENS or (v.dataset in BUILDERS and not os.path.isdir(v.path or "")))
-        if same_files:
+        if same_files(d, v):
             e.append(problem("validation.path", job.validation.path,
                              f"validation would read data.path ({d.path}), the files training reads; give held-out "
                              "files in validation.path, or make data.path a directory of train and validation files"))
@@ -192,6 +198,18 @@ def pretokenized(job: JobConfig, tokenizer: Path) -> JobConfig:
     validation = dataclasses.replace(job.validation, dataset=held_out.dataset, path=held_out.path, name=held_out.name)
     return dataclasses.replace(job, data=dataclasses.replace(d, dataset=TOKENS, path=str(folder), pretokenize=False),
                                validation=validation)
+
+
+def launch_errors(d: DataConfig, held_out: DataConfig | None, prefix: str = "data") -> list[str]:
+    """What the launcher reads once of a source (`prefix` names it): its files or its hub data set,
+    and the same of its held-out set (None: validation is off)."""
+    hub = hub_errors(d, prefix)
+    e = data_file_errors(d, prefix) + hub
+    if held_out is not None:
+        where = "validation" if prefix == "data" else f"{prefix}.validation"
+        same_hub = hub and held_out.dataset == d.dataset  # already said: unreachable, or no such data set
+        e += data_file_errors(held_out, where) + ([] if same_hub else hub_errors(held_out, where))
+    return e
 
 
 HEAD_BYTES = 1 << 16

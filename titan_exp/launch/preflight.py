@@ -84,10 +84,9 @@ def evaluation(p: Pending) -> tuple[Pending, list[str]]:
 
 def data(p: Pending) -> tuple[Pending, list[str]]:
     from titan_exp.data.corpus import Tokenizer, assets
-    from titan_exp.data.sources import data_file_errors, hub_errors, pretokenized, store_errors, validation_source
-    from titan_exp.models.llama import check_vocab
-
     from titan_exp.data import mixture
+    from titan_exp.data.sources import launch_errors, pretokenized, store_errors, validation_source
+    from titan_exp.models.llama import check_vocab
 
     d, tokenizer = assets(p.job.data)
     job = dataclasses.replace(p.job, data=d)
@@ -95,12 +94,7 @@ def data(p: Pending) -> tuple[Pending, list[str]]:
     if d.mixture:
         errors += mixture.file_errors(job)
     else:
-        hub = hub_errors(d, "data")
-        errors += data_file_errors(d) + hub
-        if job.validation.enable:
-            v = validation_source(job)
-            same_hub = hub and v.dataset == d.dataset  # already said: unreachable, or no such data set
-            errors += data_file_errors(v, "validation") + ([] if same_hub else hub_errors(v, "validation"))
+        errors += launch_errors(d, validation_source(job) if job.validation.enable else None)
     if d.pretokenize and not errors:
         job = mixture.pretokenized(job, tokenizer) if d.mixture else pretokenized(job, tokenizer)
     for source in [s.data for s in mixture.sources(job.data)] if job.data.mixture else [job.data]:
