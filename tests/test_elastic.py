@@ -58,6 +58,24 @@ def relaunched_on_fewer_ranks(before: list[str], run_dir: Path, caplog, referenc
     return second, line
 
 
+FSDP2 = ["parallelism.pipeline_parallel_degree=1", "parallelism.data_parallel_shard_degree=2",
+         "parallelism.tensor_parallel_degree=1", "cluster.nproc_per_node=2", "training.local_batch_size=4"]
+
+
+def continued_in_fsdp(before: list[str], run_dir: Path, reference) -> list[dict]:
+    """Relaunch the run dir from step 3 once more, in FSDP 2 on 2 ranks as the user names it (on
+    this CPU the planner prefers another layout for 2 ranks; on GPUs FSDP is its usual answer):
+    the change from `before`'s checkpoint into FSDP must continue the uninterrupted run exactly.
+    Returns the run's layouts."""
+    third = ok(*run_job([*ELASTIC, *before, *FSDP2, "checkpoint.load_step=3"], run_dir))
+    assert third["start_step"] == 4 and third["layout"]["dp_shard"] == 2 and third["world_size"] == 2
+    assert third["losses"] == pytest.approx(reference["losses"][3:], abs=1e-5)
+    # FSDP's gradient norm sums its shards' squares in another order: the layouts' tolerance (test_parallel.py)
+    assert third["grad_norms"] == pytest.approx(reference["grad_norms"][3:], rel=2e-4)
+    assert third["layouts"][-1] == {"from_step": 3, "world": 2, "layout": third["layout"]}
+    return third["layouts"]
+
+
 def test_fsdp_tp_run_continues_on_half_the_ranks(tmp_path, caplog, reference):
     """FSDP 2 x TP 2 on 4 ranks, then 2 ranks: the planner's fastest layout for 2 (what it is
     depends on the machine's profile, so the test reads it from the run) from step 3's checkpoint."""
@@ -74,6 +92,7 @@ def test_fsdp_tp_run_continues_on_half_the_ranks(tmp_path, caplog, reference):
                                                        LayoutSpan(3, 2, second["layout"])]  # typed, read back
     saved = load_job_config(tmp_path / "config.yaml")  # what a later relaunch or requeue starts from
     assert saved.world_size == 2 and saved.parallelism.layout == second["layout"]
+    assert len(continued_in_fsdp(FSDP2_TP2, tmp_path, reference)) == 3  # FSDP x TP -> FSDP
 
 
 @pytest.mark.slow
@@ -84,6 +103,7 @@ def test_pipeline_run_continues_on_half_the_ranks(tmp_path, caplog, reference):
     second, line = relaunched_on_fewer_ranks(before, tmp_path, caplog, reference)
     assert line.startswith("re-planned for world 2: pp2 x dp_shard2 -> ")
     assert [s["world"] for s in second["layouts"]] == [4, 2]
+    assert [s["world"] for s in continued_in_fsdp(before, tmp_path, reference)] == [4, 2, 2]  # PP -> FSDP
 
 
 # --- Refused before any process starts ------------------------------------------------------------
