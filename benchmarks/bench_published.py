@@ -55,8 +55,10 @@ SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
 GPUS = {"h100_96gb_500w": "h100_500w", "h100_sxm_80gb": "h100", "h100_80gb": "h100", "h100": "h100",
         "a100_80gb": "a100", "a100": "a100", "a100_40gb": "a100_40gb", "b200": "b200"}
 HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
-# What the GPU path fits (Efficiency's fields), with the range searched.
-FITTED = {"matmul": (0.05, 1.0), "float8_matmul": (0.05, 1.0), "compile_speedup": (0.5, 3.0)}
+# What the GPU path fits (Efficiency's fields), with the range searched: one term, the block's time
+# over the sum of the parts perf.gpu prices; every other constant is a spec sheet's or a
+# published microbenchmark's (perf.gpu, perf.devices).
+FITTED = {"compute_scale": (0.3, 3.0)}
 
 
 @dataclass
@@ -240,24 +242,16 @@ def log_error(p: Planned, eff: Efficiency) -> float:
 
 def fit(rows: list[Planned]) -> Efficiency:
     """The FITTED constants minimizing the squared log error over `rows`, one at a time by golden
-    section, three passes; a constant no row informs (no float8 row, no compiled row) keeps its
-    neutral value (the float8 efficiency the bf16 one, compile no speed-up)."""
-    eff = Efficiency(compile_speedup=1.0)
-    informs = {"matmul": lambda p: True, "float8_matmul": lambda p: p.row.precision == "fp8",
-               "compile_speedup": lambda p: p.row["compile"] == "true"}
+    section, three passes."""
+    eff = Efficiency()
     for _ in range(3):
         for name, (low, high) in FITTED.items():
-            used = [p for p in rows if informs[name](p)]
-            if not used:
-                continue
-            cost = lambda x: sum(log_error(p, dataclasses.replace(eff, **{name: x})) ** 2 for p in used)  # noqa: E731
+            cost = lambda x: sum(log_error(p, dataclasses.replace(eff, **{name: x})) ** 2 for p in rows)  # noqa: E731
             a, b = low, high
             for _ in range(40):
                 c, d = b - 0.618 * (b - a), a + 0.618 * (b - a)
                 a, b = (a, d) if cost(c) < cost(d) else (c, b)
             eff = dataclasses.replace(eff, **{name: (a + b) / 2})
-    if not any(p.row.precision == "fp8" for p in rows):
-        eff = dataclasses.replace(eff, float8_matmul=eff.matmul)
     return eff
 
 
@@ -323,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         scored_sources += 1
         all_effects += [(source, *e) for e in effects(preds)]
         listed += [(p, pred, e) for (p, pred), e in zip(preds, errs)]
-        print(f"| {source} | matmul {eff.matmul:.3f}, float8 {eff.float8_matmul:.3f}, compile {eff.compile_speedup:.3f} "
+        print(f"| {source} | {', '.join(f'{k} {getattr(eff, k):.3f}' for k in FITTED)} "
               f"| {len(mine)} | {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % "
               f"| {100 * median_abs(scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
     if args.rows:

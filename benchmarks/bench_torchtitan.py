@@ -6,9 +6,9 @@ The rows are TorchTitan's benchmarks/llama3_h100_202412_torchtitan.md (Tables 1-
 GPUs, 8B with context parallel to 262k tokens, 70B 2D on 256 GPUs, 405B 3D and 4D on 512), each
 with the configuration that run used (local batch, sequence length, AC, compile, float8, schedule).
 The device is the `h100_500w` spec (titan_exp/perf/devices.py: the 96 GB, 500 W H100 those runs
-used). What the spec sheet cannot know is fitted on Table 1 alone (8B, 8 GPUs), one term per row:
-the matmul efficiency (bf16 row), the compiled block's speed-up (compile row) and the float8
-matmul efficiency (float8 row); and for memory, from the bf16 and compile rows and Table 2's first
+used). Tokens/s are the GPU model's from its parts (titan_exp/perf/gpu.py; its one fitted term,
+compute_scale, comes from benchmarks/bench_published.py's fitting set, where the leave-one-source-
+out scores are). Fitted here, for memory only, from Table 1's bf16 and compile rows and Table 2's first
 row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC): the reported peak's overhead over what comes and
 goes each step (TorchTitan reports the allocator's reserved peak, and the caching allocator's
 slack is in the transient allocations, not in the states and parameters allocated once), a
@@ -142,40 +142,21 @@ def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:
     return predict_memory(job_for(row), cuda=True, gpu=gpu)["total"]
 
 
-def solve(f, target: float, low: float, high: float) -> float:
-    """x in [low, high] with f(x) = target, by bisection (f increasing)."""
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if f(mid) < target else (low, mid)
-    return (low + high) / 2
-
-
 def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
-    """Tokens/s: the matmul efficiency (bf16 row), the compiled block's speed-up (compile row),
-    the float8 matmul efficiency (float8 row), one after the other. Memory: reported peak =
-    fixed + overhead x (transient + a x activations), with compile scaling a by c; the bf16,
-    compile and long-sequence rows give three linear equations in overhead, overhead x a,
-    overhead x a x c."""
-    eff = Efficiency()
-    eff = dataclasses.replace(eff, matmul=solve(lambda e: predict_tps(bf16, dataclasses.replace(eff, matmul=e)),
-                                                bf16.tps, 0.05, 1.0))
-    eff = dataclasses.replace(eff, compile_speedup=solve(
-        lambda s: predict_tps(compiled, dataclasses.replace(eff, compile_speedup=s)), compiled.tps, 0.5, 3.0))
-    eff = dataclasses.replace(eff, float8_matmul=solve(
-        lambda e: predict_tps(f8, dataclasses.replace(eff, float8_matmul=e)), f8.tps, 0.05, 1.0))
+    """Memory: reported peak = fixed + overhead x (transient + a x activations), with compile
+    scaling a by c; the bf16, compile and long-sequence rows give three linear equations in
+    overhead, overhead x a, overhead x a x c. (The float8 row is in the fitting set for tokens/s
+    as it was before the GPU model was priced from parts; it is not used here.)"""
     (f1, t1, a1), (f3, t3, a3) = memory_parts(bf16), memory_parts(long_seq)
     system = torch.tensor([[t1, a1, 0.0], [t1, 0.0, a1], [t3, 0.0, a3]], dtype=torch.float64)
     x, y, z = torch.linalg.solve(system, torch.tensor([bf16.memory_gib - f1, compiled.memory_gib - f1,
                                                       long_seq.memory_gib - f3], dtype=torch.float64)).tolist()
-    return {"matmul": eff.matmul, "compile_speedup": eff.compile_speedup, "float8_matmul": eff.float8_matmul,
-            "allocator_overhead": x, "activation_scale": y / x, "compile_activations": z / y}
+    return {"allocator_overhead": x, "activation_scale": y / x, "compile_activations": z / y}
 
 
 def planner_defaults() -> dict[str, float]:
-    """What the planner uses: the spec profiles' Efficiency and the memory model's GpuMemory."""
-    return {**{k: v for k, v in dataclasses.asdict(Efficiency()).items() if k in ("matmul", "compile_speedup",
-                                                                                   "float8_matmul")},
-            **dataclasses.asdict(GpuMemory())}
+    """What the planner uses: the memory model's GpuMemory."""
+    return dataclasses.asdict(GpuMemory())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -184,13 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     all_rows = rows()
     fitting = [r for r in all_rows if r.table == 1] + [all_rows[3]]  # Table 1, and Table 2's FSDP 8 / CP 1 row
     fitted = fit(*fitting)
-    eff = dataclasses.replace(Efficiency(), matmul=fitted["matmul"], compile_speedup=fitted["compile_speedup"],
-                              float8_matmul=fitted["float8_matmul"])
+    eff = Efficiency()
     gpu = GpuMemory(fitted["allocator_overhead"], fitted["activation_scale"], fitted["compile_activations"])
     print("fitted on the 8B / 8-GPU rows marked (fit): " + ", ".join(f"{k} {v:.3f}" for k, v in fitted.items()))
     stale = {k: v for k, v in planner_defaults().items() if abs(v - fitted[k]) > 5e-4}
-    print("the planner's defaults (Efficiency, GpuMemory) are these values" if not stale else
-          f"THE PLANNER'S DEFAULTS DIFFER from this fit: {stale}; update titan_exp/perf/devices.py and memory.py")
+    print("the planner's defaults (GpuMemory) are these values" if not stale else
+          f"THE PLANNER'S DEFAULTS DIFFER from this fit: {stale}; update titan_exp/perf/memory.py")
     print()
     print("| table | run | published tok/s/GPU | predicted | error | published GiB | predicted | error |")
     print("|---|---|---|---|---|---|---|---|")

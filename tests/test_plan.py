@@ -151,8 +151,9 @@ def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):
 
     h100, eff = SPECS["h100"], Efficiency()
     profile = spec_profile(h100, 64, 8, eff)
-    assert profile.source == "spec" and profile.key["nodes"] == 8 and profile.compile_speedup == eff.compile_speedup
-    assert profile.gemm["bfloat16"].per_unit_s == pytest.approx(1 / (989.4e12 * eff.matmul))
+    assert profile.source == "spec" and profile.key["nodes"] == 8 and profile.spec is h100
+    assert profile.corrections.compute == eff.compute_scale
+    assert profile.gemm["bfloat16"].per_unit_s == pytest.approx(1 / (989.4e12 * 0.801))  # [mamf]'s share
     nvlink = profile.collective("all_reduce", 8)
     assert nvlink.per_unit_s == pytest.approx(2 * 7 / 8 / (450e9 * eff.nvlink))
     across = profile.collective("all_reduce", 8, across_nodes=True)
@@ -246,7 +247,9 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
         ("device: {bf16_tflops: 500}\n", "missing tf32_tflops, memory_gib, memory_tb_s"),
         ("device: h100\ngpus_per_node: 2.5\n", "gpus_per_node = 2.5: must be a whole number > 0"),
         ("device: h100\nnvlink_gb_s: -1\n", "nvlink_gb_s = -1: must be a number > 0"),
-        ("device: h100\npower_limit_w: 500\n", "power_limit_w = 500: not modelled yet"),
+        ("device: h100\npower_limit_w: 0\n", "power_limit_w = 0: must be a number > 0"),
+        ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, sms: 1.5}\n",
+         "device.sms = 1.5: must be a whole number > 0"),
         ("gpus_per_node: 8\n", "needs a mapping with at least `device`"),
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1}\n", "needs nvlink_gb_s and network_gb_s"),
     ]:

@@ -4,10 +4,11 @@ a machine profile the performance model reads like a calibrated one.
     python -m titan_exp.perf.plan model=llama3_8b --device h100 --world 512 --gpus-per-node 8
 
 A profile calibrated on the real device (`python -m titan_exp.perf.calibrate` on that GPU) replaces the
-spec one wherever both exist (`profile_for`). A spec sheet gives peaks; what a training step
-achieves of them is the `Efficiency` below, whose values are assumptions until fitted to
-published runs (issue 19), and the profile's `source` says "spec" so every table built from it
-says its numbers are predicted from a spec sheet.
+spec one wherever both exist (`profile_for`). A spec sheet gives peaks; what each kernel of a
+step achieves of them is priced from its parts in perf.gpu (matmuls by shape, attention by
+sequence length, memory-bound kernels at HBM speed, host time, clocks under the power limit),
+and the profile's `source` says "spec" so every table built from it says its numbers are
+predicted from a spec sheet.
 
 Sources (checked 2026-11):
   [h100]  NVIDIA H100 Tensor Core GPU datasheet, SXM5 column:
@@ -20,6 +21,8 @@ Sources (checked 2026-11):
   [titan] TorchTitan's benchmark machines, docs/performance.md in pytorch/torchtitan: Grand Teton
           hosts of 8 H100 with 96 GB HBM2e at 2.4 TB/s, NVLink, 400 Gb/s RDMA per GPU, the
           default 500 W power limit.
+  [mamf]  The best-shaped bf16 matmul's share of the peak, measured: stas00/ml-engineering
+          compute/accelerator/README.md (H100 SXM 80.1 %, A100 SXM 85.9 %).
   [nccl]  Latencies are not on spec sheets: the small-message times of nccl-tests' all_reduce
           on NVLink (~10 us) and over InfiniBand (~20 us per hop), as NVIDIA's published
           nccl-tests runs show; rounded, and the same for every GPU of a generation.
@@ -34,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.perf.profile import COLLECTIVES, Line, MachineProfile, machine_key
+from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, machine_key
 
 GIB = 2**30
 
@@ -51,42 +54,48 @@ class DeviceSpec:
     nvlink_gb_s: float  # per GPU, per direction
     network_gb_s: float  # per GPU, per direction, between nodes
     source: str
+    sms: int = 132  # streaming multiprocessors: a GEMM's waves (perf.gpu)
+    tdp_w: float = 700.0  # the power the spec's clocks are sustained at
+    power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.gpu.clock_ratio); None = the TDP
+    matmul_share: float = 0.801  # the best-shaped bf16 matmul's share of the peak [mamf]
+    architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
 
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
     DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 80 * 1e9 / GIB, 3.35, 450, 50,
                "[h100] SXM5 700 W; NDR 400 Gb/s per GPU"),
     DeviceSpec("h100_500w", ("H100",), 989.4, 1978.9, 494.7, 96 * 1e9 / GIB, 2.4, 450, 50,
-               "[titan] the H100 TorchTitan's tables were measured on: 96 GB HBM2e at 2.4 TB/s, 500 W cap "
-               "(the cap lowers sustained clocks, which the fitted efficiency absorbs; the peaks are [h100]'s)"),
+               "[titan] the H100 TorchTitan's tables were measured on: 96 GB HBM2e at 2.4 TB/s, capped at 500 W "
+               "(the peaks and TDP are [h100]'s)", power_limit_w=500.0),
     DeviceSpec("h200", ("H200",), 989.4, 1978.9, 494.7, 141 * 1e9 / GIB, 4.8, 450, 50,
-               "[h200] SXM; NDR 400 Gb/s per GPU"),
+               "[h200] SXM 700 W; NDR 400 Gb/s per GPU; its matmul share H100's (the same GH100 die)"),
     DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 80 * 1e9 / GIB, 2.039, 300, 25,
-               "[a100] 80GB SXM; HDR 200 Gb/s per GPU"),
+               "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=0.859,
+               architecture="ampere"),
     DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40 * 1e9 / GIB, 1.555, 300, 25,
-               "[a100] 40GB SXM; HDR 200 Gb/s per GPU"),
+               "[a100] 40GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=0.859,
+               architecture="ampere"),
     DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * 1e9 / GIB, 8.0, 900, 50,
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
-               "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU"),
+               "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W; no matmul share is published "
+               "[mamf]: H100's is assumed", sms=148, tdp_w=1000.0, architecture="blackwell"),
 )}
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """What a training step achieves of the spec's peaks. The compute terms were fitted to
-    TorchTitan's Llama 3.1 8B rows on 8 H100s (benchmarks/bench_torchtitan.py; BENCHMARKS.md has
-    the fit and its check on the other published rows); the communication ones are assumptions
-    (NCCL's bus bandwidth ~80 % of NVLink's and ~90 % of the NIC's), not fitted: on those rows
-    compute dominates, so they could not be told apart."""
+    """What a spec sheet does not say. The links' terms are assumptions (NCCL's bus bandwidth ~80 %
+    of NVLink's and ~90 % of the NIC's; [nccl]'s latencies). `compute_scale` is the one fitted
+    term: a block's time over the sum of its parts as perf.gpu prices them (what they leave out:
+    kernels slowing each other and NCCL's, the framework's own work), fitted by
+    benchmarks/bench_published.py on its declared fitting set (7 rows, one per source and
+    precision; BENCHMARKS.md)."""
 
-    matmul: float = 0.715  # bf16 (and TF32) matmul FLOP/s over the spec's peak
-    float8_matmul: float = 0.773  # float8 matmuls over the FP8 peak
-    compile_speedup: float = 1.161  # eager block time over compiled
+    compute_scale: float = 1.029
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = 10e-6
     latency_network_s: float = 20e-6  # per ring hop between nodes
-    overlap: float = 0.8  # share of FSDP's communication hidden behind compute (prefetch)
 
 
 def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
@@ -101,26 +110,27 @@ def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
 
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency()) -> MachineProfile:
-    """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet."""
-    nodes = max(1, world // gpus_per_node)
-    def rate(tflops: float, efficiency: float) -> Line:
-        return Line(10e-6, 1 / (tflops * 1e12 * efficiency))
+    """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
+    blocks are priced from their parts (perf.gpu, which reads `profile.spec`); its matmul lines
+    are the same parts' rates, for what reads them directly."""
+    from titan_exp.perf.gpu import hbm, peak_flops
 
-    gemm = {"float32": rate(spec.tf32_tflops, eff.matmul), "bfloat16": rate(spec.bf16_tflops, eff.matmul)}
+    nodes = max(1, world // gpus_per_node)
+    gemm = {dtype: Line(10e-6, 1 / peak_flops(spec, dtype)) for dtype in ("float32", "bfloat16")}
     if spec.fp8_tflops:
-        gemm["float8"] = rate(spec.fp8_tflops, eff.float8_matmul)
+        gemm["float8"] = Line(10e-6, 1 / peak_flops(spec, "float8"))
     sizes = sorted({g for g in range(2, world + 1) if world % g == 0 and g <= gpus_per_node} | {2})
     intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, eff.latency_nvlink_s) for g in sizes}
              for op in COLLECTIVES}
     node_sizes = sorted({g for g in range(2, nodes + 1) if nodes % g == 0} | {2})
     inter = {op: {g: _collective(op, g, spec.network_gb_s * 1e9 * eff.network, eff.latency_network_s)
                   for g in node_sizes} for op in COLLECTIVES} if nodes > 1 else {}
-    adam_bytes = 4 * 4 * 2  # param, grad and two moments, fp32, each read and written
+    adam_bytes = 4 * 7  # AdamW on fp32: param, grad and two moments read, param and moments written
     return MachineProfile(
         key=machine_key(spec.name, "nccl", world, 1, nodes), source="spec", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        concurrency=float(world), overlap=eff.overlap, gemm=gemm, collectives=intra, inter_node=inter,
-        optimizer_s_per_param=adam_bytes / (spec.memory_tb_s * 1e12 * 0.7), step_overhead_s=5e-3,
-        compile_speedup=eff.compile_speedup,
+        concurrency=float(world), gemm=gemm, collectives=intra, inter_node=inter,
+        optimizer_s_per_param=adam_bytes / hbm(spec), step_overhead_s=5e-3,
+        corrections=Corrections(compute=eff.compute_scale), spec=spec,
         notes=[f"from the spec sheet of {spec.name}: {spec.source}", f"efficiency {dataclasses.asdict(eff)}"],
     )
 
@@ -148,7 +158,9 @@ def profile_for(device: str, world: int, gpus_per_node: int, folder=None) -> Mac
 
 # A user's cluster in one file (`python -m titan_exp.perf.plan ... --hardware FILE`): its GPU (a spec
 # name above, or its numbers) and what a spec sheet cannot know about the cluster it sits in.
-SPEC_NUMBERS = ("bf16_tflops", "fp8_tflops", "tf32_tflops", "memory_gib", "memory_tb_s")
+SPEC_NUMBERS = ("bf16_tflops", "fp8_tflops", "tf32_tflops", "memory_gib", "memory_tb_s", "tdp_w", "sms",
+                "matmul_share")
+OPTIONAL_NUMBERS = {"fp8_tflops": "no FP8", "tdp_w": "700 W", "sms": "132", "matmul_share": "H100's 0.801"}
 HARDWARE_KEYS = {
     "device": "a spec name (" + ", ".join(SPECS) + ") or a mapping of its numbers: " + ", ".join(SPEC_NUMBERS),
     "gpus_per_node": "GPUs per node (an integer > 0)",
@@ -156,7 +168,7 @@ HARDWARE_KEYS = {
     "network_gb_s": "GB/s per GPU and direction between nodes",
     "latency_nvlink_us": "a collective step's latency inside a node, microseconds",
     "latency_network_us": "a ring hop's latency between nodes, microseconds",
-    "power_limit_w": "the GPUs' power limit, watts",
+    "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.gpu.clock_ratio)",
 }
 
 
@@ -172,8 +184,12 @@ class Hardware:
     path: str
 
     def line(self) -> str:
+        from titan_exp.perf.gpu import clock_ratio
+
         given = ", ".join(f"{k} {v}" for k, v in self.from_file.items())
-        return f"hardware from {self.path}: {given}; the rest from the spec sheet of {self.spec.name}"
+        clock = (f" (SM clock {clock_ratio(self.spec):.2f} of the {self.spec.tdp_w:.0f} W TDP's)"
+                 if "power_limit_w" in self.from_file else "")
+        return f"hardware from {self.path}: {given}{clock}; the rest from the spec sheet of {self.spec.name}"
 
 
 def _positive(path: str, key: str, value: object, *, integer: bool = False) -> float:
@@ -203,10 +219,6 @@ def load_hardware(path: str | Path) -> Hardware:
         hints = [f"{k} (did you mean {close[0]}?)" if (close := difflib.get_close_matches(k, HARDWARE_KEYS, 1)) else k
                  for k in unknown]
         raise ValueError(f"{path}: unknown key(s) {', '.join(hints)}; the keys are {', '.join(HARDWARE_KEYS)}")
-    if "power_limit_w" in data:
-        raise ValueError(f"{path}: power_limit_w = {data['power_limit_w']!r}: not modelled yet (sustained clocks under "
-                         "a power cap are issue 36's next part); remove it, and for TorchTitan's 500 W H100 use "
-                         "device: h100_500w, whose efficiencies were fitted at that cap")
     device = data["device"]
     if isinstance(device, str):
         if device not in SPECS:
@@ -215,20 +227,26 @@ def load_hardware(path: str | Path) -> Hardware:
         spec = SPECS[device]
     elif isinstance(device, dict):
         wrong = sorted(set(device) - set(SPEC_NUMBERS))
-        missing = [k for k in SPEC_NUMBERS if k not in device and k != "fp8_tflops"]
+        missing = [k for k in SPEC_NUMBERS if k not in device and k not in OPTIONAL_NUMBERS]
         if wrong or missing:
             raise ValueError(f"{path}: device: {'unknown ' + ', '.join(wrong) + '; ' if wrong else ''}"
                              f"{'missing ' + ', '.join(missing) + '; ' if missing else ''}"
-                             f"a device's numbers are {', '.join(SPEC_NUMBERS)} (fp8_tflops may be left out: no FP8)")
-        numbers = {k: _positive(path, f"device.{k}", v) for k, v in device.items()}
-        spec = DeviceSpec("custom", (), numbers["bf16_tflops"], numbers.get("fp8_tflops"), numbers["tf32_tflops"],
-                          numbers["memory_gib"], numbers["memory_tb_s"], 0.0, 0.0, f"the numbers in {path}")
+                             f"a device's numbers are {', '.join(SPEC_NUMBERS)} (left out: "
+                             + ", ".join(f"{k} = {v}" for k, v in OPTIONAL_NUMBERS.items()) + ")")
+        numbers = {k: _positive(path, f"device.{k}", v, integer=k == "sms") for k, v in device.items()}
+        if numbers.get("matmul_share", 0.5) > 1:
+            raise ValueError(f"{path}: device.matmul_share = {numbers['matmul_share']!r}: a share of the peak, at most 1")
+        spec = DeviceSpec("custom", (), numbers.pop("bf16_tflops"), numbers.pop("fp8_tflops", None),
+                          numbers.pop("tf32_tflops"), numbers.pop("memory_gib"), numbers.pop("memory_tb_s"), 0.0, 0.0,
+                          f"the numbers in {path}", **numbers)
     else:
         raise ValueError(f"{path}: device = {device!r}: {HARDWARE_KEYS['device']}")
     links = {k: _positive(path, k, data[k]) for k in ("nvlink_gb_s", "network_gb_s") if k in data}
     if spec.name == "custom" and len(links) < 2:
         raise ValueError(f"{path}: a device given by its numbers needs nvlink_gb_s and network_gb_s too")
     spec = dataclasses.replace(spec, **links)
+    if "power_limit_w" in data:
+        spec = dataclasses.replace(spec, power_limit_w=_positive(path, "power_limit_w", data["power_limit_w"]))
     eff = Efficiency()
     for key, field in (("latency_nvlink_us", "latency_nvlink_s"), ("latency_network_us", "latency_network_s")):
         if key in data:

@@ -186,6 +186,9 @@ class MachineProfile:
     compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
     corrections: Corrections = field(default_factory=Corrections)
     notes: list[str] = field(default_factory=list)
+    # A profile from a spec sheet (perf.devices.spec_profile): its DeviceSpec, which perf.gpu prices
+    # blocks from. Not in the file: a spec profile is built each time, never saved.
+    spec: Any = field(default=None, compare=False, repr=False)
 
     # -- the file -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -8,6 +8,11 @@ speed-up was calibrated) and by the profile's fitted correction. Activation chec
 forward per block (full), the non-matmul part of a forward (selective per op), or a forward every
 Nth block.
 
+A GPU planned from its spec sheet (a profile with `spec`, perf.devices) has no measured block:
+its block, head and the non-matmul part selective AC recomputes are priced from their parts by
+perf.gpu (precision and compile inside them), and what FSDP, DDP and async TP hide follows the
+schedule there (gpu.fsdp_exposed, gpu.async_tp_exposed) rather than a measured overlap.
+
 Ranks share the machine. Costs were measured with every rank computing at once, and the profile
 says how many ranks compute at full speed at once (S). If on average `active` ranks compute, each
 runs max(1, active / S) / max(1, world / S) times the measured time: every rank of a
@@ -65,6 +70,7 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
+from titan_exp.perf.gpu import async_tp_exposed, block_times, fsdp_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import fsdp_rounds
 from titan_exp.validation import resolve
@@ -155,27 +161,36 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     seqs = mb / cp  # sequences of full length this rank's block work equals, per microbatch
 
     cost = profile.block(model_shape(job), tp)
-    if cost is None:
-        notes.append(f"block {model_shape(job)} at tp={tp} not calibrated: estimated from FLOPs "
-                     f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
-        cost = estimated_block(job, tp, profile)
-    gemm32 = profile.gemm.get("float32")
-    block_fwd_flops = 2 * m.block_matmul_params(tp) * mb * t.seq_len / cp
-    scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
-    if job.compile.enable:
-        if profile.compile_speedup:
-            scale /= profile.compile_speedup
-        else:
-            notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
-    block = cost.fwd_bwd(seqs) * scale
-    fwd = cost.fwd(seqs) * scale
-    head = cost.head(seqs) * scale
+    gpu = None
+    if cost is None and profile.spec is not None and cuda:  # a spec-sheet GPU: the block from its parts
+        gpu = block_times(job, tp, profile.spec)
+        notes += gpu.notes
+        cost = BlockCost(Line(0.0, 0.0), Line(0.0, 0.0), Line(0.0, 0.0))  # nothing measured
+        c = profile.corrections.compute
+        fwd, block, head = gpu.fwd * c, (gpu.fwd + gpu.bwd) * c, gpu.head * c
+        kept = fwd - gpu.selective_s * c  # what per-op selective AC saves rather than recomputes
+    else:
+        if cost is None:
+            notes.append(f"block {model_shape(job)} at tp={tp} not calibrated: estimated from FLOPs "
+                         f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
+            cost = estimated_block(job, tp, profile)
+        gemm32 = profile.gemm.get("float32")
+        block_fwd_flops = 2 * m.block_matmul_params(tp) * mb * t.seq_len / cp
+        scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
+        if job.compile.enable:
+            if profile.compile_speedup:
+                scale /= profile.compile_speedup
+            else:
+                notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
+        block = cost.fwd_bwd(seqs) * scale
+        fwd = cost.fwd(seqs) * scale
+        head = cost.head(seqs) * scale
+        kept = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd  # the matmuls
     ac = job.activation_checkpoint
     if ac.mode == ACMode.full:
         recompute = fwd
     elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
-        matmul = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd
-        recompute = max(0.0, fwd - matmul)
+        recompute = max(0.0, fwd - kept)
     elif ac.mode == ACMode.selective:
         recompute = fwd / int(ac.selective_ac_option)
     else:
@@ -234,8 +249,17 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
             eag, ers = profile.collective("all_gather", efsdp, wide), profile.collective("reduce_scatter", efsdp, wide)
             comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
-        hidden = profile.overlap * min(comm, compute_window) if cuda else 0.0
-        parts["fsdp"] = comm - hidden
+        if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
+            per_round = accumulation * n_mb / rounds
+            gather = ag(units[0] * param_bytes) if worst.blocks else 0.0
+            reduce = rs(units[0] * 4) if worst.blocks else 0.0
+            if ep > 1 and efsdp > 1 and worst.blocks:
+                gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
+            ends = sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units[worst.blocks:])
+            parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, gathers, per_round * fwd,
+                                                  per_round * (block - fwd + recompute), worst.blocks, ends)
+        else:
+            parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
         if rep > 1:
             ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
             parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
@@ -245,7 +269,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         grad_bytes = sum(units) * 4
         buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
         comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
-        parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
+        if gpu is not None:  # buckets reduce during backward; the last waits, and what backward cannot hide
+            backward = n_mb * worst.blocks * (block - fwd + recompute)
+            parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
+        else:
+            parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
     full = 1 if ac.mode == ACMode.full else 0
     if tp > 1:
         wide = "tp" in spans
@@ -260,9 +288,13 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
             fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
             per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
+            if gpu is not None and p.enable_async_tensor_parallel:  # each collective beside its GEMMs
+                groups = tuple(g * profile.corrections.compute for g in gpu.tp_groups)
+                forward = async_tp_exposed([ag(fwd_gather), rs(act_bytes)] * 2, groups)
+                per_block = (1 + full) * forward + async_tp_exposed([ag(act_bytes), rs(act_bytes)] * 2, groups)
             ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
         parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
-        if p.enable_async_tensor_parallel and cuda:  # collectives fused with the matmuls beside them
+        if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
             parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
     if cp > 1:
         base = profile.block(model_shape(job), 1)

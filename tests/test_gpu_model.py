@@ -1,0 +1,101 @@
+"""The GPU model from its parts (titan_exp/perf/gpu.py, issue 36): each part moves a prediction
+by what it physically changes. Arithmetic only (seconds to run)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from titan_exp.config import compose_job
+from titan_exp.perf import gpu
+from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
+from titan_exp.perf.step import predict_step
+from titan_exp.validation import resolve
+
+pytestmark = pytest.mark.quick
+H100 = SPECS["h100"]
+
+
+def llama8b(*overrides: str):
+    return resolve(compose_job(["model=llama3_8b", "precision=bf16", "training.seq_len=8192", "training.local_batch_size=2",
+                                "training.global_batch_size=16", "parallelism.data_parallel_shard_degree=8",
+                                "cluster.nproc_per_node=8", *overrides]))
+
+
+def test_a_gemm_pays_for_its_last_wave_and_a_skinny_one_for_its_bytes():
+    full = 132 * gpu.TILE  # one tile row per SM: one full wave
+    assert gpu.wave_utilization(gpu.TILE, full, 132) == pytest.approx(1.0)
+    assert gpu.wave_utilization(gpu.TILE, full + 1, 132) == pytest.approx((full + 1) / (2 * full))  # a second, near-empty wave
+    per_flop = lambda n: gpu.gemm_s(H100, 12 * gpu.TILE, n, 8192, "bfloat16") / n  # noqa: E731
+    assert per_flop(12 * gpu.TILE) > 1.8 * per_flop(11 * gpu.TILE)  # 144 tiles: two waves; 132: one
+    skinny = gpu.gemm_s(H100, 8192, 8192, 16, "bfloat16")  # K = 16: reads and writes dominate
+    assert skinny == pytest.approx((8192 * 16 * 2 + 16 * 8192 * 2 + 8192 * 8192 * 2) / gpu.hbm(H100))
+    assert gpu.gemm_s(H100, 8192, 8192, 8192, "float8") < 0.55 * gpu.gemm_s(H100, 8192, 8192, 8192, "bfloat16")
+
+
+def test_a_power_cap_slows_the_clock_not_the_memory():
+    capped = SPECS["h100_500w"]
+    ratio = ((500 - 70) / (700 - 70)) ** (1 / 3)
+    assert gpu.clock_ratio(capped) == pytest.approx(ratio) and gpu.clock_ratio(H100) == 1.0
+    same_hbm = dataclasses.replace(capped, memory_tb_s=H100.memory_tb_s)
+    assert gpu.peak_flops(same_hbm, "bfloat16") == pytest.approx(ratio * gpu.peak_flops(H100, "bfloat16"))
+    assert gpu.hbm(same_hbm) == gpu.hbm(H100)
+    big = gpu.gemm_s(same_hbm, 8192, 8192, 8192, "bfloat16") / gpu.gemm_s(H100, 8192, 8192, 8192, "bfloat16")
+    assert big == pytest.approx(1 / ratio)
+
+
+def test_attention_follows_flash_attentions_published_curve():
+    assert gpu.attention_share(H100, 8192, gpu.FA2_FWD) == pytest.approx(333 / 989.4)
+    assert gpu.attention_share(H100, 3 * 1024, gpu.FA2_FWD) == pytest.approx((298 + (319 - 298) * 0.585) / 989.4, rel=1e-3)
+    assert gpu.attention_share(H100, 256, gpu.FA2_FWD) == pytest.approx(191 / 989.4 / 2)
+    assert gpu.attention_share(H100, 1 << 20, gpu.FA2_BWD) == pytest.approx(322 / 989.4)
+    assert gpu.attention_share(SPECS["a100"], 16384, gpu.FA2_FWD) == pytest.approx(gpu.AMPERE_FA2_PEAK)
+
+
+def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
+    tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
+    t = gpu.block_times(tiny, 1, H100)
+    assert t.fwd == pytest.approx(gpu.EAGER_OPS * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
+    compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, H100)
+    assert compiled.fwd == pytest.approx(gpu.COMPILED_KERNELS * gpu.HOST_COMPILED_S)
+    eager, fused = gpu.block_times(llama8b(), 1, H100), gpu.block_times(llama8b("compile.enable=true"), 1, H100)
+    assert eager.fwd_matmul == fused.fwd_matmul and 1.1 < (eager.fwd + eager.bwd) / (fused.fwd + fused.bwd) < 1.5
+
+
+def test_float8_recipes_pay_for_their_casts_and_their_gemms():
+    def step(*o: str) -> float:
+        job = llama8b("precision=float8", "compile.enable=true", *o)
+        return predict_step(job, spec_profile(H100, 8, 8), cuda=True).step_s
+
+    bf16 = predict_step(llama8b("compile.enable=true"), spec_profile(H100, 8, 8), cuda=True).step_s
+    tensorwise, rowwise = step(), step("precision.float8_recipe=rowwise")
+    high_gw = step("precision.float8_recipe=rowwise_with_gw_hp")
+    assert tensorwise < rowwise < high_gw < bf16
+    notes = gpu.block_times(llama8b("precision=float8"), 1, SPECS["a100"]).notes
+    assert notes == ["a100 has no FP8 tensor cores: float8 at bfloat16"]
+
+
+def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
+    assert gpu.fsdp_exposed(1.0, 0.5, 2, fwd_s=0.4, bwd_s=1.0, blocks=3, ends_s=0.1) == pytest.approx(
+        0.1 + 1.0 + 2 * 0.6 + 3 * 0.5)
+    assert gpu.fsdp_exposed(1.0, 0.5, 1, fwd_s=2.0, bwd_s=2.0, blocks=3, ends_s=0.0) == pytest.approx(1.0)
+    assert gpu.async_tp_exposed([1.0, 0.1], (0.4, 0.4)) == pytest.approx(0.6)
+    tp = ["parallelism.data_parallel_shard_degree=4", "parallelism.tensor_parallel_degree=2", "training.local_batch_size=8"]
+    plain = predict_step(llama8b(*tp), spec_profile(H100, 8, 8), cuda=True)
+    fused = predict_step(llama8b(*tp, "parallelism.enable_async_tensor_parallel=true", "compile.enable=true"),
+                         spec_profile(H100, 8, 8), cuda=True)
+    assert 0 <= fused.parts["tp"] < 0.5 * plain.parts["tp"]
+
+
+def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):
+    (tmp_path / "hw.yaml").write_text("device: h100\npower_limit_w: 500\n")
+    hw = load_hardware(tmp_path / "hw.yaml")
+    assert hw.spec.power_limit_w == 500 and "SM clock 0.88 of the 700 W TDP's" in hw.line()
+    capped = predict_step(llama8b(), spec_profile(hw.spec, 8, 8, hw.efficiency), cuda=True)
+    full = predict_step(llama8b(), spec_profile(H100, 8, 8), cuda=True)
+    assert 1.05 < capped.step_s / full.step_s < 1 / gpu.clock_ratio(hw.spec) + 1e-9
+    (tmp_path / "own.yaml").write_text("device: {bf16_tflops: 500, tf32_tflops: 250, memory_gib: 64, memory_tb_s: 2, "
+                                       "tdp_w: 400, sms: 100}\nnvlink_gb_s: 200\nnetwork_gb_s: 25\npower_limit_w: 300\n")
+    own = load_hardware(tmp_path / "own.yaml").spec
+    assert (own.tdp_w, own.sms, own.power_limit_w) == (400, 100, 300) and gpu.clock_ratio(own) < 1

@@ -1,0 +1,230 @@
+"""A GPU's training step from its parts (issue 36): what each kernel of a block costs on a GPU
+you plan for from its spec sheet, so that a small model, a skinny matmul, a float8 recipe, a
+power cap or a compiled block each move the prediction by what they physically change.
+
+Per microbatch of T tokens on one rank (T = microbatch x seq_len / cp), for one block at TP
+degree tp, forward and backward:
+
+  GEMMs     q, k, v, o and the SwiGLU's three, by shape (M, N, K); backward, each one's input
+            gradient (M, K, N) and weight gradient (K, N, M). A GEMM takes the longer of its
+            FLOPs at the dtype's peak x the clock under the power limit x the share of the peak
+            the best-shaped matmul reaches [mamf] x its wave quantization (tiles of TILE x TILE
+            over the SMs, the last wave partly idle), and its bytes at HBM speed (a skinny GEMM
+            is memory-bound).
+  attention causal flash attention (PyTorch's SDPA flash backend, FlashAttention-2), its FLOPs at
+            the rate FA2 reaches at that sequence length [fa3] forward, and backward at 2.5 x the
+            forward's FLOPs.
+  memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
+            attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
+            (each op reads and writes its tensors; RMSNorm in fp32), or as compile fuses them
+            (each fused group reads its inputs and writes its outputs once). Backward moves
+            twice the forward's bytes.
+  float8    torchao's casts: each linear's input, weight and output gradient scaled (an amax
+            pass and a cast) and cast again transposed for the backward GEMMs (tensorwise: from
+            the float8 copy; rowwise and MXFP8: from bf16 along the other axis); the GEMMs at the
+            FP8 peak (rowwise_with_gw_hp: the weight gradient's at bf16).
+  host      each op's Python and dispatch time (eager) or each compiled kernel's launch: a block
+            takes the longer of its GPU time and its host time, so a small model is not
+            predicted at peak.
+  head      the output projection's three GEMMs and the cross-entropy's bytes per logit (fp32
+            upcast, log-softmax and its gradient; fused when compiled).
+
+What overlaps is derived from this schedule in perf.step (fsdp_exposed, async_tp_exposed): an
+FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's backward;
+async TP hides each collective behind the GEMM it is fused with.
+
+Sources (checked 2026-11):
+  [mamf] Maximum achievable matmul FLOPS, bf16, best shape, stas00/ml-engineering
+         compute/accelerator/README.md: H100 SXM 792.1 of 989 TFLOP/s (80.1 %), A100 SXM 267.9
+         of 312 (85.9 %). Taken for every dtype of the GPU (no float8 entry is published).
+  [fa3]  Shah et al., FlashAttention-3 (arXiv:2407.08608), Figs. 5-6, H100 80GB SXM5, head dim
+         128: FlashAttention-2 causal forward 191, 260, 298, 319, 333, 335 TFLOP/s and backward
+         214, 260, 291, 310, 318, 322 at sequence 512 ... 16k (doubling). Read as shares of the
+         bf16 peak; below 512 the share falls in proportion to the sequence (an assumption).
+         On Ampere, FlashAttention-2's paper (Dao 2023) gives up to 73 % of the A100's peak
+         forward: the Hopper curve is scaled to that.
+  [hbm]  Memory-bound kernels at 90 % of the spec's HBM bandwidth (the share STREAM-like copies
+         reach on HBM GPUs; an assumption, not a measurement of these kernels).
+  [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
+         per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
+         `python -m titan_exp.perf.calibrate` on the GPU (issue 36's part 5).
+  [power] Dynamic power ~ f x V^2 with V ~ f in the boost range: at a power limit P below the
+         TDP the sustained SM clock is ((P - idle) / (TDP - idle))^(1/3) of the TDP's, idle
+         being 10 % of the TDP (an assumption). HBM speed does not change.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from titan_exp.config import JobConfig
+
+TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
+HBM_SHARE = 0.9  # [hbm]
+HOST_EAGER_S, HOST_COMPILED_S = 8e-6, 4e-6  # [host]
+IDLE_SHARE = 0.1  # [power]
+FA2_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
+FA2_FWD = tuple(t / 989.4 for t in (191, 260, 298, 319, 333, 335))  # [fa3], share of H100's bf16 peak
+FA2_BWD = tuple(t / 989.4 for t in (214, 260, 291, 310, 318, 322))
+AMPERE_FA2_PEAK = 0.73  # [fa3]: FlashAttention-2's paper, A100 forward
+# Memory-bound bytes per token and block, in units of (dim, q + k heads x head_dim, SwiGLU width)
+# per TP rank, forward. Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean, scale, cast back, weight),
+# residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout copy 4, SiLU and product 10.
+# Compiled: norm with its residual add 6 x 2, RoPE 4, the copy 4, SiLU and product 6.
+EAGER_BYTES = (2 * 36 + 2 * 6 + 4, 20, 10)
+COMPILED_BYTES = (2 * 6 + 4, 4, 6)
+EAGER_OPS, COMPILED_KERNELS = 40, 14  # a block's forward: ops eager, kernels compiled (backward: x2)
+CE_BYTES_EAGER, CE_BYTES_COMPILED = 36, 10  # per logit, forward and backward together
+
+
+def clock_ratio(spec) -> float:
+    """Sustained SM clock at the spec's power limit over the clock at its TDP [power]."""
+    limit = spec.power_limit_w or spec.tdp_w
+    if limit >= spec.tdp_w:
+        return 1.0
+    idle = IDLE_SHARE * spec.tdp_w
+    return max(0.05, (limit - idle) / (spec.tdp_w - idle)) ** (1 / 3)
+
+
+def peak_flops(spec, dtype: str) -> float:
+    tflops = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, "float8": spec.fp8_tflops or spec.bf16_tflops}
+    return tflops[dtype] * 1e12 * spec.matmul_share * clock_ratio(spec)
+
+
+def wave_utilization(m: float, n: float, sms: int) -> float:
+    """The share of the SMs' tile slots a GEMM's output fills: tiles of TILE x TILE, in waves of
+    one tile per SM, the last wave and the edge tiles partly idle."""
+    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+    waves = math.ceil(tiles / sms)
+    return m * n / (waves * sms * TILE * TILE)
+
+
+def hbm(spec) -> float:
+    return spec.memory_tb_s * 1e12 * HBM_SHARE
+
+
+def gemm_s(spec, m: float, n: float, k: float, dtype: str) -> float:
+    """One GEMM (m x k) @ (k x n): compute at its wave utilization, or its bytes, the longer."""
+    size = {"float32": 4, "bfloat16": 2, "float8": 1}[dtype]
+    compute = 2 * m * n * k / (peak_flops(spec, dtype) * wave_utilization(m, n, spec.sms))
+    return max(compute, (m * k + k * n) * size / hbm(spec) + m * n * 2 / hbm(spec))
+
+
+def attention_share(spec, seq: int, table: tuple[float, ...]) -> float:
+    """FlashAttention-2's share of the bf16 peak at this sequence length [fa3]."""
+    if seq <= FA2_SEQ[0]:
+        share = table[0] * seq / FA2_SEQ[0]
+    else:
+        x = min(math.log2(seq), math.log2(FA2_SEQ[-1]))
+        i = min(int(x) - 9, len(FA2_SEQ) - 2)
+        share = table[i] + (table[i + 1] - table[i]) * (x - math.log2(FA2_SEQ[i]))
+    if spec.architecture == "ampere":
+        share *= AMPERE_FA2_PEAK / FA2_FWD[-1]
+    return share
+
+
+@dataclass
+class BlockTimes:
+    """Seconds per microbatch on one GPU: a block's forward and backward, the GEMM groups async TP
+    fuses collectives with (forward; backward's input-gradient GEMMs are the same shapes), and the
+    model's head (output projection and loss, forward and backward)."""
+
+    fwd: float
+    bwd: float
+    fwd_matmul: float
+    selective_s: float  # what per-op selective AC recomputes: all but attention and every other GEMM
+    tp_groups: tuple[float, float, float, float]  # q/k/v, o, w1/w3, w2 GEMMs, forward
+    head: float
+    notes: list[str]
+
+
+def block_times(job: JobConfig, tp: int, spec) -> BlockTimes:
+    m, t, p = job.model, job.training, job.parallelism
+    mb = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
+    cp = p.context_parallel_degree
+    tokens = mb * t.seq_len / cp
+    pr = job.precision
+    high = "bfloat16" if pr.param_dtype == "bfloat16" or pr.full_bf16 else "float32"
+    low = "float8" if pr.converter != "none" and spec.fp8_tflops else high
+    notes = [f"{spec.name} has no FP8 tensor cores: float8 at {high}"] if pr.converter != "none" and low != "float8" else []
+    compiled = job.compile.enable
+    act = 2 if high == "bfloat16" else 4
+
+    # Linear layers (in, out) on one TP rank; an MoE layer's routed experts as top_k of them, whole.
+    hd, heads, kv = m.head_dim, m.n_heads // tp, m.kv_heads // tp
+    moe = m.n_moe_layers / m.n_layers
+    ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * (m.top_k * m.expert_hidden_dim + m.n_shared_experts
+                                                     * m.expert_hidden_dim / tp if moe else 0)
+    groups = [[(m.dim, heads * hd), (m.dim, kv * hd), (m.dim, kv * hd)], [(heads * hd, m.dim)],
+              [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
+    recipe = pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
+    fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
+    for group in groups:
+        fwd_s = 0.0
+        for k, n in group:
+            fwd_gemms.append(gemm_s(spec, tokens, n, k, low))
+            fwd_s += fwd_gemms[-1]
+            bwd_gemm += gemm_s(spec, tokens, k, n, low)  # input gradient
+            bwd_gemm += gemm_s(spec, k, n, tokens, high if recipe == "rowwise_with_gw_hp" else low)  # weight gradient
+            if low == "float8":
+                casts += _cast_bytes(tokens * k, k * n, tokens * n, recipe, compiled)
+        fwd_groups.append(fwd_s)
+    cast_s = casts / hbm(spec)
+
+    attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
+    attn_fwd = attn_flops / (spec.bf16_tflops * 1e12 * clock_ratio(spec) * attention_share(spec, t.seq_len, FA2_FWD))
+    attn_bwd = 2.5 * attn_flops / (spec.bf16_tflops * 1e12 * clock_ratio(spec) * attention_share(spec, t.seq_len, FA2_BWD))
+
+    d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn
+    weights = COMPILED_BYTES if compiled else EAGER_BYTES
+    scale = act / 2  # the tables are for bf16 activations
+    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(spec)
+    if kv < heads:  # GQA: K and V repeated to every query head before SDPA
+        mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(spec)
+
+    fwd_gpu = sum(fwd_groups) + attn_fwd + mem_fwd + cast_s / 3
+    bwd_gpu = bwd_gemm + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
+    host = (COMPILED_KERNELS * HOST_COMPILED_S) if compiled else EAGER_OPS * HOST_EAGER_S
+    if low == "float8" and not compiled:
+        host += 7 * 6 * HOST_EAGER_S  # amax and cast ops of each linear's three tensors
+    fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
+    # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
+    # matmul of the block (q, v, w1, w2), and recomputes the rest.
+    selective = sum(fwd_gemms[1::2]) + mem_fwd + cast_s / 3
+
+    vocab = m.vocab_size / tp
+    head_gemms = (gemm_s(spec, tokens, vocab, m.dim, high) + gemm_s(spec, tokens, m.dim, vocab, high)
+                  + gemm_s(spec, m.dim, vocab, tokens, high))
+    logits = tokens * vocab * (CE_BYTES_COMPILED if compiled else CE_BYTES_EAGER) / hbm(spec)
+    return BlockTimes(fwd, bwd, sum(fwd_groups), selective, tuple(fwd_groups), head_gemms + logits, notes)
+
+
+def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool) -> float:
+    """HBM bytes of torchao's casts for one linear of x input, w weight and grad output-gradient
+    elements: scaling (an amax read, folded into the producing kernel when compiled) and casting
+    (read bf16, write a byte) each tensor; for the backward, each again transposed: from the float8
+    copy (tensorwise: read and write a byte) or from bf16 along the other axis."""
+    scale_and_cast = 3 if compiled else 5
+    transposed = 2 if recipe == "tensorwise" else scale_and_cast
+    return (x + w + grad) * scale_and_cast + (x + w + grad) * transposed
+
+
+def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, bwd_s: float, blocks: int,
+                 ends_s: float) -> float:
+    """FSDP's exposed seconds per round: the first unit's gather and the embedding's and output's
+    collectives (`ends_s`) wait in full; each later block's all-gather runs during the block
+    before it (prefetch), each backward's re-gather and reduce-scatter during the block's
+    backward; what does not fit waits."""
+    if blocks == 0:
+        return ends_s
+    forward = gather_s + (blocks - 1) * max(0.0, gather_s - fwd_s)
+    backward = blocks * max(0.0, (gather_s if gathers == 2 else 0.0) + reduce_s - bwd_s)
+    return ends_s + forward + backward
+
+
+def async_tp_exposed(comm_s: list[float], matmul_s: tuple[float, ...]) -> float:
+    """Async TP's exposed seconds for one block's pass: each collective runs with the GEMMs it is
+    fused with (all-gathers with the q/k/v and w1/w3 GEMMs, reduce-scatters with o and w2); what
+    outlasts them waits."""
+    return sum(max(0.0, c - g) for c, g in zip(comm_s, matmul_s))
