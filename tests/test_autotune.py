@@ -9,6 +9,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, SMALL, job_config, launch_cli
 from test_perf import TINY, synthetic
 from titan_exp.perf.autotune import Autotune, candidates
@@ -89,3 +91,44 @@ def test_the_sweep_calibrates_what_the_profile_lacks_and_counts_it(tmp_path, mon
     assert profile.source == "calibrated" and not profile.missing(job_config(overrides), [1, 2], compile=False)
     assert all(c["split"].startswith("local batch ") for c in record["candidates"])
     assert "| batch split |" in (sweep / "autotune.md").read_text()
+
+
+def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):
+    """cluster.hardware: autotune predicts every candidate on the file's GPUs (a GPU twice as fast
+    makes every candidate faster), prunes by the file's GPU memory unless
+    autotune.device_memory_gib is set, calibrates nothing, and its record says which values came
+    from the file; a file it cannot use is refused before anything is measured."""
+    from titan_exp.perf.autotune import markdown
+
+    def gpu(name: str, tflops: float, memory_gib: float) -> str:
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"device: {{bf16_tflops: {2 * tflops}, tf32_tflops: {tflops}, memory_gib: {memory_gib}, "
+                        "memory_tb_s: 2}\nnvlink_gb_s: 100\nnetwork_gb_s: 25\n")
+        return f"cluster.hardware={path}"
+
+    base = [*SMALL, *TINY, "training.global_batch_size=8", "cluster=slurm", "cluster.gpus_per_node=4",
+            "cluster.nproc_per_node=4"]
+    tunes = {name: Autotune(job_config([*base, gpu(name, tflops, 0.03)]), [], launch=lambda batch: [], sweep_dir=tmp_path)
+             for name, tflops in (("slow", 50.0), ("fast", 100.0))}
+    slow = tunes["slow"]
+    assert slow.profile.source == "spec" and slow.memory_gib == 0.03 and slow.cuda
+    assert slow.coverage.profile.missing(slow.job, [1, 2, 4], compile=False) == []  # nothing to calibrate
+    grids = {name: {c.name: c for c in candidates(t.job, 4, cuda=t.cuda, profile=t.profile, memory_gib=t.memory_gib)}
+             for name, t in tunes.items()}
+    assert grids["slow"].keys() == grids["fast"].keys()
+    for name, c in grids["slow"].items():
+        assert grids["fast"][name].predicted_step_s < c.predicted_step_s
+        assert c.fits == (c.memory_gib <= 0.03)
+    assert {c.fits for c in grids["slow"].values()} == {True, False}  # the file's memory decides
+    record = slow._record(list(grids["slow"].values()), None, "not measured", 60.0, Check(0.1, "then", "here"))
+    assert record["hardware"] == slow.hardware.line() and slow.hardware.line() in markdown(record)
+    roomy = Autotune(job_config([*base, gpu("slow", 50.0, 0.03), "autotune.device_memory_gib=5"]), [],
+                     launch=lambda batch: [], sweep_dir=tmp_path)
+    assert roomy.memory_gib == 5
+    for overrides, message in [
+        ([*base, f"cluster.hardware={tmp_path / 'none.yaml'}"], "no such file"),
+        ([*base, gpu("slow", 50.0, 0.03), "cluster.gpus_per_node=0", "cluster.nproc_per_node=4"],
+         "this job's ranks run on CPUs"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^autotune: cluster\.hardware = '.*': .*{message}"):
+            Autotune(job_config(overrides), [], launch=lambda batch: [], sweep_dir=tmp_path)

@@ -146,6 +146,37 @@ def test_min_nodes_rules():
                for e in validate(job_config([*SMALL, *slurm, "cluster.min_nodes=4", "cluster.elastic=true"])))
 
 
+def test_a_hardware_file_is_what_the_run_is_re_planned_for(tmp_path, caplog):
+    """With cluster.hardware the re-plan predicts on the file's GPUs and fits the layout in their
+    memory (this machine's would hold this model many times over); a file it cannot read is
+    refused naming the field."""
+    from conftest import job_config
+    from titan_exp.cluster.elastic import replanned
+    from titan_exp.record import RunDir
+
+    def gpu(memory_gib: float) -> str:
+        path = tmp_path / f"gpu_{memory_gib}.yaml"
+        path.write_text(f"device: {{bf16_tflops: 400, tf32_tflops: 200, memory_gib: {memory_gib}, memory_tb_s: 2}}\n"
+                        "nvlink_gb_s: 200\nnetwork_gb_s: 25\n")
+        return f"cluster.hardware={path}"
+
+    base = [*SMALL, *FSDP2_TP2, "cluster=slurm", "cluster.gpus_per_node=2", "cluster.nproc_per_node=2",
+            "checkpoint=default", "cluster.elastic=true"]
+    run_dir = RunDir(tmp_path / "run")
+    with caplog.at_level(logging.WARNING, logger="titan_exp.launch"):
+        new, errors = replanned(job_config([*base, gpu(48)]), run_dir, "cluster.nproc_per_node")
+    assert errors == [] and new.parallelism.layout != job_config(base).parallelism.layout
+    line = replanned_to(caplog, 2)
+    assert "GiB per device); hardware from " in line and "of 48.00 GiB per device" in line
+    _, errors = replanned(job_config([*base, gpu(0.001)]), run_dir, "cluster.nproc_per_node")
+    assert errors and "no layout of 2 ranks fits in memory" in errors[0] and "each device has 0.00 GiB" in errors[0]
+    _, errors = replanned(job_config([*base, f"cluster.hardware={tmp_path / 'none.yaml'}"]), run_dir,
+                          "cluster.nproc_per_node")
+    assert errors == [f"cluster.hardware = '{tmp_path / 'none.yaml'}': no such file; give the path of a hardware "
+                      "YAML (keys: device, gpus_per_node, nvlink_gb_s, network_gb_s, latency_nvlink_us, "
+                      "latency_network_us, power_limit_w), or null to predict from this machine's profile"]
+
+
 # --- SLURM: a 3-node job loses a node and goes on on 2 ----------------------------------------------
 
 from test_multinode import hosts_by_rank, job_nodes, nodes  # noqa: E402,F401 - `nodes` is the fixture

@@ -100,7 +100,8 @@ def resolve(job: JobConfig) -> JobConfig:
         data=mixture.absolute(dataclasses.replace(d, path=absolute(d.path), tokenizer_path=absolute(d.tokenizer_path))),
         checkpoint=dataclasses.replace(k, initial_load_path=absolute(k.initial_load_path)),
         eval=dataclasses.replace(job.eval, include_path=absolute(job.eval.include_path)),
-        cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes),
+        cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes,
+                                    hardware=absolute(job.cluster.hardware)),
         parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=layout.dp_shard),
         training=dataclasses.replace(
             t, global_batch_size=t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * layout.dp

@@ -14,8 +14,10 @@ dispatch mode, so on any device) and the device's own (the caching allocator's r
 a GPU, the process's resident high-water mark on a CPU). Beside them are the planner's prediction
 (titan_exp.perf.memory) and, apart, the peak while the model was built and initialised. Values
 that collectives computed (the loss, the gradient norm) are meaningless under the fake group;
-memory and shapes are not. Nothing is submitted and no checkpoint, validation, evaluation or
-tracker is touched.
+memory and shapes are not. With cluster.hardware the report adds the layout's predicted step
+time and this rank's predicted memory on the GPUs the file describes, beside its device memory,
+and the line saying which values came from the file. Nothing is submitted and no checkpoint,
+validation, evaluation or tracker is touched.
 """
 
 from __future__ import annotations
@@ -252,13 +254,18 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
     predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
-    return {
+    report = {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
                      "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
         "predicted": predicted,
     }
+    if job.cluster.hardware:  # the step and memory of this rank on the GPUs the file describes
+        from titan_exp.perf import hardware
+
+        report["hardware"] = hardware.prediction(job, hardware.read(job), pp_rank=pp_rank)
+    return report
 
 
 def table(report: dict[str, Any]) -> str:
@@ -280,6 +287,10 @@ def table(report: dict[str, Any]) -> str:
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
              "| GiB | measured | planner |", "|---|---|---|"]
     lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
+    if "hardware" in report:
+        from titan_exp.perf.hardware import prediction_line
+
+        lines += [report["hardware"]["hardware"], prediction_line(report["hardware"])]
     return "\n".join(lines)
 
 

@@ -1,7 +1,9 @@
 """`cluster.elastic=true`: a run that resumes on a world size its layout cannot use (a preempted
 job back on fewer nodes, a relaunch with another cluster.nproc_per_node) continues in the
 planner's fastest layout for the new world, at the same global batch (gradient accumulation
-absorbs the difference), from its newest complete checkpoint, which loads into any layout.
+absorbs the difference), from its newest complete checkpoint, which loads into any layout. The
+planner predicts on the GPUs of cluster.hardware when it is set (and fits the layout in their
+memory unless autotune.device_memory_gib is set), else from this machine's profile.
 
 Where the world is learnt, before any rank starts:
 
@@ -63,23 +65,30 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     `world_field` names what set the world, for the errors."""
     if not (job.cluster.elastic and job.checkpoint.enable and needs_a_plan(job)):
         return job, []
+    from titan_exp.perf import hardware as hw
     from titan_exp.perf.planner import device_memory_gib, fastest_fitting, global_batch_of, split_label
     from titan_exp.validation import ranks_have_gpus
 
     world, cuda = job.world_size, ranks_have_gpus(job)
+    try:  # cluster.hardware: the file's GPUs, not this machine's profile
+        hardware = hw.read(job)
+    except ValueError as exc:
+        return job, [str(exc)]
     before = previous_job(run_dir)
     global_batch = job.training.global_batch_size
     if global_batch <= 0:  # -1: the batch the run has trained with so far
         global_batch = before.training.global_batch_size if before else global_batch_of(job, world)
     job = dataclasses.replace(job, training=dataclasses.replace(job.training, global_batch_size=global_batch))
     sharing = world if job.cluster.executor != Executor.slurm else job.cluster.nproc_per_node  # ranks on this node
-    memory = job.autotune.device_memory_gib or device_memory_gib(sharing, cuda)
-    answer = fastest_fitting(job, world, cuda=cuda, memory_gib=memory)
+    memory = (hw.memory_gib(job, hardware) if hardware else
+              job.autotune.device_memory_gib or device_memory_gib(sharing, cuda))
+    profile = hw.profile(job, hardware) if hardware else None
+    answer = fastest_fitting(job, world, cuda=cuda, memory_gib=memory, profile=profile)
     kept = ""
     if answer.job is None and answer.valid and job.activation_checkpoint.mode == ACMode.none:
         full = dataclasses.replace(job, activation_checkpoint=dataclasses.replace(
             job.activation_checkpoint, mode=ACMode.full))
-        if (with_ac := fastest_fitting(full, world, cuda=cuda, memory_gib=memory)).job is not None:
+        if (with_ac := fastest_fitting(full, world, cuda=cuda, memory_gib=memory, profile=profile)).job is not None:
             answer, kept = with_ac, "; activation_checkpoint.mode none -> full, which it needs to fit"
     value = getattr(job.cluster, world_field.split(".")[-1])
     if answer.job is None and not answer.valid:
@@ -92,9 +101,9 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
                              f"predicted) and each device has {memory:.2f} GiB; use more devices")]
     old = layout_label(before.parallelism.layout if before else job.parallelism.degrees)
     new = answer.job
-    logger.warning("re-planned for world %d: %s -> %s (%s; predicted %.3g s/step, %.2f of %.2f GiB per device%s)",
+    logger.warning("re-planned for world %d: %s -> %s (%s; predicted %.3g s/step, %.2f of %.2f GiB per device%s)%s",
                    world, old, layout_label(new.parallelism.layout), split_label(new), answer.step_s,
-                   answer.memory_gib, memory, kept)
+                   answer.memory_gib, memory, kept, f"; {hardware.line()}" if hardware else "")
     return new, []
 
 

@@ -354,6 +354,11 @@ class ClusterConfig:
     )
     elastic: bool = doc(False, "a run resumed on a world size its layout cannot use continues in the planner's "
                                "fastest layout for that world (same global batch), from its checkpoint")
+    hardware: Optional[str] = doc(None, "a YAML file describing the GPUs the ranks run on (device: a spec name or its "
+                                        "numbers, gpus_per_node: the most ranks a node holds, nvlink_gb_s, network_gb_s, "
+                                        "latency_nvlink_us, latency_network_us): every prediction for this job uses it "
+                                        "(autotune, the dry run, cluster.elastic, the launch's predicted step); "
+                                        "null = this machine's profile")
     # SLURM (cluster=slurm): one task per rank, nnodes x nproc_per_node tasks.
     min_nodes: Optional[int] = doc(None, "slurm: the job may start on as few as this many nodes (--nodes=min_nodes-nnodes; "
                                          "needs cluster.elastic=true); null = exactly nnodes")
@@ -565,7 +570,8 @@ class AutotuneConfig:
     drop_slower_than: float = doc(0.5, "a member measured below this share of the round's fastest is dropped at once")
     tolerance: float = doc(0.02, "a candidate that cannot be more than this share faster than the fastest measured is "
                                  "as good as tied: no more rounds are spent telling them apart")
-    device_memory_gib: Optional[float] = doc(None, "memory per device for pruning; null = this GPU's, or RAM / world")
+    device_memory_gib: Optional[float] = doc(None, "memory per device for pruning (and cluster.elastic's re-plan); null = "
+                                                     "cluster.hardware's GPU's, else this GPU's, or RAM / world")
     refit: bool = doc(True, "refit the machine profile's corrections to the measured members")
 
 

@@ -6,6 +6,8 @@ with more filled in) and its errors; the first step with errors ends the preflig
              CPU one process, said loudly, since nothing is then sharded
     elastic  cluster.elastic: a layout its world size cannot use is re-planned for it (titan_exp.cluster.elastic)
     check    validation: the schema's bounds and every component's `check`
+    hardware cluster.hardware: the file is read and fits the job; the job's predicted step and memory on
+             it are logged (a dry run reports them with its own)
     evaluation  eval.tasks exist (the user's eval.include_path, else lm-eval's own task index)
     data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
     resolve  derived values become numbers (world size, dp_shard, global batch, absolute paths)
@@ -72,6 +74,19 @@ def elastic(p: Pending) -> tuple[Pending, list[str]]:
 
 def check(p: Pending) -> tuple[Pending, list[str]]:
     return p, validate(p.job)
+
+
+def hardware(p: Pending) -> tuple[Pending, list[str]]:
+    if p.job.cluster.hardware is None:
+        return p, []
+    from titan_exp.perf import hardware as hw
+
+    errors = hw.errors(p.job)
+    if errors or p.job.cluster.dry_run:
+        return p, errors
+    described = hw.read(p.job)
+    logger.info("%s\n%s", described.line(), hw.prediction_line(hw.prediction(resolve(p.job), described)))
+    return p, []
 
 
 def evaluation(p: Pending) -> tuple[Pending, list[str]]:
@@ -150,7 +165,7 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
 
 
-STEPS: tuple[Step, ...] = (ranks, elastic, check, evaluation, data, resolved, checkpoint, cluster, machine)
+STEPS: tuple[Step, ...] = (ranks, elastic, check, hardware, evaluation, data, resolved, checkpoint, cluster, machine)
 
 
 def preflight(job: JobConfig, run_dir: RunDir, steps: tuple[Step, ...] = STEPS) -> tuple[Pending, list[str]]:

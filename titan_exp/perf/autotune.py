@@ -27,6 +27,11 @@
    why, machine time spent, calibration included, vs the whole grid's); report.md includes it.
    The measured members refit the profile.
 
+With cluster.hardware=FILE (titan_exp.perf.hardware) the candidates are predicted for the GPUs the
+file describes, nothing is calibrated, the memory limit is the file's GPU's (unless
+autotune.device_memory_gib is set), the profile is not refit (it is the file's, not a measured
+one), and the record's first line says which values came from the file.
+
 The search is Hydra-free (`Autotune(..., launch=...)`); hydra_plugins/titan_exp_autotune wraps it
 as a Hydra sweeper, which keeps Hydra's multirun layout and callbacks (the report).
 """
@@ -44,6 +49,7 @@ from typing import Any, Callable, Optional
 
 from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig, layout_label
 from titan_exp.files import atomic_write
+from titan_exp.perf import hardware as hw
 from titan_exp.perf.calibrate import Coverage, cover
 from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
 from titan_exp.perf.memory import predict_memory
@@ -168,12 +174,20 @@ class Autotune:
                  cuda: bool | None = None, profile=None):
         import torch
 
+        problems = hw.errors(job)  # before anything is calibrated or measured
+        if problems:
+            raise ValueError("autotune: " + "; ".join(problems))
+        self.hardware = hw.read(job)
         self.job, self.sweep_dir, self.launch = job, Path(sweep_dir), launch
-        self.cuda = torch.cuda.is_available() if cuda is None else cuda
+        self.cuda = (self.hardware is not None or torch.cuda.is_available()) if cuda is None else cuda
         self.world = job.world_size
         self.arguments = list(arguments)
-        self.profile = profile or this_machine(self.world, cuda=self.cuda, nodes=job.cluster.nnodes)
-        self.memory_gib = job.autotune.device_memory_gib or device_memory_gib(self.world, self.cuda)
+        if self.hardware:  # the GPUs the file describes, not this machine
+            self.profile = profile or hw.profile(job, self.hardware)
+            self.memory_gib = hw.memory_gib(job, self.hardware)
+        else:
+            self.profile = profile or this_machine(self.world, cuda=self.cuda, nodes=job.cluster.nnodes)
+            self.memory_gib = job.autotune.device_memory_gib or device_memory_gib(self.world, self.cuda)
         self.tokens_per_step = 0
         self.rounds: list[dict[str, Any]] = []
         self.spent_s = 0.0
@@ -220,7 +234,7 @@ class Autotune:
             if c is not winner and not c.pruned:
                 c.pruned = f"measured slower than the winner when the search stopped ({stop_reason})"
         record = self._record(grid, winner, stop_reason, budget_s, check)
-        if a.refit:
+        if a.refit and self.hardware is None:
             record["refit"] = self._refit(grid)
         self._write(record)
         return record
@@ -349,6 +363,7 @@ class Autotune:
         cov = self.coverage
         return {
             "world": self.world, "profile": self.profile.name if self.profile.source != "defaults" else "defaults",
+            "hardware": self.hardware.line() if self.hardware else None,
             "calibration": {"measured": cov.lacked if cov.seconds else [], "seconds": cov.seconds,
                             "estimated": cov.lacks,
                             "estimates_line": estimates_line(cov.lacks, self.profile, None) if cov.lacks else ""},
@@ -389,6 +404,9 @@ def _rate(x: float) -> str:
 def markdown(record: dict) -> str:
     w = record["winner"]
     lines = ["## Autotune", ""]
+    if record.get("hardware"):
+        lines += [f"Predicted for the GPUs of cluster.hardware ({record['hardware']}); the profile is not refit "
+                  "to the measured members.", ""]
     cal = record.get("calibration") or {}
     if cal.get("estimates_line"):
         lines += [f"**{cal['estimates_line']}.**", ""]

@@ -15,7 +15,8 @@ then the first line says which parts are FLOPs estimates and how far off those w
 checked. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` describes your
 cluster in a small YAML file (titan_exp.perf.devices.HARDWARE_KEYS): its GPU, by spec name or by its
 numbers, GPUs per node, NVLink and network bandwidth, latencies; the plan's first line says which
-values came from the file.
+values came from the file. The override `cluster.hardware=FILE` (or a cluster preset that sets it)
+names the same file: the flag is its shortcut, and giving both is refused.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
                         "mesh dims whose groups span nodes pay the network's costs")
     parser.add_argument("--hardware", metavar="FILE", default=None, help="your cluster in a YAML file: device (a spec "
                         "name or its numbers), gpus_per_node, nvlink_gb_s, network_gb_s, latency_nvlink_us, "
-                        "latency_network_us; instead of --device and --gpus-per-node")
+                        "latency_network_us; instead of --device and --gpus-per-node (a shortcut for the "
+                        "override cluster.hardware=FILE)")
     parser.add_argument("--keep-split", action="store_true",
                         help="every layout at the configured local batch, not at its fastest split of the global batch")
     parser.add_argument("--top", type=int, default=10)
@@ -61,15 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     job = compose_job(args.overrides)
     folder = Path(args.profile_dir) if args.profile_dir else None
     first = []
+    if job.cluster.hardware is not None:  # the same file, named by the job's config
+        if args.hardware:
+            parser.error(f"--hardware {args.hardware} and cluster.hardware={job.cluster.hardware} both name the "
+                         "hardware file; keep one")
+        args.hardware = job.cluster.hardware
     if args.hardware and (args.device or args.gpus_per_node):
-        parser.error("--hardware describes the device and GPUs per node: leave out --device and --gpus-per-node")
+        parser.error(f"{'cluster.hardware' if job.cluster.hardware else '--hardware'} describes the device and GPUs "
+                     "per node: leave out --device and --gpus-per-node")
     if args.gpus_per_node and not args.device:
         parser.error("--gpus-per-node describes the cluster of --device; without it the plan is for this machine")
     if args.device or args.hardware:
         from titan_exp.perf.devices import load_hardware, profile_for, spec_for, spec_profile
+        from titan_exp.perf.hardware import read
 
-        try:
-            hardware = load_hardware(args.hardware) if args.hardware else None
+        try:  # cluster.hardware's errors name it
+            hardware = read(job) if job.cluster.hardware else load_hardware(args.hardware) if args.hardware else None
             spec = hardware.spec if hardware else spec_for(args.device)
         except ValueError as exc:
             parser.error(str(exc))
