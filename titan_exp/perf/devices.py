@@ -189,7 +189,9 @@ class Hardware:
         given = ", ".join(f"{k} {v}" for k, v in self.from_file.items())
         clock = (f" (SM clock {clock_ratio(self.spec):.2f} of the {self.spec.tdp_w:.0f} W TDP's)"
                  if "power_limit_w" in self.from_file else "")
-        return f"hardware from {self.path}: {given}{clock}; the rest from the spec sheet of {self.spec.name}"
+        rest = (f"the rest from the spec sheet of {self.spec.name}" if self.spec.name in SPECS
+                else "the rest as perf.devices assumes for any GPU")
+        return f"hardware from {self.path}: {given}{clock}; {rest}"
 
 
 def _positive(path: str, key: str, value: object, *, integer: bool = False) -> float:
