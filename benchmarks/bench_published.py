@@ -11,8 +11,8 @@ Each row becomes the job it describes (`job_for`; what a source leaves unstated 
 named there), planned for CUDA on the spec sheet of its GPU (titan_exp/perf/devices.py), and
 predicted with `predict_step` and, where the source publishes memory, `predict_memory`.
 
-The fitted constants are the ones the GPU path has (`FITTED`: the matmul efficiencies and the
-compiled block's speed-up). The fitting set is declared here, before any score was seen (`FIT`):
+The fitted constant is the one the GPU path has (`FITTED`: compute_scale, a block's time over the
+sum of the parts titan_exp/perf/gpu.py prices). The fitting set is declared here, before any score was seen (`FIT`):
 per source and precision, its smallest model at its fewest GPUs on a Hopper GPU. Leave-one-source-
 out: the rows of each source are predicted with the constants fitted on the other sources' fitting
 rows only, so every scored row is held out from the fit that predicts it. Other engines' kernels
@@ -241,17 +241,16 @@ def log_error(p: Planned, eff: Efficiency) -> float:
 
 
 def fit(rows: list[Planned]) -> Efficiency:
-    """The FITTED constants minimizing the squared log error over `rows`, one at a time by golden
-    section, three passes."""
+    """The FITTED constants minimizing the squared log error over `rows`, each by golden section
+    (one after the other; with one constant, one search)."""
     eff = Efficiency()
-    for _ in range(3):
-        for name, (low, high) in FITTED.items():
-            cost = lambda x: sum(log_error(p, dataclasses.replace(eff, **{name: x})) ** 2 for p in rows)  # noqa: E731
-            a, b = low, high
-            for _ in range(40):
-                c, d = b - 0.618 * (b - a), a + 0.618 * (b - a)
-                a, b = (a, d) if cost(c) < cost(d) else (c, b)
-            eff = dataclasses.replace(eff, **{name: (a + b) / 2})
+    for name, (low, high) in FITTED.items():
+        cost = lambda x: sum(log_error(p, dataclasses.replace(eff, **{name: x})) ** 2 for p in rows)  # noqa: E731
+        a, b = low, high
+        for _ in range(40):
+            c, d = b - 0.618 * (b - a), a + 0.618 * (b - a)
+            a, b = (a, d) if cost(c) < cost(d) else (c, b)
+        eff = dataclasses.replace(eff, **{name: (a + b) / 2})
     return eff
 
 

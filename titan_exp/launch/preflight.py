@@ -81,10 +81,9 @@ def hardware(p: Pending) -> tuple[Pending, list[str]]:
         return p, []
     from titan_exp.perf import hardware as hw
 
-    errors = hw.errors(p.job)
+    described, errors = hw.checked(p.job)
     if errors or p.job.cluster.dry_run:
         return p, errors
-    described = hw.read(p.job)
     logger.info("%s\n%s", described.line(), hw.prediction_line(hw.prediction(resolve(p.job), described)))
     return p, []
 

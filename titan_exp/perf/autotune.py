@@ -174,10 +174,9 @@ class Autotune:
                  cuda: bool | None = None, profile=None):
         import torch
 
-        problems = hw.errors(job)  # before anything is calibrated or measured
+        self.hardware, problems = hw.checked(job)  # before anything is calibrated or measured
         if problems:
             raise ValueError("autotune: " + "; ".join(problems))
-        self.hardware = hw.read(job)
         self.job, self.sweep_dir, self.launch = job, Path(sweep_dir), launch
         self.cuda = (self.hardware is not None or torch.cuda.is_available()) if cuda is None else cuda
         self.world = job.world_size

@@ -29,9 +29,9 @@ degree tp, forward and backward:
   head      the output projection's three GEMMs and the cross-entropy's bytes per logit (fp32
             upcast, log-softmax and its gradient; fused when compiled).
 
-What overlaps is derived from this schedule in perf.step (fsdp_exposed, async_tp_exposed): an
-FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's backward;
-async TP hides each collective behind the GEMM it is fused with.
+What overlaps follows from this schedule (fsdp_exposed and async_tp_exposed below, which perf.step
+applies): an FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's
+backward; async TP hides each collective behind the GEMM it is fused with.
 
 Sources (checked 2026-11):
   [mamf] Maximum achievable matmul FLOPS, bf16, best shape, stas00/ml-engineering
@@ -132,7 +132,6 @@ class BlockTimes:
 
     fwd: float
     bwd: float
-    fwd_matmul: float
     selective_s: float  # what per-op selective AC recomputes: all but attention and every other GEMM
     tp_groups: tuple[float, float, float, float]  # q/k/v, o, w1/w3, w2 GEMMs, forward
     head: float
@@ -197,7 +196,7 @@ def block_times(job: JobConfig, tp: int, spec) -> BlockTimes:
     head_gemms = (gemm_s(spec, tokens, vocab, m.dim, high) + gemm_s(spec, tokens, m.dim, vocab, high)
                   + gemm_s(spec, m.dim, vocab, tokens, high))
     logits = tokens * vocab * (CE_BYTES_COMPILED if compiled else CE_BYTES_EAGER) / hbm(spec)
-    return BlockTimes(fwd, bwd, sum(fwd_groups), selective, tuple(fwd_groups), head_gemms + logits, notes)
+    return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
 
 
 def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool) -> float:

@@ -37,18 +37,18 @@ def read(job: JobConfig) -> Hardware | None:
         raise ValueError(problem(FIELD, value, str(exc).removeprefix("--hardware "))) from None
 
 
-def errors(job: JobConfig) -> list[str]:
-    """Why the job cannot use its hardware file: the file itself, ranks on CPUs (the file
-    describes GPUs; a dry run, which only predicts for them, may run anywhere), or more ranks on a
-    node than the file's nodes hold."""
+def checked(job: JobConfig) -> tuple[Hardware | None, list[str]]:
+    """The job's hardware file, read once (None without one), and why the job cannot use it: the
+    file itself, ranks on CPUs (the file describes GPUs; a dry run, which only predicts for them,
+    may run anywhere), or more ranks on a node than the file's nodes hold."""
     from titan_exp.validation import ranks_have_gpus
 
     try:
         hardware = read(job)
     except ValueError as exc:
-        return [str(exc)]
+        return None, [str(exc)]
     if hardware is None:
-        return []
+        return None, []
     value, c = job.cluster.hardware, job.cluster
     e = []
     if not c.dry_run and not ranks_have_gpus(job):
@@ -64,7 +64,7 @@ def errors(job: JobConfig) -> list[str]:
                          f"on each of its {c.nnodes} node(s), one per GPU; set cluster.nnodes={nodes} "
                          f"cluster.nproc_per_node={held}" + ("" if job.world_size % held == 0 else
                                                               f" (and a world size divisible by {held})")))
-    return e
+    return hardware, e
 
 
 def profile(job: JobConfig, hardware: Hardware, world: int | None = None) -> MachineProfile:
