@@ -4,17 +4,20 @@ by what it physically changes. Arithmetic only (seconds to run)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
 from titan_exp.config import compose_job
 from titan_exp.perf import gpu
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
+from titan_exp.perf.profile import Kernels, MachineProfile
 from titan_exp.perf.step import predict_step
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
 H100 = SPECS["h100"]
+K100 = gpu.spec_kernels(H100)
 
 
 def llama8b(*overrides: str):
@@ -27,39 +30,41 @@ def test_a_gemm_pays_for_its_last_wave_and_a_skinny_one_for_its_bytes():
     full = 132 * gpu.TILE  # one tile row per SM: one full wave
     assert gpu.wave_utilization(gpu.TILE, full, 132) == pytest.approx(1.0)
     assert gpu.wave_utilization(gpu.TILE, full + 1, 132) == pytest.approx((full + 1) / (2 * full))  # a second, near-empty wave
-    per_flop = lambda n: gpu.gemm_s(H100, 12 * gpu.TILE, n, 8192, "bfloat16") / n  # noqa: E731
+    per_flop = lambda n: gpu.gemm_s(K100, 12 * gpu.TILE, n, 8192, "bfloat16") / n  # noqa: E731
     assert per_flop(12 * gpu.TILE) > 1.8 * per_flop(11 * gpu.TILE)  # 144 tiles: two waves; 132: one
-    skinny = gpu.gemm_s(H100, 8192, 8192, 16, "bfloat16")  # K = 16: reads and writes dominate
-    assert skinny == pytest.approx((8192 * 16 * 2 + 16 * 8192 * 2 + 8192 * 8192 * 2) / gpu.hbm(H100))
-    assert gpu.gemm_s(H100, 8192, 8192, 8192, "float8") < 0.55 * gpu.gemm_s(H100, 8192, 8192, 8192, "bfloat16")
+    skinny = gpu.gemm_s(K100, 8192, 8192, 16, "bfloat16")  # K = 16: reads and writes dominate
+    assert skinny == pytest.approx((8192 * 16 * 2 + 16 * 8192 * 2 + 8192 * 8192 * 2) / gpu.hbm(K100))
+    assert gpu.gemm_s(K100, 8192, 8192, 8192, "float8") < 0.55 * gpu.gemm_s(K100, 8192, 8192, 8192, "bfloat16")
 
 
 def test_a_power_cap_slows_the_clock_not_the_memory():
     capped = SPECS["h100_500w"]
     ratio = ((500 - 70) / (700 - 70)) ** (1 / 3)
     assert gpu.clock_ratio(capped) == pytest.approx(ratio) and gpu.clock_ratio(H100) == 1.0
-    same_hbm = dataclasses.replace(capped, memory_tb_s=H100.memory_tb_s)
-    assert gpu.peak_flops(same_hbm, "bfloat16") == pytest.approx(ratio * gpu.peak_flops(H100, "bfloat16"))
-    assert gpu.hbm(same_hbm) == gpu.hbm(H100)
-    big = gpu.gemm_s(same_hbm, 8192, 8192, 8192, "bfloat16") / gpu.gemm_s(H100, 8192, 8192, 8192, "bfloat16")
+    same_hbm = gpu.spec_kernels(dataclasses.replace(capped, memory_tb_s=H100.memory_tb_s))
+    assert same_hbm.matmul_tflops["bfloat16"] == pytest.approx(ratio * K100.matmul_tflops["bfloat16"])
+    assert gpu.hbm(same_hbm) == gpu.hbm(K100)
+    big = gpu.gemm_s(same_hbm, 8192, 8192, 8192, "bfloat16") / gpu.gemm_s(K100, 8192, 8192, 8192, "bfloat16")
     assert big == pytest.approx(1 / ratio)
 
 
 def test_attention_follows_flash_attentions_published_curve():
-    assert gpu.attention_share(H100, 8192, gpu.FA2_FWD) == pytest.approx(333 / 989.4)
-    assert gpu.attention_share(H100, 3 * 1024, gpu.FA2_FWD) == pytest.approx((298 + (319 - 298) * 0.585) / 989.4, rel=1e-3)
-    assert gpu.attention_share(H100, 256, gpu.FA2_FWD) == pytest.approx(191 / 989.4 / 2)
-    assert gpu.attention_share(H100, 1 << 20, gpu.FA2_BWD) == pytest.approx(322 / 989.4)
-    assert gpu.attention_share(SPECS["a100"], 16384, gpu.FA2_FWD) == pytest.approx(gpu.AMPERE_FA2_PEAK)
+    fwd, bwd = K100.attention_fwd, K100.attention_bwd
+    assert gpu.attention_tflops(fwd, 8192) == pytest.approx(333)
+    assert gpu.attention_tflops(fwd, 3 * 1024) == pytest.approx(298 + (319 - 298) * 0.585, rel=1e-3)
+    assert gpu.attention_tflops(fwd, 256) == pytest.approx(191 / 2)
+    assert gpu.attention_tflops(bwd, 1 << 20) == pytest.approx(322)
+    a100 = gpu.spec_kernels(SPECS["a100"])
+    assert gpu.attention_tflops(a100.attention_fwd, 16384) == pytest.approx(gpu.AMPERE_FA2_PEAK * 312)
 
 
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
-    t = gpu.block_times(tiny, 1, H100)
+    t = gpu.block_times(tiny, 1, K100)
     assert t.fwd == pytest.approx(gpu.EAGER_OPS * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
-    compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, H100)
+    compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, K100)
     assert compiled.fwd == pytest.approx(gpu.COMPILED_KERNELS * gpu.HOST_COMPILED_S)
-    eager, fused = gpu.block_times(llama8b(), 1, H100), gpu.block_times(llama8b("compile.enable=true"), 1, H100)
+    eager, fused = gpu.block_times(llama8b(), 1, K100), gpu.block_times(llama8b("compile.enable=true"), 1, K100)
     assert sum(eager.tp_groups) == sum(fused.tp_groups) and 1.1 < (eager.fwd + eager.bwd) / (fused.fwd + fused.bwd) < 1.5
 
 
@@ -72,8 +77,8 @@ def test_float8_recipes_pay_for_their_casts_and_their_gemms():
     tensorwise, rowwise = step(), step("precision.float8_recipe=rowwise")
     high_gw = step("precision.float8_recipe=rowwise_with_gw_hp")
     assert tensorwise < rowwise < high_gw < bf16
-    notes = gpu.block_times(llama8b("precision=float8"), 1, SPECS["a100"]).notes
-    assert notes == ["a100 has no FP8 tensor cores: float8 at bfloat16"]
+    notes = gpu.block_times(llama8b("precision=float8"), 1, gpu.spec_kernels(SPECS["a100"])).notes
+    assert notes == ["this GPU has no FP8 tensor cores: float8 at bfloat16"]
 
 
 def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
@@ -99,3 +104,22 @@ def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):
                                        "tdp_w: 400, sms: 100}\nnvlink_gb_s: 200\nnetwork_gb_s: 25\npower_limit_w: 300\n")
     own = load_hardware(tmp_path / "own.yaml").spec
     assert (own.tdp_w, own.sms, own.power_limit_w) == (400, 100, 300) and gpu.clock_ratio(own) < 1
+
+
+def test_a_calibrated_gpus_measured_kernels_drive_the_same_model():
+    """Issue 36, part 5: a profile calibrated on a GPU keeps its kernels' measured rates, and a
+    block it has not measured is priced from its parts at those rates, as a spec sheet's is."""
+    spec = spec_profile(H100, 8, 8)
+    measured = dataclasses.replace(K100, source="calibrated", measured=("matmul_tflops",))
+    assert Kernels.of(json.loads(json.dumps(measured.to_dict()))) == measured  # as the profile's file keeps it
+    calibrated = MachineProfile.from_dict({**spec.to_dict(), "source": "calibrated", "kernels": measured.to_dict()})
+    same = predict_step(llama8b(), calibrated, cuda=True).step_s
+    assert same == pytest.approx(predict_step(llama8b(), spec, cuda=True).step_s)
+    slow_gemms = dataclasses.replace(measured, matmul_tflops={d: r / 2 for d, r in K100.matmul_tflops.items()})
+    slower = predict_step(llama8b(), dataclasses.replace(calibrated, kernels=slow_gemms), cuda=True)
+    assert 1.3 < slower.step_s / same < 2.0  # the GEMMs are most of an 8B block, not all of it
+    slow_attention = dataclasses.replace(measured, attention_fwd=tuple((s, r / 2) for s, r in K100.attention_fwd))
+    assert same < predict_step(llama8b(), dataclasses.replace(calibrated, kernels=slow_attention), cuda=True).step_s
+    # A CPU's kernels are recorded, not priced from: its plan reads its measured blocks.
+    cpu = dataclasses.replace(calibrated, kernels=dataclasses.replace(measured, architecture="cpu"))
+    assert any("not calibrated: estimated from FLOPs" in n for n in predict_step(llama8b(), cpu, cuda=True).notes)

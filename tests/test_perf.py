@@ -314,6 +314,12 @@ def test_calibration_profile_file(tmp_path):
     assert 1.0 <= profile.concurrency <= 2.0 and 0.0 <= profile.overlap <= 1.0 and profile.optimizer_s_per_param > 0
     assert profile.fresh_memory_s_per_byte > 0 and "fresh pages" in first.stdout
     assert "block tp=2" in first.stdout and "all_gather: 2 ranks" in first.stdout
+    kernels = profile.kernels  # what a GPU's plan prices unmeasured blocks at (issue 36, part 5); a CPU's are kept
+    assert kernels.source == "calibrated" and kernels.architecture == "cpu" and kernels.head_dim == job_config(TINY).model.head_dim
+    assert set(kernels.matmul_tflops) == {"float32", "bfloat16"} and min(kernels.matmul_tflops.values()) > 0
+    assert [s for s, _ in kernels.attention_fwd] == [64, 128] and all(r > 0 for _, r in kernels.attention_bwd)
+    assert kernels.memory_tb_s > 0 and kernels.host_eager_s > 0 and "host_compiled_s" not in kernels.measured
+    assert "kernels: matmul TFLOP/s" in first.stdout and "compiled kernel not measured" in first.stdout
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "reusing" in again.stdout and json.loads(path.read_text()) == data
     refreshed = subprocess.run([*args, "--refresh"], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from titan_exp.config import Executor, JobConfig, compose_job, to_yaml
-from titan_exp.perf.profile import MachineProfile, model_shape, this_machine
+from titan_exp.perf.profile import Kernels, MachineProfile, model_shape, this_machine
 from titan_exp.perf.shapes import tp_degrees
 from titan_exp.perf.timing import Options
 from titan_exp.record import RunDir, Status
@@ -111,6 +111,18 @@ def cover(job: JobConfig, world: int, profile: MachineProfile, *, compile: bool,
     return Coverage(profile, lacked, profile.missing(job, tps, compile=compile), seconds)
 
 
+def kernels_line(k: Kernels) -> str:
+    """The kernel rates a GPU's plan prices blocks it has not measured at (perf.gpu)."""
+    curve = lambda c: ", ".join(f"{s} {r:.3g}" for s, r in c)  # noqa: E731
+    compiled = (f", {k.host_compiled_s * 1e6:.1f} us/compiled kernel" if "host_compiled_s" in k.measured
+                else " (compiled kernel not measured: calibrate --compile)")
+    return ("kernels: matmul TFLOP/s (best shape, full waves) "
+            + ", ".join(f"{d} {r:.3g}" for d, r in k.matmul_tflops.items())
+            + f"; attention TFLOP/s by sequence (head dim {k.head_dim}) forward {curve(k.attention_fwd)}, "
+            f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s; "
+            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}")
+
+
 def print_table(profile: MachineProfile, shape: str) -> None:
     print(f"machine profile {profile.name} ({profile.source}, {profile.calibration_s:.0f} s of measuring)")
     print(f"  ranks computing at full speed at once: {profile.concurrency:.2f}; "
@@ -133,6 +145,8 @@ def print_table(profile: MachineProfile, shape: str) -> None:
                               + (f" + {1 / line.per_unit_s / 1e9:.2f} GB/s" if line.per_unit_s > 0 else "")
                               for g, line in sorted(by_g.items()))
             print(f"  {op}{where}: {cells}")
+    if profile.kernels:
+        print("  " + kernels_line(profile.kernels))
     print(f"  AdamW: {profile.optimizer_s_per_param * 1e9:.2f} ns/param"
           + (f"; fresh pages {1 / profile.fresh_memory_s_per_byte / 1e9:.2f} GB/s"
              if profile.fresh_memory_s_per_byte else "")

@@ -111,14 +111,13 @@ def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency()) -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
-    blocks are priced from their parts (perf.gpu, which reads `profile.spec`); its matmul lines
-    are the same parts' rates, for what reads them directly."""
-    from titan_exp.perf.gpu import hbm, peak_flops
+    blocks are priced from their parts (perf.gpu) at the spec's kernel rates (`kernels`); its
+    matmul lines are the same rates, for what reads them directly."""
+    from titan_exp.perf.gpu import hbm, spec_kernels
 
     nodes = max(1, world // gpus_per_node)
-    gemm = {dtype: Line(10e-6, 1 / peak_flops(spec, dtype)) for dtype in ("float32", "bfloat16")}
-    if spec.fp8_tflops:
-        gemm["float8"] = Line(10e-6, 1 / peak_flops(spec, "float8"))
+    kernels = spec_kernels(spec)
+    gemm = {dtype: Line(10e-6, 1 / (tflops * 1e12)) for dtype, tflops in kernels.matmul_tflops.items()}
     sizes = sorted({g for g in range(2, world + 1) if world % g == 0 and g <= gpus_per_node} | {2})
     intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, eff.latency_nvlink_s) for g in sizes}
              for op in COLLECTIVES}
@@ -129,8 +128,8 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
     return MachineProfile(
         key=machine_key(spec.name, "nccl", world, 1, nodes), source="spec", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         concurrency=float(world), gemm=gemm, collectives=intra, inter_node=inter,
-        optimizer_s_per_param=adam_bytes / hbm(spec), step_overhead_s=5e-3,
-        corrections=Corrections(compute=eff.compute_scale), spec=spec,
+        optimizer_s_per_param=adam_bytes / hbm(kernels), step_overhead_s=5e-3,
+        corrections=Corrections(compute=eff.compute_scale), kernels=kernels, spec=spec,
         notes=[f"from the spec sheet of {spec.name}: {spec.source}", f"efficiency {dataclasses.asdict(eff)}"],
     )
 

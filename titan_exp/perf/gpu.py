@@ -33,6 +33,11 @@ What overlaps follows from this schedule (fsdp_exposed and async_tp_exposed belo
 applies): an FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's
 backward; async TP hides each collective behind the GEMM it is fused with.
 
+The rates each part runs at are a profile.Kernels: a spec sheet's (spec_kernels, from the sources
+below), or the GPU's own, measured by `python -m titan_exp.perf.calibrate` on it
+(perf.measure_kernels: the best-shaped GEMM by dtype, flash attention by sequence, memory-bound
+kernels, host time per op and per compiled kernel). The same model prices a block from either.
+
 Sources (checked 2026-11):
   [mamf] Maximum achievable matmul FLOPS, bf16, best shape, stas00/ml-engineering
          compute/accelerator/README.md: H100 SXM 792.1 of 989 TFLOP/s (80.1 %), A100 SXM 267.9
@@ -47,7 +52,7 @@ Sources (checked 2026-11):
          reach on HBM GPUs; an assumption, not a measurement of these kernels).
   [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
          per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
-         `python -m titan_exp.perf.calibrate` on the GPU (issue 36's part 5).
+         what `python -m titan_exp.perf.calibrate` measures on the GPU.
   [power] Dynamic power ~ f x V^2 with V ~ f in the boost range: at a power limit P below the
          TDP the sustained SM clock is ((P - idle) / (TDP - idle))^(1/3) of the TDP's, idle
          being 10 % of the TDP (an assumption). HBM speed does not change.
@@ -59,6 +64,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
+from titan_exp.perf.profile import Kernels
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
 HBM_SHARE = 0.9  # [hbm]
@@ -87,9 +93,18 @@ def clock_ratio(spec) -> float:
     return max(0.05, (limit - idle) / (spec.tdp_w - idle)) ** (1 / 3)
 
 
-def peak_flops(spec, dtype: str) -> float:
-    tflops = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, "float8": spec.fp8_tflops or spec.bf16_tflops}
-    return tflops[dtype] * 1e12 * spec.matmul_share * clock_ratio(spec)
+def spec_kernels(spec) -> Kernels:
+    """A spec sheet's GPU's kernel rates: each peak at the clock under its power limit, GEMMs at
+    the best shape's share [mamf], flash attention on FA2's curve [fa3], memory-bound kernels at
+    HBM_SHARE of the bandwidth [hbm], host times [host]."""
+    clock = clock_ratio(spec)
+    peaks = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, **({"float8": spec.fp8_tflops} if spec.fp8_tflops else {})}
+    attention = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
+    return Kernels(matmul_tflops={k: v * spec.matmul_share * clock for k, v in peaks.items()},
+                   attention_fwd=tuple((s, share * attention) for s, share in zip(FA2_SEQ, FA2_FWD)),
+                   attention_bwd=tuple((s, share * attention) for s, share in zip(FA2_SEQ, FA2_BWD)),
+                   memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
+                   sms=spec.sms, architecture=spec.architecture, source="spec")
 
 
 def wave_utilization(m: float, n: float, sms: int) -> float:
@@ -100,28 +115,30 @@ def wave_utilization(m: float, n: float, sms: int) -> float:
     return m * n / (waves * sms * TILE * TILE)
 
 
-def hbm(spec) -> float:
-    return spec.memory_tb_s * 1e12 * HBM_SHARE
+def hbm(k: Kernels) -> float:
+    """Bytes per second of a memory-bound kernel."""
+    return k.memory_tb_s * 1e12
 
 
-def gemm_s(spec, m: float, n: float, k: float, dtype: str) -> float:
-    """One GEMM (m x k) @ (k x n): compute at its wave utilization, or its bytes, the longer."""
+def gemm_s(k: Kernels, m: float, n: float, kk: float, dtype: str) -> float:
+    """One GEMM (m x kk) @ (kk x n): compute at its wave utilization, or its bytes, the longer."""
     size = {"float32": 4, "bfloat16": 2, "float8": 1}[dtype]
-    compute = 2 * m * n * k / (peak_flops(spec, dtype) * wave_utilization(m, n, spec.sms))
-    return max(compute, (m * k + k * n) * size / hbm(spec) + m * n * 2 / hbm(spec))
+    compute = 2 * m * n * kk / (k.matmul_tflops[dtype] * 1e12 * wave_utilization(m, n, k.sms))
+    return max(compute, (m * kk + kk * n) * size / hbm(k) + m * n * 2 / hbm(k))
 
 
-def attention_share(spec, seq: int, table: tuple[float, ...]) -> float:
-    """FlashAttention-2's share of the bf16 peak at this sequence length [fa3]."""
-    if seq <= FA2_SEQ[0]:
-        share = table[0] * seq / FA2_SEQ[0]
-    else:
-        x = min(math.log2(seq), math.log2(FA2_SEQ[-1]))
-        i = min(int(x) - 9, len(FA2_SEQ) - 2)
-        share = table[i] + (table[i + 1] - table[i]) * (x - math.log2(FA2_SEQ[i]))
-    if spec.architecture == "ampere":
-        share *= AMPERE_FA2_PEAK / FA2_FWD[-1]
-    return share
+def attention_tflops(curve: tuple[tuple[int, float], ...], seq: float) -> float:
+    """Flash attention's TFLOP/s at this sequence length, on a curve of (sequence, TFLOP/s):
+    linear in log2(sequence) between its points, its last value beyond them, and below its first
+    falling in proportion to the sequence (an assumption)."""
+    seqs, rates = [s for s, _ in curve], [r for _, r in curve]
+    if seq <= seqs[0]:
+        return rates[0] * seq / seqs[0]
+    if seq >= seqs[-1]:
+        return rates[-1]
+    i = max(j for j in range(len(seqs)) if seqs[j] <= seq)
+    x = (math.log2(seq) - math.log2(seqs[i])) / (math.log2(seqs[i + 1]) - math.log2(seqs[i]))
+    return rates[i] + (rates[i + 1] - rates[i]) * x
 
 
 @dataclass
@@ -138,15 +155,15 @@ class BlockTimes:
     notes: list[str]
 
 
-def block_times(job: JobConfig, tp: int, spec) -> BlockTimes:
+def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
     m, t, p = job.model, job.training, job.parallelism
     mb = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
     cp = p.context_parallel_degree
     tokens = mb * t.seq_len / cp
     pr = job.precision
     high = "bfloat16" if pr.param_dtype == "bfloat16" or pr.full_bf16 else "float32"
-    low = "float8" if pr.converter != "none" and spec.fp8_tflops else high
-    notes = [f"{spec.name} has no FP8 tensor cores: float8 at {high}"] if pr.converter != "none" and low != "float8" else []
+    low = "float8" if pr.converter != "none" and "float8" in kern.matmul_tflops else high
+    notes = [f"this GPU has no FP8 tensor cores: float8 at {high}"] if pr.converter != "none" and low != "float8" else []
     compiled = job.compile.enable
     act = 2 if high == "bfloat16" else 4
 
@@ -162,40 +179,40 @@ def block_times(job: JobConfig, tp: int, spec) -> BlockTimes:
     for group in groups:
         fwd_s = 0.0
         for k, n in group:
-            fwd_gemms.append(gemm_s(spec, tokens, n, k, low))
+            fwd_gemms.append(gemm_s(kern, tokens, n, k, low))
             fwd_s += fwd_gemms[-1]
-            bwd_gemm += gemm_s(spec, tokens, k, n, low)  # input gradient
-            bwd_gemm += gemm_s(spec, k, n, tokens, high if recipe == "rowwise_with_gw_hp" else low)  # weight gradient
+            bwd_gemm += gemm_s(kern, tokens, k, n, low)  # input gradient
+            bwd_gemm += gemm_s(kern, k, n, tokens, high if recipe == "rowwise_with_gw_hp" else low)  # weight gradient
             if low == "float8":
                 casts += _cast_bytes(tokens * k, k * n, tokens * n, recipe, compiled)
         fwd_groups.append(fwd_s)
-    cast_s = casts / hbm(spec)
+    cast_s = casts / hbm(kern)
 
     attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
-    attn_fwd = attn_flops / (spec.bf16_tflops * 1e12 * clock_ratio(spec) * attention_share(spec, t.seq_len, FA2_FWD))
-    attn_bwd = 2.5 * attn_flops / (spec.bf16_tflops * 1e12 * clock_ratio(spec) * attention_share(spec, t.seq_len, FA2_BWD))
+    attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * 1e12)
+    attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * 1e12)
 
     d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn
     weights = COMPILED_BYTES if compiled else EAGER_BYTES
     scale = act / 2  # the tables are for bf16 activations
-    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(spec)
+    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(kern)
     if kv < heads:  # GQA: K and V repeated to every query head before SDPA
-        mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(spec)
+        mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(kern)
 
     fwd_gpu = sum(fwd_groups) + attn_fwd + mem_fwd + cast_s / 3
     bwd_gpu = bwd_gemm + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
-    host = (COMPILED_KERNELS * HOST_COMPILED_S) if compiled else EAGER_OPS * HOST_EAGER_S
+    host = (COMPILED_KERNELS * kern.host_compiled_s) if compiled else EAGER_OPS * kern.host_eager_s
     if low == "float8" and not compiled:
-        host += 7 * 6 * HOST_EAGER_S  # amax and cast ops of each linear's three tensors
+        host += 7 * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest.
     selective = sum(fwd_gemms[1::2]) + mem_fwd + cast_s / 3
 
     vocab = m.vocab_size / tp
-    head_gemms = (gemm_s(spec, tokens, vocab, m.dim, high) + gemm_s(spec, tokens, m.dim, vocab, high)
-                  + gemm_s(spec, m.dim, vocab, tokens, high))
-    logits = tokens * vocab * (CE_BYTES_COMPILED if compiled else CE_BYTES_EAGER) / hbm(spec)
+    head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
+                  + gemm_s(kern, m.dim, vocab, tokens, high))
+    logits = tokens * vocab * (CE_BYTES_COMPILED if compiled else CE_BYTES_EAGER) / hbm(kern)
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
 
 

@@ -28,6 +28,9 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
 - AdamW's step per parameter, on as many parameters as the model has; on a CPU, what memory
   fresh from the OS costs to touch (page faults); optionally (`compile`) the compiled block's
   speed-up.
+- what each kind of kernel achieves (measure_kernels): the best-shaped GEMM by dtype, flash
+  attention by sequence, memory-bound kernels, host time per op (and per compiled kernel with
+  `compile`): the rates a GPU's plan prices blocks it has not measured at (perf.gpu).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ from titan_exp.perf.measure_comm import measure_collectives, measure_overlap
 from titan_exp.perf.measure_compute import (concurrency, measure_compile, measure_compute, measure_cp_blocks,
                                             measure_fresh_memory, measure_fsdp_blocks, measure_gemms,
                                             measure_optimizer)
+from titan_exp.perf.measure_kernels import host_compiled_s, measure_kernels
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, find, machine_key, model_shape
 from titan_exp.perf.timing import Options
 from titan_exp.record import RunDir, RunSummary, Status
@@ -114,9 +118,14 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         profile.overlap = measure_overlap(world, opts, device) if world > 1 else 0.0
         profile.optimizer_s_per_param = measure_optimizer(m, opts, device)
         profile.fresh_memory_s_per_byte = measure_fresh_memory(opts, device)
+        profile.kernels = measure_kernels(m, opts, device)
         profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs
     if opts.compile:
         profile.compile_speedup = measure_compile(m, seq_len, opts, device)
+        if profile.kernels and "host_compiled_s" not in profile.kernels.measured:
+            k = profile.kernels
+            profile.kernels = dataclasses.replace(k, host_compiled_s=host_compiled_s(opts, device),
+                                                  measured=(*k.measured, "host_compiled_s"))
     profile.created = time.strftime("%Y-%m-%dT%H:%M:%S")
     profile.calibration_s += time.perf_counter() - start
     return profile, True

@@ -30,6 +30,10 @@ measured sizes, so the model can ask for sizes that were not measured:
                                 threshold afresh, so a step pays it for each large buffer
     step_overhead_s             the fixed cost of a step (Python, data, logging): not measured by
                                 calibration; refit from real runs (autotune)
+    kernels                     what each kind of kernel achieves (best-shaped GEMMs by dtype, flash
+                                attention by sequence, memory-bound kernels, host time per op and
+                                per compiled kernel): the rates perf.gpu prices a block from its
+                                parts at, where no block of the model was measured
 
 `corrections` are scale factors fitted to measured runs (`refit`): the next plan on the same
 machine applies them. A profile made without measuring anything (`defaults`) says so.
@@ -132,6 +136,38 @@ class BlockCost:
                    Line.of(d["update"]) if "update" in d else None)
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """What each kind of kernel of a training step achieves on one GPU: the rates perf.gpu prices a
+    block's parts at. From the spec sheet and published microbenchmarks (perf.gpu.spec_kernels,
+    source "spec"), or measured on the device by `python -m titan_exp.perf.calibrate`
+    (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is the spec's)."""
+
+    matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype
+    attention_fwd: tuple[tuple[int, float], ...]  # causal flash attention: (sequence, TFLOP/s), forward
+    attention_bwd: tuple[tuple[int, float], ...]  # ... backward (its FLOPs counted as 2.5 x the forward's)
+    memory_tb_s: float  # what memory-bound kernels (elementwise, norms, casts) move per second
+    host_eager_s: float  # host time per eager op (Python, dispatch, autograd's record, the launch)
+    host_compiled_s: float  # host time per kernel of a compiled graph
+    sms: int  # streaming multiprocessors: a GEMM's waves
+    architecture: str = "hopper"
+    head_dim: int = 128  # the attention curves' head dim
+    source: str = "spec"
+    measured: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["attention_fwd"], d["attention_bwd"] = [list(x) for x in self.attention_fwd], [list(x) for x in self.attention_bwd]
+        d["measured"] = list(self.measured)
+        return d
+
+    @classmethod
+    def of(cls, d: dict[str, Any]) -> "Kernels":
+        curve = lambda rows: tuple((int(s), float(t)) for s, t in rows)  # noqa: E731
+        return cls(**{**d, "attention_fwd": curve(d["attention_fwd"]), "attention_bwd": curve(d["attention_bwd"]),
+                      "measured": tuple(d.get("measured", ()))})
+
+
 @dataclass
 class Corrections:
     """Scale factors fitted to measured runs: step = compute x compute + communication x comm
@@ -186,6 +222,7 @@ class MachineProfile:
     compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
     corrections: Corrections = field(default_factory=Corrections)
     notes: list[str] = field(default_factory=list)
+    kernels: Optional[Kernels] = None  # a GPU's kernel rates, measured (perf.measure_kernels)
     # A profile from a spec sheet (perf.devices.spec_profile): its DeviceSpec, which perf.gpu prices
     # blocks from. Not in the file: a spec profile is built each time, never saved.
     spec: Any = field(default=None, compare=False, repr=False)
@@ -204,6 +241,7 @@ class MachineProfile:
             "optimizer_s_per_param": self.optimizer_s_per_param, "step_overhead_s": self.step_overhead_s,
             "fresh_memory_s_per_byte": self.fresh_memory_s_per_byte,
             "compile_speedup": self.compile_speedup, "corrections": dataclasses.asdict(self.corrections), "notes": self.notes,
+            **({"kernels": self.kernels.to_dict()} if self.kernels else {}),
         }
 
     @classmethod
@@ -221,6 +259,7 @@ class MachineProfile:
             optimizer_s_per_param=d["optimizer_s_per_param"], step_overhead_s=d["step_overhead_s"],
             fresh_memory_s_per_byte=d.get("fresh_memory_s_per_byte", 0.0),  # absent from older profiles
             compile_speedup=d.get("compile_speedup"), corrections=Corrections(**d["corrections"]), notes=d.get("notes", []),
+            kernels=Kernels.of(d["kernels"]) if "kernels" in d else None,
         )
 
     @property

@@ -8,10 +8,11 @@ speed-up was calibrated) and by the profile's fitted correction. Activation chec
 forward per block (full), the non-matmul part of a forward (selective per op), or a forward every
 Nth block.
 
-A GPU planned from its spec sheet (a profile with `spec`, perf.devices) has no measured block:
-its block, head and the non-matmul part selective AC recomputes are priced from their parts by
-perf.gpu (precision and compile inside them), and what FSDP, DDP and async TP hide follows the
-schedule there (gpu.fsdp_exposed, gpu.async_tp_exposed) rather than a measured overlap.
+A GPU whose profile has no measured block of the model but its kernels' rates (`kernels`: from
+its spec sheet, perf.devices, or measured by calibrate, perf.measure_kernels) has its block, head
+and the non-matmul part selective AC recomputes priced from their parts by perf.gpu (precision
+and compile inside them), and what FSDP, DDP and async TP hide follows the schedule there
+(gpu.fsdp_exposed, gpu.async_tp_exposed) rather than a measured overlap.
 
 Ranks share the machine. Costs were measured with every rank computing at once, and the profile
 says how many ranks compute at full speed at once (S). If on average `active` ranks compute, each
@@ -162,8 +163,9 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
 
     cost = profile.block(model_shape(job), tp)
     gpu = None
-    if cost is None and profile.spec is not None and cuda:  # a spec-sheet GPU: the block from its parts
-        gpu = block_times(job, tp, profile.spec)
+    gpu_kernels = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" else None
+    if cost is None and gpu_kernels and cuda:  # a GPU's block from its parts, at its kernels' rates
+        gpu = block_times(job, tp, gpu_kernels)
         notes += gpu.notes
         cost = BlockCost(Line(0.0, 0.0), Line(0.0, 0.0), Line(0.0, 0.0))  # nothing measured
         c = profile.corrections.compute

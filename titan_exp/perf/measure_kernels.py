@@ -1,0 +1,146 @@
+"""What calibration measures of a device's kernels (titan_exp.perf.measure): the rates perf.gpu
+prices a block's parts at (profile.Kernels), so that the same per-op model that plans a GPU from
+its spec sheet runs on the GPU's own measured constants (issue 36, part 5). Every rank measures
+at once, as it would compute in a step; each rate is the slowest rank's.
+
+- matmul, by dtype (fp32 as training runs it: torch's default, no TF32; bf16; float8 through
+  torch._scaled_mm where the GPU has FP8 tensor cores): the best of a few large shapes, each
+  divided by its wave utilization (perf.gpu.wave_utilization), since the model applies a GEMM's
+  waves itself: the measured counterpart of [mamf]'s best-shape share;
+- attention: causal SDPA at the model's heads and head dim in the training dtype, by sequence
+  length (the same tokens at each), forward, and backward as forward + backward less forward; its
+  FLOPs counted as perf.gpu counts them (forward 2 x s^2 x heads x head_dim, backward 2.5 x that):
+  the measured counterpart of [fa3]'s curve;
+- memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
+- host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
+  `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host].
+
+On a CPU these are measured too and kept in the profile, but a CPU's plan reads its measured
+blocks instead (perf.step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from titan_exp.config import ModelConfig
+from titan_exp.perf.gpu import HOST_COMPILED_S, wave_utilization
+from titan_exp.perf.profile import Kernels
+from titan_exp.perf.timing import Options, together
+
+HOST_OPS = 200  # tiny ops per timed chain
+COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
+
+
+def sizes(opts: Options, device: torch.device) -> dict[str, list[int]]:
+    """What is measured at: GEMM sides, attention's sequence lengths and tokens, a memory-bound
+    kernel's elements."""
+    if device.type == "cuda":
+        return {"gemm": [4096, 8192, 16384], "seq": [512, 1024, 2048, 4096, 8192], "tokens": [16384],
+                "elements": [1 << 26]}
+    if opts.tiny:
+        return {"gemm": [128, 256], "seq": [64, 128], "tokens": [256], "elements": [1 << 20]}
+    return {"gemm": [256, 512], "seq": [256, 512, 1024], "tokens": [2048], "elements": [1 << 23]}
+
+
+def architecture(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "cpu"
+    major = torch.cuda.get_device_capability(device)[0]
+    return {8: "ampere", 9: "hopper"}.get(major, "blackwell" if major >= 10 else "older")
+
+
+def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.device) -> dict[str, float]:
+    out = {}
+    dtypes = [torch.float32, torch.bfloat16]
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
+        dtypes.append(torch.float8_e4m3fn)
+    for dtype in dtypes:
+        best = 0.0
+        for n in sides:
+            if dtype == torch.float8_e4m3fn:
+                a = torch.randn(n, n, device=device).to(dtype)
+                b = torch.randn(n, n, device=device).to(dtype).t()
+                one = torch.ones((), device=device)
+                fn = lambda a=a, b=b, one=one: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+            else:
+                a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+                fn = lambda a=a, b=b: a @ b  # noqa: E731
+            seconds = together(fn, opts.reps, device)
+            best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
+            del a, b
+        out[str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8")] = best
+    return out
+
+
+def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.dtype, opts: Options,
+                     device: torch.device) -> tuple[tuple[tuple[int, float], ...], tuple[tuple[int, float], ...]]:
+    """(forward, backward) TFLOP/s of causal SDPA by sequence length."""
+    fwd_curve, bwd_curve = [], []
+    for seq in seqs:
+        batch = max(1, tokens // seq)
+        q, k, v = (torch.randn(batch, m.n_heads, seq, m.head_dim, device=device, dtype=dtype, requires_grad=True)
+                   for _ in range(3))
+        grad = torch.randn(batch, m.n_heads, seq, m.head_dim, device=device, dtype=dtype)
+
+        @torch.no_grad()
+        def fwd(q=q, k=k, v=v):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+        def fwd_bwd(q=q, k=k, v=v, grad=grad):
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        flops = 2 * batch * seq * seq * m.n_heads * m.head_dim  # causal: half of 4 s^2 h d
+        fwd_s = together(fwd, opts.reps, device)
+        bwd_s = max(together(fwd_bwd, opts.reps, device) - fwd_s, 1e-9)
+        fwd_curve.append((seq, flops / fwd_s / 1e12))
+        bwd_curve.append((seq, 2.5 * flops / bwd_s / 1e12))
+        del q, k, v, grad
+    return tuple(fwd_curve), tuple(bwd_curve)
+
+
+def memory_tb_s(elements: int, dtype: torch.dtype, opts: Options, device: torch.device) -> float:
+    a, b, c = (torch.randn(elements, device=device).to(dtype) for _ in range(3))
+    seconds = together(lambda: torch.add(a, b, out=c), opts.reps, device)
+    return 3 * elements * a.element_size() / seconds / 1e12
+
+
+def host_op_s(opts: Options, device: torch.device) -> float:
+    x = torch.ones(1, device=device, requires_grad=True)
+
+    def chain():
+        y = x
+        for _ in range(HOST_OPS):
+            y = y * 1.0001
+        return y
+
+    return together(chain, opts.reps, device) / HOST_OPS
+
+
+def host_compiled_s(opts: Options, device: torch.device) -> float:
+    w, x = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
+
+    @torch.compile
+    def chain(x):
+        for _ in range(COMPILED_KERNELS):
+            x = torch.mm(x, w)  # a matmul is not fused: one kernel each
+        return x
+
+    chain(x)  # compiles
+    return together(lambda: chain(x), opts.reps, device) / COMPILED_KERNELS
+
+
+def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kernels:
+    at = sizes(opts, device)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what each trains its activations in
+    fwd, bwd = attention_curves(m, at["seq"], at["tokens"][0], dtype, opts, device)
+    measured = ["matmul_tflops", "attention_fwd", "attention_bwd", "memory_tb_s", "host_eager_s"]
+    compiled = host_compiled_s(opts, device) if opts.compile else HOST_COMPILED_S
+    if opts.compile:
+        measured.append("host_compiled_s")
+    return Kernels(matmul_tflops=matmul_tflops(at["gemm"], sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
+                   memory_tb_s=memory_tb_s(at["elements"][0], dtype, opts, device), host_eager_s=host_op_s(opts, device),
+                   host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_dim,
+                   source="calibrated", measured=tuple(measured))
