@@ -12,7 +12,7 @@ from titan_exp.config import compose_job
 from titan_exp.perf import gpu
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, MachineProfile
-from titan_exp.perf.step import predict_step
+from titan_exp.perf.step import node_ranks, predict_step
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
@@ -123,3 +123,27 @@ def test_a_calibrated_gpus_measured_kernels_drive_the_same_model():
     # A CPU's kernels are recorded, not priced from: its plan reads its measured blocks.
     cpu = dataclasses.replace(calibrated, kernels=dataclasses.replace(measured, architecture="cpu"))
     assert any("not calibrated: estimated from FLOPs" in n for n in predict_step(llama8b(), cpu, cuda=True).notes)
+
+
+def test_a_group_spanning_nodes_sends_through_each_of_its_gpus_nics():
+    """NCCL's rings leave a node through the NIC of each GPU the group has there: FSDP over 2 full
+    nodes moves its bytes 8 x faster than through one NIC (but no faster than NVLink); HSDP's
+    replicas, one rank per node, through one."""
+    two_nodes = ["cluster.nnodes=2", "cluster.nproc_per_node=8"]
+    fsdp16 = llama8b(*two_nodes, "parallelism.data_parallel_shard_degree=16", "training.global_batch_size=32")
+    hsdp = llama8b(*two_nodes, "parallelism.data_parallel_shard_degree=8", "parallelism.data_parallel_replicate_degree=2",
+                   "training.global_batch_size=32")
+    tp2 = llama8b(*two_nodes, "parallelism.data_parallel_shard_degree=8", "parallelism.tensor_parallel_degree=2",
+                  "training.global_batch_size=16")
+    assert (node_ranks(fsdp16, ("dp_shard", "cp")), node_ranks(hsdp, ("dp_replicate",)), node_ranks(hsdp, ("dp_shard", "cp")),
+            node_ranks(tp2, ("dp_shard", "cp")), node_ranks(tp2, ("tp",))) == (8, 1, 8, 4, 2)
+    profile = spec_profile(H100, 16, 8)
+    one_nic = profile.collective("all_gather", 16, True)
+    eight = profile.collective("all_gather", 16, True, 8)
+    nvlink = profile.collective("all_gather", 16).per_unit_s
+    assert eight.per_unit_s == pytest.approx(max(one_nic.per_unit_s / 8, nvlink))
+    assert eight.per_unit_s < one_nic.per_unit_s / 7 and eight.latency_s == one_nic.latency_s
+    assert profile.collective("all_to_all", 16, True, 8) == profile.collective("all_to_all", 16, True)
+    inside = predict_step(llama8b(), spec_profile(H100, 8, 8), cuda=True)
+    across = predict_step(fsdp16, profile, cuda=True)
+    assert across.parts["fsdp"] < 0.05 * across.step_s and across.tokens_per_s_per_device > 0.95 * inside.tokens_per_s_per_device

@@ -212,6 +212,11 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
     assert {p.row.key for p in bench.fitting_set(planned)} >= {p.row.key for p in planned
                                                              if p.row.source == "torchtitan" and p.row.table.startswith("Table 1")}
+    from titan_exp.perf.devices import Efficiency
+
+    fitting = bench.fitting_set(planned)
+    assert sum(bool(bench.moved(p.row)) for p in fitting) == len(bench.MOVED_TO_FIT)  # each names one row
+    assert bench.fit(fitting).compute_scale == pytest.approx(Efficiency().compute_scale, abs=1e-3)  # the planner's is the fit's
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -301,10 +301,20 @@ class MachineProfile:
             out.append(f"the collectives at world {self.key['world']}")
         return out
 
-    def collective(self, op: str, group: int, across_nodes: bool = False) -> Line:
+    def collective(self, op: str, group: int, across_nodes: bool = False, ranks_per_node: int = 1) -> Line:
         """The measured line for `op` on groups of `group` ranks (`across_nodes`: a group that
         spans nodes, where the profile measured them); a group size that was not measured takes
-        the nearest measured one, scaled by the ring factor (g-1)/g."""
+        the nearest measured one, scaled by the ring factor (g-1)/g.
+
+        Across nodes the profile measured groups of one rank per node, each node's traffic through
+        one NIC. A group with `ranks_per_node` > 1 ranks in each node sends its node's traffic
+        through as many NICs at once (NCCL's rings enter and leave a node through each of its
+        GPUs' NICs, one GPU one NIC): its bytes take 1/ranks_per_node of the time, but no less
+        than the same group inside a node (NVLink) takes. All-to-all and send/recv gain nothing:
+        each rank's bytes to other nodes leave through its own NIC."""
+        if across_nodes and self.inter_node and ranks_per_node > 1 and op in ("all_gather", "reduce_scatter", "all_reduce"):
+            line, inside = self.collective(op, group, True), self.collective(op, group, False)
+            return Line(line.latency_s, max(line.per_unit_s / ranks_per_node, inside.per_unit_s))
         table = self.inter_node if across_nodes and self.inter_node else self.collectives
         by_g = table.get(op) or table.get("all_reduce") or {}
         if not by_g:

@@ -47,6 +47,9 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
          and the token-count exchange before each forward one. The routed experts are gathered by
          FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
+A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
+has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
+GPUs moves its bytes 8 x faster than HSDP's replicas, one rank per node, do.
 Then the optimizer phase and a fixed per-step overhead. The optimizer phase is AdamW on the local
 shard, per parameter; under TP, what a real TP model's gradient norm, clipping and AdamW step took
 by blocks (calibrated), since there DTensor's dispatch per parameter and the norm's all-reduces
@@ -145,6 +148,18 @@ def across_nodes(job: JobConfig) -> set[str]:
     return crossing
 
 
+def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
+    """How many ranks of one process group over the mesh dims `dims` (adjacent in the mesh, as
+    the flattened dp_shard x cp group is) sit in the same node, laid out as across_nodes says:
+    the group's ranks are `stride` apart, stride being the product of the degrees inside it."""
+    degrees = job.parallelism.degrees
+    world, nodes = math.prod(degrees.values()), max(1, job.cluster.nnodes)
+    per_node = world // nodes if world % nodes == 0 else world
+    inner = max(MESH_DIMS.index(d) for d in dims)
+    stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
+    return max(1, min(math.prod(degrees[d] for d in dims), per_node // stride))
+
+
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None) -> StepPrediction:
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
@@ -240,7 +255,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                      and not {"dp_shard", "cp"} & spans else None)
     if shard > 1:
         wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
-        ag, rs = profile.collective("all_gather", shard, wide), profile.collective("reduce_scatter", shard, wide)
+        r = node_ranks(job, ("dp_shard", "cp"))
+        ag, rs = profile.collective("all_gather", shard, wide, r), profile.collective("reduce_scatter", shard, wide, r)
         rounds, gathers = fsdp_rounds(job, accumulation)
         comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
         if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
@@ -263,11 +279,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         else:
             parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
         if rep > 1:
-            ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
+            ar = profile.collective("all_reduce", rep, "dp_replicate" in spans, node_ranks(job, ("dp_replicate",)))
             parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
                 worst.blocks * ar(routed / shard * 4) if ep > 1 else 0.0)
     elif rep > 1:
-        ar = profile.collective("all_reduce", rep, "dp_replicate" in spans)
+        ar = profile.collective("all_reduce", rep, "dp_replicate" in spans, node_ranks(job, ("dp_replicate",)))
         grad_bytes = sum(units) * 4
         buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
         comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
@@ -279,8 +295,9 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     full = 1 if ac.mode == ACMode.full else 0
     if tp > 1:
         wide = "tp" in spans
-        ag, rs = profile.collective("all_gather", tp, wide), profile.collective("reduce_scatter", tp, wide)
-        ar = profile.collective("all_reduce", tp, wide)
+        r = node_ranks(job, ("tp",))
+        ag, rs = profile.collective("all_gather", tp, wide, r), profile.collective("reduce_scatter", tp, wide, r)
+        ar = profile.collective("all_reduce", tp, wide, r)
         if cost.tp_comm is not None and not wide:  # measured inside a node
             # Measured on a real TP block (a recomputed forward repeats a third of it); the
             # embedding's and output's collectives are in the measured rest of the model (head).
@@ -303,7 +320,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
-            ag, rs = profile.collective("all_gather", cp, "cp" in spans), profile.collective("reduce_scatter", cp, "cp" in spans)
+            r, wide = node_ranks(job, ("cp",)), "cp" in spans
+            ag, rs = profile.collective("all_gather", cp, wide, r), profile.collective("reduce_scatter", cp, wide, r)
             kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_dim / tp  # the whole sequence's K (or V)
             per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
