@@ -58,6 +58,11 @@ def test_the_first_round_is_every_candidate_whose_interval_reaches_the_best(tmp_
                       launch=lambda batch: [], sweep_dir=tmp_path, cuda=False, profile=profile)
     assert capped._contenders(fitting, Check(5.0, "then", "here"), budget_s=1e9) == fitting[:2]
     assert "(top_k)" in fitting[2].pruned
+    # Over 2 nodes each candidate runs as many ranks per node as the base job: its world / 2.
+    two_nodes = job_config([*SMALL, *TINY, "training.global_batch_size=8", "cluster.nnodes=2", "cluster.nproc_per_node=2"])
+    per_node = {o for c in candidates(two_nodes, 4, cuda=False, profile=profile, memory_gib=1e9)
+                for o in c.overrides if o.startswith("cluster.nproc_per_node")}
+    assert per_node == {"cluster.nproc_per_node=2"}
 
 
 def test_uncalibrated_predictions_say_so_first(tmp_path):

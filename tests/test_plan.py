@@ -137,6 +137,10 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
         assert job.parallelism.tensor_parallel_degree == expected.degrees["tp"]
         assert job.parallelism.pipeline_parallel_degree == expected.degrees["pp"]
         assert job.cluster.nproc_per_node == 4 and not validate(job, cuda=False)
+    two = [*BASE, "cluster.nnodes=2", "cluster.nproc_per_node=2"]  # a layout over 2 nodes: 2 ranks on each
+    planner.write_sweep(planner.plan(job_config(two), 4, device_memory_gib=8), "p4n2", 1, two)
+    job = job_config([*two, "+plan_layout=p4n2_0"])
+    assert (job.cluster.nnodes, job.cluster.nproc_per_node, job.world_size) == (2, 2, 4)
 
 
 # --- planning GPUs this machine does not have (spec sheets) ---------------------------------------

@@ -144,7 +144,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
         for variant, extra in variants:
             for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
                 overrides = [*layout_overrides(split), f"training.global_batch_size={global_batch}",
-                             f"cluster.nproc_per_node={world}", *extra]
+                             f"cluster.nproc_per_node={split.cluster.nproc_per_node}", *extra]  # per node
                 if tuple(overrides) in seen:
                     continue
                 seen.add(tuple(overrides))

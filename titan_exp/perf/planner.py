@@ -64,6 +64,7 @@ class Plan:
     step: StepPrediction
     fits: bool = True
     across_nodes: tuple[str, ...] = ()  # mesh dims whose groups span nodes (perf.step.across_nodes)
+    nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
 
     @property
     def tokens_per_s(self) -> float:
@@ -216,7 +217,8 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
                           layout_overrides(candidate),
                           parts["total"], {k: v for k, v in parts.items() if k != "total"},
                           predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
-                          across_nodes=tuple(d for d in MESH_DIMS if d in across_nodes(candidate))))
+                          across_nodes=tuple(d for d in MESH_DIMS if d in across_nodes(candidate)),
+                          nodes=candidate.cluster.nnodes))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 
 
@@ -277,7 +279,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
             path, value = o.split("=")
             group, field = path.split(".")
             node.setdefault(group, {})[field] = int(value)
-        node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees)
+        node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees) // pl.nodes  # ranks per node
         (layout_dir / f"{key}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
     return out
 
