@@ -8,13 +8,15 @@ with the configuration that run used (local batch, sequence length, AC, compile,
 The device is the `h100_500w` spec (titan_exp/perf/devices.py: the 96 GB, 500 W H100 those runs
 used). Tokens/s are the GPU model's from its parts (titan_exp/perf/gpu.py; its one fitted term,
 compute_scale, comes from benchmarks/bench_published.py's fitting set, where the leave-one-source-
-out scores are). Fitted here, for memory only, from Table 1's bf16 and compile rows and Table 2's first
-row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC): the reported peak's overhead over what comes and
-goes each step (TorchTitan reports the allocator's reserved peak, and the caching allocator's
-slack is in the transient allocations, not in the states and parameters allocated once), a
-scale on what the blocks save inside (counted with constants fitted on CPU runs) for a GPU's
-kernels, and what compile saves of it. Every other row
-(14) is predicted with those values and set beside the published one.
+out scores are). Memory is the model's from its parts (titan_exp/perf/memory.py and
+memory_gpu.py: the counted tensors, the caching allocator's rounding, cuBLAS's workspaces,
+float8's copies; TorchTitan reports the allocator's reserved peak, so NCCL's buffers, outside it,
+are not in the total). Fitted here, for memory only, from Table 1's bf16 and compile rows and
+Table 2's first row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC), are the three GpuMemory values
+not priced from parts: the allocator's fragmentation as a share of what comes and goes each step
+(the states and parameters allocated once do not fragment), a scale on what the blocks save
+inside (counted with constants fitted on CPU runs) for a GPU's kernels, and what compile saves of
+it. Every other row (14) is predicted with those values and set beside the published one.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import torch  # noqa: E402
 
 from titan_exp.config import Executor, compose_job  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
-from titan_exp.perf.memory import AS_COUNTED, GpuMemory, predict_memory  # noqa: E402
+from titan_exp.perf.memory import AS_COUNTED, FITTED, GpuMemory, predict_memory  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
@@ -123,16 +125,6 @@ def _compose(row: Row):
     return resolve(job)
 
 
-def memory_parts(row: Row) -> tuple[float, float, float]:
-    """The memory model's count on a GPU (GiB), before GpuMemory's terms, in three parts: what
-    stays allocated (states, gathered parameters); what comes and goes every step and is counted
-    exactly (checkpointed block inputs, logits); and what the blocks save inside, counted with
-    constants fitted on CPU."""
-    parts = predict_memory(job_for(row), cuda=True, gpu=AS_COUNTED)
-    return (parts["states"] + parts["fsdp_working_set"], parts["checkpoints"] + parts["logits"],
-            parts["activations"])
-
-
 def predict_tps(row: Row, eff: Efficiency) -> float:
     profile = spec_profile(SPECS[DEVICE], row.world, min(8, row.world), eff)
     return predict_step(job_for(row), profile, cuda=True).tokens_per_s_per_device
@@ -143,20 +135,32 @@ def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:
 
 
 def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
-    """Memory: reported peak = fixed + overhead x (transient + a x activations), with compile
-    scaling a by c; the bf16, compile and long-sequence rows give three linear equations in
-    overhead, overhead x a, overhead x a x c. (The float8 row is in the fitting set for tokens/s
-    as it was before the GPU model was priced from parts; it is not used here.)"""
-    (f1, t1, a1), (f3, t3, a3) = memory_parts(bf16), memory_parts(long_seq)
-    system = torch.tensor([[t1, a1, 0.0], [t1, 0.0, a1], [t3, 0.0, a3]], dtype=torch.float64)
-    x, y, z = torch.linalg.solve(system, torch.tensor([bf16.memory_gib - f1, compiled.memory_gib - f1,
-                                                      long_seq.memory_gib - f3], dtype=torch.float64)).tolist()
-    return {"allocator_overhead": x, "activation_scale": y / x, "compile_activations": z / y}
+    """Memory: the GpuMemory values (memory.FITTED) at which the model's totals equal the
+    published peaks of the bf16, compile and long-sequence rows: three equations in three
+    unknowns, linear but for the allocator's rounding of the scaled activations, solved by
+    Newton's method. (The float8 row is in the fitting set for tokens/s as it was before the GPU
+    model was priced from parts; it is not used here.)"""
+    rows = (bf16, compiled, long_seq)
+    target = torch.tensor([r.memory_gib for r in rows], dtype=torch.float64)
+
+    def totals(x: torch.Tensor) -> torch.Tensor:
+        gpu = dataclasses.replace(GpuMemory(), **dict(zip(FITTED, x.tolist())))
+        return torch.tensor([predict_memory_gib(r, gpu) for r in rows], dtype=torch.float64)
+
+    x = torch.tensor([getattr(AS_COUNTED, k) for k in FITTED], dtype=torch.float64)
+    for _ in range(20):
+        now = totals(x)
+        if (now - target).abs().max() < 1e-9:
+            break
+        step = 1e-4
+        jacobian = torch.stack([(totals(x + step * e) - now) / step for e in torch.eye(3, dtype=torch.float64)], dim=1)
+        x = x - torch.linalg.solve(jacobian, now - target)
+    return dict(zip(FITTED, x.tolist()))
 
 
 def planner_defaults() -> dict[str, float]:
-    """What the planner uses: the memory model's GpuMemory."""
-    return dataclasses.asdict(GpuMemory())
+    """What the planner uses: the memory model's GpuMemory, its fitted values."""
+    return {k: getattr(GpuMemory(), k) for k in FITTED}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     fitting = [r for r in all_rows if r.table == 1] + [all_rows[3]]  # Table 1, and Table 2's FSDP 8 / CP 1 row
     fitted = fit(*fitting)
     eff = Efficiency()
-    gpu = GpuMemory(fitted["allocator_overhead"], fitted["activation_scale"], fitted["compile_activations"])
+    gpu = dataclasses.replace(GpuMemory(), **fitted)
     print("fitted on the 8B / 8-GPU rows marked (fit): " + ", ".join(f"{k} {v:.3f}" for k, v in fitted.items()))
     stale = {k: v for k, v in planner_defaults().items() if abs(v - fitted[k]) > 5e-4}
     print("the planner's defaults (GpuMemory) are these values" if not stale else

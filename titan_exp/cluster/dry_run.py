@@ -287,6 +287,8 @@ def table(report: dict[str, Any]) -> str:
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
              "| GiB | measured | planner |", "|---|---|---|"]
     lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
+    if p.get("nccl"):  # a GPU's: allocated by NCCL itself, so in no peak above
+        lines.append(f"NCCL's buffers, outside torch's allocator and its peak: {p['nccl']:.4f} GiB predicted")
     if "hardware" in report:
         from titan_exp.perf.hardware import prediction_line
 

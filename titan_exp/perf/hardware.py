@@ -81,11 +81,12 @@ def memory_gib(job: JobConfig, hardware: Hardware) -> float:
 def prediction(job: JobConfig, hardware: Hardware, *, pp_rank: int | None = None) -> dict[str, Any]:
     """The job's predicted step and peak memory per device (of the ranks at pipeline position
     `pp_rank`, default the most loaded) on the file's GPUs, and the file's line."""
-    from titan_exp.perf.memory import predict_memory
+    from titan_exp.perf.memory import GpuMemory, predict_memory
     from titan_exp.perf.step import predict_step
 
     step = predict_step(job, profile(job, hardware), cuda=True)
-    memory = predict_memory(job, cuda=True, pp_rank=pp_rank)["total"]
+    gpu = GpuMemory(architecture=hardware.spec.architecture)  # cuBLAS's workspace size
+    memory = predict_memory(job, cuda=True, pp_rank=pp_rank, gpu=gpu)["total"]
     device = memory_gib(job, hardware)
     return {"hardware": hardware.line(), "device": hardware.spec.name, "step_s": step.step_s,
             "tokens_per_s_per_device": step.tokens_per_s_per_device, "breakdown_s": step.breakdown(),

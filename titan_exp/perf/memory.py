@@ -21,12 +21,19 @@
     TP the output projection's gathered input;
   * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
     data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
-    peak memory there is what torch's caching allocator reserved; the allocator's slack is its
-    own part (GpuMemory), and the activations are scaled to what a GPU's kernels keep;
+    peak memory there is what torch's caching allocator reserved;
+  * on a GPU, the parts perf.memory_gpu prices from PyTorch's, torchao's and NCCL's sources: the
+    caching allocator's rounding of the tensors a step allocates (512-byte blocks, 2 and 20 MiB
+    segments, large requests rounded up to 2 MiB), cuBLAS's workspaces (once per process),
+    float8's transient copies and scales; and NCCL's buffers, which NCCL allocates outside
+    torch's allocator: reported (`nccl`), not in the total, which is the allocator's reserved
+    peak TorchTitan reports and a job's memory is checked against. What the allocator reserves
+    beyond these, its fragmentation, is fitted (GpuMemory, on TorchTitan's published 8B rows), as
+    are the share of the CPU-fitted activation count a GPU's kernels keep and what compile keeps;
   * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
     the mmap threshold, and under TP each block's freed sequence-sharded outputs; a CPU's measured
     peak is the resident set, which counts them (perf.memory_cpu, which only CPU plans read).
-The constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
+The CPU constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
 MoE models: the routed experts and router run whole on every TP rank, so their states are
@@ -54,32 +61,41 @@ DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, rece
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """A GPU's peak reserved memory beyond the bytes counted above. Fitted on TorchTitan's Llama
-    3.1 8B / 8-GPU rows and checked on its other published rows (benchmarks/bench_torchtitan.py,
-    BENCHMARKS.md). The caching allocator's slack grows what comes and goes every step
-    (activations, checkpoints, logits), not the states allocated once. A GPU's kernels keep a
-    share of the CPU-fitted activation count, and a compiled block keeps a smaller share."""
+    """What a GPU's reserved peak holds beyond the counted bytes that is not priced from its parts
+    (perf.memory_gpu prices the rest). Three fitted values, from TorchTitan's Llama 3.1 8B / 8-GPU
+    rows (Table 1's bf16 and compile rows, Table 2's first row) and checked on its other published
+    rows (benchmarks/bench_torchtitan.py, BENCHMARKS.md): the caching allocator's fragmentation,
+    as a share of what comes and goes every step (activations, checkpoints, logits, float8
+    copies; the states, allocated once, do not fragment); the share of the CPU-fitted activation
+    count a GPU's eager blocks keep; and what compile keeps of that. `architecture` (not fitted)
+    picks cuBLAS's workspace size."""
 
-    allocator_overhead: float = 1.331  # reserved over counted, on what comes and goes
-    activation_scale: float = 0.512  # a GPU's eager blocks over the CPU-fitted count
-    compile_activations: float = 0.862  # compiled over eager
+    fragmentation: float = 0.299  # reserved beyond counted and rounded, over what comes and goes (fitted)
+    activation_scale: float = 0.533  # a GPU's eager blocks over the CPU-fitted count (fitted)
+    compile_activations: float = 0.864  # compiled over eager (fitted)
+    architecture: str = "hopper"  # hopper, ampere or blackwell (perf.devices.DeviceSpec.architecture)
 
 
-AS_COUNTED = GpuMemory(1.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
+FITTED = ("fragmentation", "activation_scale", "compile_activations")
+AS_COUNTED = GpuMemory(0.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
+ALLOCATOR_SLACK = ("runtime", "allocator", "rounding", "workspaces")  # in the total, not in live tensors
+OUTSIDE_ALLOCATOR = ("nccl",)  # predicted, not in the total: not in torch's reserved peak
 
 
 def tensor_gib(parts: dict[str, float]) -> float:
     """What a predicted peak holds in live tensors: its total less the process's own runtime
-    (CPU) and the allocator's slack (GPU: the caching allocator's; CPU: glibc's heap). The dry run
-    measures this (its tensor peak)."""
-    return parts["total"] - parts["runtime"] - parts["allocator"]
+    (CPU), the allocator's slack (GPU: the caching allocator's rounding and fragmentation; CPU:
+    glibc's heap) and cuBLAS's workspaces. The dry run measures this (its tensor peak)."""
+    return parts["total"] - sum(parts[k] for k in ALLOCATOR_SLACK)
 
 
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
                    gpu: GpuMemory = GpuMemory()) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position
-    `pp_rank`), by part, and the total. On a GPU (`cuda`) the activations are scaled and the
-    allocator's slack is a part of its own, by `gpu`."""
+    `pp_rank`), by part, and the total. On a GPU (`cuda`) the activations are scaled by `gpu`,
+    and the caching allocator's rounding, its fragmentation (`allocator`, by `gpu`), cuBLAS's
+    workspaces and float8's copies are parts of their own (perf.memory_gpu); NCCL's buffers
+    (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -173,9 +189,21 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     logits = tokens * m.vocab_size * (act_bytes + 8) / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
     logits = logits if worst.last else 0.0
     activations = saved + recompute
+    float8 = rounding = workspaces = nccl = 0.0
     if cuda:
+        from titan_exp.perf import memory_gpu
+
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
-        slack = (gpu.allocator_overhead - 1) * (activations + checkpoints + logits)
+        f8 = memory_gpu.float8_tensors(job, tokens)
+        float8 = sum(b * k for b, k in f8)
+        slack = gpu.fragmentation * (activations + checkpoints + logits + float8)
+        d_share = ACT_PER_TOKEN_D * m.dim / (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * ffn_width)
+        rounding = memory_gpu.rounding(memory_gpu.step_tensors(
+            job, tokens=tokens, act_bytes=act_bytes, gathered=gathered, working=working, fsdp=fsdp,
+            saved=(activations * d_share, activations * (1 - d_share)), checkpoints=checkpoints,
+            logits=bool(worst.last), float8=f8))
+        workspaces = memory_gpu.workspaces(gpu.architecture)
+        nccl = memory_gpu.nccl(job)
     else:  # glibc's heap (little at a 1 MiB threshold: mapped and unmapped instead)
         from titan_exp.perf import memory_cpu  # only a CPU's terms read it
 
@@ -189,8 +217,12 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         "activations": activations / gib,
         "checkpoints": checkpoints / gib,
         "logits": logits / gib,
+        "float8": float8 / gib,
+        "rounding": rounding / gib,
         "allocator": slack / gib,
+        "workspaces": workspaces / gib,
         "runtime": 0.0 if cuda else RUNTIME_GIB_CPU,
     }
     parts["total"] = sum(parts.values())
+    parts["nccl"] = nccl / gib  # OUTSIDE_ALLOCATOR: beside the total
     return parts

@@ -1,0 +1,176 @@
+"""What a GPU rank's memory holds beyond the tensors perf.memory counts, part by part. The memory
+model reads it for plans on CUDA (predict_memory(..., cuda=True)).
+
+  rounding     PyTorch's caching allocator [cca] rounds every request up to a multiple of 512
+               bytes and serves it from a segment it reserved with cudaMalloc: a request of up to
+               1 MiB from 2 MiB segments, one under 10 MiB from 20 MiB segments (either is split
+               among requests of that pool), a larger one from a segment of its own, rounded up to
+               2 MiB. `reserved` is what a number of live requests of one size take; the rounding
+               part is that less their bytes, over the tensors a step allocates whose sizes the
+               model knows (`step_tensors`).
+  workspaces   cuBLAS's workspace [cublas], which PyTorch allocates through the caching allocator,
+               one per cuBLAS handle and stream that runs GEMMs, and cuBLASLt's beside it. A
+               training step runs GEMMs on two: the forward on the main thread, the backward on
+               autograd's device thread, each with its own handle (PyTorch's handle pool is per
+               thread). Once per process: not per block, not per layout.
+  float8       torchao's Float8Linear [f8] saves the high-precision input and weight for backward,
+               so a block's saved activations are bf16 as without it; its float8 copies are
+               transient: the ones alive at once are those of the linear whose backward runs,
+               the output gradient cast twice (for the input gradient's GEMM and, along the other
+               axis, the weight gradient's), the input cast for the weight gradient's, the weight
+               cast for the input gradient's (one byte an element), with their scales: tensorwise,
+               one fp32 each (a 512-byte block); rowwise, one fp32 a row; MXFP8, one byte per 32
+               elements. rowwise_with_gw_hp runs the weight gradient's GEMM in bf16, on the
+               tensors themselves. Assumed: torch.compile keeps the same tensors (its partitioner
+               may save a float8 copy instead of the bf16 input; that is not counted); FSDP's
+               float8 all-gather is not priced.
+  nccl         NCCL's buffers [nccl], which NCCL allocates itself, outside PyTorch's allocator: not
+               in the reserved peak that TorchTitan reports and the planner compares with a
+               GPU's memory, but in what nvidia-smi shows. Per communicator, per channel, one
+               ring connection's receive buffers of the three protocols (Simple, LL128, LL).
+               Assumed: 16 channels per communicator (an 8-GPU NVLink node's usual ring count; NCCL
+               picks it from the topology), one communicator per process group a step uses (each
+               mesh dimension over 1, FSDP's dp_shard x cp when cp > 1, and the world's); trees,
+               NVLink SHARP and the proxy's host buffers are not counted.
+
+The fragmentation the allocator adds beyond rounding, segments split and cached where a later
+request does not fit, is no part here: it is fitted (perf.memory.GpuMemory).
+
+Sources (checked 2026-11):
+  [cca]    c10/core/AllocatorConfig.h (kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB,
+           kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB; the large segment kLargeBuffer, 20 MiB, is
+           AcceleratorAllocatorConfig::large_segment_size() in PyTorch 2.9+) and
+           c10/cuda/CUDACachingAllocator.cpp (round_size, get_allocation_size, should_split: a
+           small-pool block splits off any remainder of 512 bytes or more, a large-pool block one
+           over 1 MiB), pytorch/pytorch.
+  [cublas] aten/src/ATen/cuda/CublasHandlePool.cpp, pytorch/pytorch: parseChosenWorkspaceSize,
+           the default of CUBLAS_WORKSPACE_CONFIG: 32 MiB (:4096:8) on Hopper and Blackwell,
+           :4096:2:16:8 (8 MiB + 128 KiB) before; parseCUDABlasLtWorkspaceSize, the default of
+           CUBLASLT_WORKSPACE_SIZE: 1024 KiB (newer PyTorch may share cuBLAS's instead,
+           TORCH_CUBLASLT_UNIFIED_WORKSPACE: at most a 2 MiB segment less).
+  [f8]     torchao/float8/float8_linear.py, pytorch/ao 0.18: matmul_with_hp_or_float8_args
+           (save_for_backward(input_hp, weight_hp_t); backward casts grad_output along both axes,
+           the weight and the input).
+  [nccl]   NCCL src/init.cc, NVIDIA/nccl: DEFAULT_BUFFSIZE 4 MiB (NCCL_BUFFSIZE, in NCCL's
+           documented environment variables), DEFAULT_LL128_BUFFSIZE 120 x 640 x 8 x 8 =
+           4,915,200 bytes, DEFAULT_LL_BUFFSIZE 8 x 512 x 8 x 16 = 512 KiB.
+"""
+
+from __future__ import annotations
+
+import math
+
+from titan_exp.config import JobConfig
+from titan_exp.perf.shapes import Sizes, block_tensors
+
+MIB = 2**20
+MIN_BLOCK = 512  # [cca] kMinBlockSize
+SMALL_SIZE = 1 * MIB  # [cca] kSmallSize: the largest request of the small pool
+SMALL_SEGMENT = 2 * MIB  # [cca] kSmallBuffer
+LARGE_SEGMENT = 20 * MIB  # [cca] kLargeBuffer / large_segment_size
+MIN_LARGE_ALLOC = 10 * MIB  # [cca] kMinLargeAlloc: from here a request has a segment of its own
+ROUND_LARGE = 2 * MIB  # [cca] kRoundLarge
+CUBLAS_WORKSPACE = {"hopper": 32 * MIB, "blackwell": 32 * MIB}  # [cublas]; other architectures:
+CUBLAS_WORKSPACE_BEFORE_HOPPER = 4096 * 1024 * 2 + 16 * 1024 * 8  # [cublas] :4096:2:16:8
+CUBLASLT_WORKSPACE = 1 * MIB  # [cublas]
+GEMM_STREAMS = 2  # (handle, stream) pairs running GEMMs: forward's thread and autograd's
+NCCL_CHANNEL_BYTES = 4 * MIB + 120 * 640 * 8 * 8 + 8 * 512 * 8 * 16  # [nccl] Simple + LL128 + LL
+NCCL_CHANNELS = 16  # an assumption (see nccl above)
+DDP_BUCKET = 25 * MIB  # DistributedDataParallel's bucket_cap_mb default
+
+
+def reserved(size: float, count: float = 1.0) -> float:
+    """Bytes the caching allocator reserves for `count` live requests of `size` bytes each [cca]:
+    each rounded up to 512 bytes; up to 1 MiB, as many as fit share a 2 MiB segment; under
+    10 MiB, a 20 MiB segment; larger, each its own segment rounded up to 2 MiB."""
+    if size <= 0 or count <= 0:
+        return 0.0
+    rounded = MIN_BLOCK * math.ceil(size / MIN_BLOCK)
+    if rounded >= MIN_LARGE_ALLOC:
+        return count * ROUND_LARGE * math.ceil(rounded / ROUND_LARGE)
+    segment = SMALL_SEGMENT if rounded <= SMALL_SIZE else LARGE_SEGMENT
+    return math.ceil(count / (segment // rounded) - 1e-9) * segment
+
+
+def rounding(sizes: Sizes) -> float:
+    """What the allocator reserves for these tensors (bytes, how many live) beyond their bytes."""
+    return sum(reserved(b, k) - b * k for b, k in sizes if b > 0 and k > 0)
+
+
+def workspaces(architecture: str) -> float:
+    """Bytes reserved for cuBLAS's and cuBLASLt's workspaces in a training process [cublas]."""
+    cublas = CUBLAS_WORKSPACE.get(architecture, CUBLAS_WORKSPACE_BEFORE_HOPPER)
+    return reserved(cublas, GEMM_STREAMS) + reserved(CUBLASLT_WORKSPACE, GEMM_STREAMS)
+
+
+def nccl(job: JobConfig) -> float:
+    """Bytes of NCCL's buffers in a rank, outside PyTorch's allocator [nccl]."""
+    p = job.parallelism
+    groups = [d for d in (p.data_parallel_replicate_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
+                          p.tensor_parallel_degree, p.pipeline_parallel_degree) if d > 1]
+    if p.expert_parallel_degree > 1:
+        groups.append(p.expert_parallel_degree)
+    if p.context_parallel_degree > 1 and p.data_parallel_shard_degree > 1:
+        groups.append(p.data_parallel_shard_degree * p.context_parallel_degree)  # FSDP's mesh
+    return (len(groups) + 1) * NCCL_CHANNELS * NCCL_CHANNEL_BYTES if groups else 0.0
+
+
+def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
+    """The float8 copies and scales alive at once [f8]: those of the block's linear (on one TP
+    rank, over the microbatch's `tokens`) whose backward holds the most. None without a float8
+    converter."""
+    pr, m = job.precision, job.model
+    if pr.converter == "none":
+        return []
+    recipe = pr.float8_recipe if pr.converter == "float8" else "mxfp8"
+    tp = job.parallelism.tensor_parallel_degree
+    moe = m.n_moe_layers / m.n_layers
+    ffn = (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
+    q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+    linears = [(m.dim, q / tp), (m.dim, kv / tp), (q / tp, m.dim), (m.dim, ffn / tp), (ffn / tp, m.dim)]
+
+    def copies(k: float, n: float) -> Sizes:  # (elements, rows) of each float8 tensor of one linear's backward
+        out = [(tokens * n, tokens), (k * n, n)]  # output gradient (input gradient's GEMM), weight
+        if recipe != "rowwise_with_gw_hp":
+            out += [(tokens * n, n), (tokens * k, k)]  # output gradient and input along the other axis
+        return out
+
+    def sizes(k: float, n: float) -> Sizes:
+        data = [(elements, 1.0) for elements, _ in copies(k, n)]
+        if recipe == "tensorwise":
+            scales = [(4.0, 1.0)] * len(data)
+        elif recipe == "mxfp8":
+            scales = [(elements / 32, 1.0) for elements, _ in copies(k, n)]
+        else:
+            scales = [(4 * rows, 1.0) for _, rows in copies(k, n)]
+        return data + scales
+
+    return max((sizes(k, n) for k, n in linears), key=lambda s: sum(b * c for b, c in s))
+
+
+def step_tensors(job: JobConfig, *, tokens: float, act_bytes: int, gathered: int, working: float, fsdp: bool,
+                 saved: tuple[float, float], checkpoints: float, logits: bool, float8: Sizes) -> Sizes:
+    """The tensors a step allocates and frees, as (bytes, how many live at the peak), from the
+    memory model's parts: the working set as FSDP's per-weight gathered tensors and unsharded
+    gradients (shaped as the block's weights), DDP's 25 MiB buckets, or under TP alone the
+    embedding's whole gradient; the saved activations (`saved`: bytes in tensors of tokens x dim,
+    and of tokens x the SwiGLU width, on one TP rank); the checkpointed block inputs; the logits
+    (bf16 and two fp32: the loss's copy and its gradient); the float8 copies. The states,
+    allocated once and packed, are not among them."""
+    m, p = job.model, job.parallelism
+    tp = p.tensor_parallel_degree
+    out: Sizes = []
+    if working and fsdp:
+        weights = [(n * gathered, k) for n, k in block_tensors(job)]
+        copies = working / sum(b * k for b, k in weights)
+        out += [(b, k * copies) for b, k in weights]
+    elif working and p.data_parallel_replicate_degree > 1:
+        out.append((DDP_BUCKET, working / DDP_BUCKET))
+    elif working:
+        out.append((working, 1.0))
+    d, h = tokens * m.dim * act_bytes / tp, tokens * m.ffn_hidden_dim * act_bytes / tp
+    out += [(size, total / size) for size, total in ((d, saved[0]), (h, saved[1]), (d, checkpoints)) if size > 0]
+    if logits:
+        vocab = m.vocab_size / (1 if p.disable_loss_parallel else tp)
+        out += [(tokens * vocab * act_bytes, 1.0), (tokens * vocab * 4, 2.0)]
+    return out + float8
