@@ -115,8 +115,8 @@ def test_memory_model_counts_what_grows_at_scale():
 
 
 def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
-    proc = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *BASE, "autotune.calibrate=false", "--world", "4",
-                           "--top", "3",
+    proc = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *BASE, "--world", "4", "autotune.calibrate=false",
+                           "--top", "3",  # an override after a flag is read as one too
                            "--device-memory-gib", "8"], cwd=REPO, capture_output=True, text=True, check=True)
     assert "valid layouts on 4 devices" in proc.stdout and "| 1 |" in proc.stdout
     job = job_config(BASE)

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tiny", action="store_true", help="smallest sizes and fewest repeats (tests)")
     parser.add_argument("--profile-dir", default=None, help="where profiles live (default: <cache>/perf)")
     parser.add_argument("--run-dir", default=None, help="the calibration job's run dir (default: under the profile dir)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = calibration_job(compose_job(args.overrides), args.world)
     errors = validate(job)
     if errors:

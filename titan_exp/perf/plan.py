@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=10)
     parser.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as ./sweeps/NAME.yaml "
                         "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = compose_job(args.overrides)
     folder = Path(args.profile_dir) if args.profile_dir else None
     first = []
