@@ -129,7 +129,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
         key=machine_key(spec.name, "nccl", world, 1, nodes), source="spec", created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         concurrency=float(world), gemm=gemm, collectives=intra, inter_node=inter,
         optimizer_s_per_param=adam_bytes / hbm(kernels), step_overhead_s=5e-3,
-        corrections=Corrections(compute=eff.compute_scale), kernels=kernels, spec=spec,
+        corrections=Corrections(compute=eff.compute_scale), kernels=kernels,
         notes=[f"from the spec sheet of {spec.name}: {spec.source}", f"efficiency {dataclasses.asdict(eff)}"],
     )
 

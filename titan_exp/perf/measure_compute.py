@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import ModelConfig
+from titan_exp.perf.measure_kernels import matmul, matmul_dtypes
 from titan_exp.perf.profile import Line
 from titan_exp.perf.shapes import tp_degrees
 from titan_exp.perf.timing import Options, Runs, in_rounds, medians, side_by_side, timed, together
@@ -241,28 +242,12 @@ def gemm_shapes(m: ModelConfig, seq_len: int, opts: Options) -> list[tuple[int, 
     return sorted(set(out))
 
 
-def gemm_dtypes(device: torch.device) -> list[torch.dtype]:
-    dtypes = [torch.float32, torch.bfloat16]
-    if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
-        dtypes.append(torch.float8_e4m3fn)
-    return dtypes
-
-
 def measure_gemms(m: ModelConfig, seq_len: int, opts: Options, device: torch.device) -> tuple[dict, dict]:
     fits, tables = {}, {}
-    for dtype in gemm_dtypes(device):
+    for dtype in matmul_dtypes(device):
         name = str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8")
-        rows = []
-        for mm, k, n in gemm_shapes(m, seq_len, opts):
-            if dtype == torch.float8_e4m3fn:
-                a = torch.randn(mm, k, device=device).to(dtype)
-                b = torch.randn(n, k, device=device).to(dtype).t()
-                one = torch.ones((), device=device)
-                fn = lambda a=a, b=b, one=one: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-            else:
-                a, b = torch.randn(mm, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
-                fn = lambda a=a, b=b: a @ b  # noqa: E731
-            rows.append([mm, k, n, together(fn, opts.reps, device)])
+        rows = [[mm, k, n, together(matmul(mm, k, n, dtype, device), opts.reps, device)]
+                for mm, k, n in gemm_shapes(m, seq_len, opts)]
         fits[name] = Line.fit([2 * r[0] * r[1] * r[2] for r in rows], [r[3] for r in rows])
         tables[name] = rows
     return fits, tables

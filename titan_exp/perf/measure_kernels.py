@@ -21,6 +21,8 @@ blocks instead (perf.step).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -51,25 +53,32 @@ def architecture(device: torch.device) -> str:
     return {8: "ampere", 9: "hopper"}.get(major, "blackwell" if major >= 10 else "older")
 
 
-def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.device) -> dict[str, float]:
-    out = {}
+def matmul_dtypes(device: torch.device) -> list[torch.dtype]:
+    """fp32 and bf16; float8 where the GPU has FP8 tensor cores (compute capability 8.9 and up)."""
     dtypes = [torch.float32, torch.bfloat16]
     if device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9):
         dtypes.append(torch.float8_e4m3fn)
-    for dtype in dtypes:
+    return dtypes
+
+
+def matmul(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device) -> Callable[[], torch.Tensor]:
+    """One (m x k) @ (k x n) GEMM to time; float8 through torch._scaled_mm (unit scales, bf16 out)."""
+    if dtype == torch.float8_e4m3fn:
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(n, k, device=device).to(dtype).t()  # _scaled_mm wants its second operand column-major
+        one = torch.ones((), device=device)
+        return lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+    return lambda: a @ b
+
+
+def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.device) -> dict[str, float]:
+    out = {}
+    for dtype in matmul_dtypes(device):
         best = 0.0
         for n in sides:
-            if dtype == torch.float8_e4m3fn:
-                a = torch.randn(n, n, device=device).to(dtype)
-                b = torch.randn(n, n, device=device).to(dtype).t()
-                one = torch.ones((), device=device)
-                fn = lambda a=a, b=b, one=one: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
-            else:
-                a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
-                fn = lambda a=a, b=b: a @ b  # noqa: E731
-            seconds = together(fn, opts.reps, device)
+            seconds = together(matmul(n, n, n, dtype, device), opts.reps, device)
             best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
-            del a, b
         out[str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8")] = best
     return out
 

@@ -141,7 +141,8 @@ class Kernels:
     """What each kind of kernel of a training step achieves on one GPU: the rates perf.gpu prices a
     block's parts at. From the spec sheet and published microbenchmarks (perf.gpu.spec_kernels,
     source "spec"), or measured on the device by `python -m titan_exp.perf.calibrate`
-    (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is the spec's)."""
+    (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is perf.gpu's
+    stated assumption)."""
 
     matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype
     attention_fwd: tuple[tuple[int, float], ...]  # causal flash attention: (sequence, TFLOP/s), forward
@@ -222,10 +223,9 @@ class MachineProfile:
     compile_speedup: Optional[float] = None  # eager / compiled block time, when calibrated with --compile
     corrections: Corrections = field(default_factory=Corrections)
     notes: list[str] = field(default_factory=list)
-    kernels: Optional[Kernels] = None  # a GPU's kernel rates, measured (perf.measure_kernels)
-    # A profile from a spec sheet (perf.devices.spec_profile): its DeviceSpec, which perf.gpu prices
-    # blocks from. Not in the file: a spec profile is built each time, never saved.
-    spec: Any = field(default=None, compare=False, repr=False)
+    # What a GPU's kernels achieve, which perf.gpu prices unmeasured blocks at: a spec sheet's
+    # (perf.devices.spec_profile) or measured on it (perf.measure_kernels).
+    kernels: Optional[Kernels] = None
 
     # -- the file -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
