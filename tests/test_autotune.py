@@ -113,17 +113,21 @@ def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):
 
     base = [*SMALL, *TINY, "training.global_batch_size=8", "cluster=slurm", "cluster.gpus_per_node=4",
             "cluster.nproc_per_node=4"]
-    tunes = {name: Autotune(job_config([*base, gpu(name, tflops, 0.03)]), [], launch=lambda batch: [], sweep_dir=tmp_path)
+    # A GPU memory between the candidates' smallest and largest predicted peak: the file's decides.
+    probe = Autotune(job_config([*base, gpu("probe", 50.0, 100)]), [], launch=lambda batch: [], sweep_dir=tmp_path)
+    peaks = [c.memory_gib for c in candidates(probe.job, 4, cuda=True, profile=probe.profile, memory_gib=100)]
+    cap = round((min(peaks) + max(peaks)) / 2, 4)
+    tunes = {name: Autotune(job_config([*base, gpu(name, tflops, cap)]), [], launch=lambda batch: [], sweep_dir=tmp_path)
              for name, tflops in (("slow", 50.0), ("fast", 100.0))}
     slow = tunes["slow"]
-    assert slow.profile.source == "spec" and slow.memory_gib == 0.03 and slow.cuda
+    assert slow.profile.source == "spec" and slow.memory_gib == cap and slow.cuda
     assert slow.coverage.profile.missing(slow.job, [1, 2, 4], compile=False) == []  # nothing to calibrate
     grids = {name: {c.name: c for c in candidates(t.job, 4, cuda=t.cuda, profile=t.profile, memory_gib=t.memory_gib)}
              for name, t in tunes.items()}
     assert grids["slow"].keys() == grids["fast"].keys()
     for name, c in grids["slow"].items():
         assert grids["fast"][name].predicted_step_s < c.predicted_step_s
-        assert c.fits == (c.memory_gib <= 0.03)
+        assert c.fits == (c.memory_gib <= cap)
     assert {c.fits for c in grids["slow"].values()} == {True, False}  # the file's memory decides
     record = slow._record(list(grids["slow"].values()), None, "not measured", 60.0, Check(0.1, "then", "here"))
     assert record["hardware"] == slow.hardware.line() and slow.hardware.line() in markdown(record)

@@ -75,16 +75,16 @@ def test_dry_run_rank_outside_the_layout_is_refused(tmp_path):
 
 def test_a_hardware_file_gives_the_dry_run_its_predicted_step(tmp_path):
     """cluster.hardware: the dry run's report (and the table the launcher prints) adds the layout's
-    predicted step and the rank's memory on the file's GPUs, from the file's values: a 5 GB/s
-    network makes FSDP over 8 nodes slower than the H100 spec sheet's 50 GB/s, and the device
-    memory is the file's GPU's."""
+    predicted step and the rank's memory on the file's GPUs, from the file's values: a 0.5 GB/s
+    network makes FSDP over 8 nodes slower than the H100 spec sheet's 50 GB/s (each node's 8
+    NICs at once), and the device memory is the file's GPU's."""
     from titan_exp.cluster.dry_run import table
     from titan_exp.config import load_job_config
     from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
     from titan_exp.perf.step import predict_step
 
     hw_file = tmp_path / "hw.yaml"
-    hw_file.write_text("device: h100\ngpus_per_node: 8\nnetwork_gb_s: 5\n")
+    hw_file.write_text("device: h100\ngpus_per_node: 8\nnetwork_gb_s: 0.5\n")
     overrides, rank = LAYOUTS["fsdp"]
     code, summary = run_job([*SMALL_MODEL, *WORLD_64, *overrides, "cluster.dry_run=true", f"cluster.dry_run_rank={rank}",
                              f"cluster.hardware={hw_file}"], tmp_path / "run")
@@ -97,5 +97,5 @@ def test_a_hardware_file_gives_the_dry_run_its_predicted_step(tmp_path):
     assert report["breakdown_s"]["exposed_comm"] > 0 and report["device_memory_gib"] == SPECS["h100"].memory_gib
     assert report["fits"] and 0 < report["memory_gib"] < report["device_memory_gib"]
     printed = table(summary["dry_run"])
-    assert f"hardware from {hw_file}: device h100, gpus_per_node 8, network_gb_s 5" in printed
+    assert f"hardware from {hw_file}: device h100, gpus_per_node 8, network_gb_s 0.5" in printed
     assert "predicted on h100 (cluster.hardware): " in printed and "s/step" in printed
