@@ -12,8 +12,9 @@ named there), planned for CUDA on the spec sheet of its GPU (titan_exp/perf/devi
 predicted with `predict_step` and, where the source publishes memory, `predict_memory`.
 
 The fitted constant is the one the GPU path has (`FITTED`: compute_scale, a block's time over the
-sum of the parts titan_exp/perf/gpu.py prices). The fitting set is declared here, before any score was seen (`FIT`):
-per source and precision, its smallest model at its fewest GPUs on a Hopper GPU. Leave-one-source-
+sum of the parts titan_exp/perf/gpu.py prices). The fitting set is declared here, before any score was seen
+(`fitting_set`): per source and precision, its smallest model at its fewest GPUs on a Hopper GPU;
+rows the model was later changed for join it and leave every score (`MOVED_TO_FIT`). Leave-one-source-
 out: the rows of each source are predicted with the constants fitted on the other sources' fitting
 rows only, so every scored row is held out from the fit that predicts it. Other engines' kernels
 differ from ours, so per source the report gives the raw error, the error after one per-source
