@@ -35,15 +35,14 @@ HOST_OPS = 200  # tiny ops per timed chain
 COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
 
 
-def sizes(opts: Options, device: torch.device) -> dict[str, list[int]]:
-    """What is measured at: GEMM sides, attention's sequence lengths and tokens, a memory-bound
-    kernel's elements."""
+def sizes(opts: Options, device: torch.device) -> tuple[list[int], list[int], int, int]:
+    """What is measured at: GEMM sides, attention's sequence lengths and its tokens at each, a
+    memory-bound kernel's elements."""
     if device.type == "cuda":
-        return {"gemm": [4096, 8192, 16384], "seq": [512, 1024, 2048, 4096, 8192], "tokens": [16384],
-                "elements": [1 << 26]}
+        return [4096, 8192, 16384], [512, 1024, 2048, 4096, 8192], 16384, 1 << 26
     if opts.tiny:
-        return {"gemm": [128, 256], "seq": [64, 128], "tokens": [256], "elements": [1 << 20]}
-    return {"gemm": [256, 512], "seq": [256, 512, 1024], "tokens": [2048], "elements": [1 << 23]}
+        return [128, 256], [64, 128], 256, 1 << 20
+    return [256, 512], [256, 512, 1024], 2048, 1 << 23
 
 
 def architecture(device: torch.device) -> str:
@@ -141,15 +140,15 @@ def host_compiled_s(opts: Options, device: torch.device) -> float:
 
 
 def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kernels:
-    at = sizes(opts, device)
+    sides, seqs, tokens, elements = sizes(opts, device)
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what each trains its activations in
-    fwd, bwd = attention_curves(m, at["seq"], at["tokens"][0], dtype, opts, device)
+    fwd, bwd = attention_curves(m, seqs, tokens, dtype, opts, device)
     measured = ["matmul_tflops", "attention_fwd", "attention_bwd", "memory_tb_s", "host_eager_s"]
     compiled = host_compiled_s(opts, device) if opts.compile else HOST_COMPILED_S
     if opts.compile:
         measured.append("host_compiled_s")
-    return Kernels(matmul_tflops=matmul_tflops(at["gemm"], sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
-                   memory_tb_s=memory_tb_s(at["elements"][0], dtype, opts, device), host_eager_s=host_op_s(opts, device),
+    return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
+                   memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op_s(opts, device),
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_dim,
                    source="calibrated", measured=tuple(measured))

@@ -130,34 +130,25 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
 
 
-def across_nodes(job: JobConfig) -> set[str]:
-    """The mesh dims whose process groups span nodes (job.cluster.nnodes > 1). Ranks are numbered
-    node by node and the mesh is laid out pp, dp_replicate, dp_shard, cp, tp with tp innermost
-    (TorchTitan's order, which keeps TP inside a node whenever it fits there), so a dim's group
-    covers stride x degree consecutive ranks, its stride being the product of the degrees inside
-    it, and spans nodes when that is more than a node holds."""
-    degrees = job.parallelism.degrees
-    world, nodes = math.prod(degrees.values()), job.cluster.nnodes
-    if nodes <= 1 or world % nodes:
-        return set()
-    crossing, stride = set(), 1
-    for dim in reversed(MESH_DIMS):
-        if degrees[dim] > 1 and stride * degrees[dim] > world // nodes:
-            crossing.add(dim)
-        stride *= degrees[dim]
-    return crossing
-
-
 def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
     """How many ranks of one process group over the mesh dims `dims` (adjacent in the mesh, as
-    the flattened dp_shard x cp group is) sit in the same node, laid out as across_nodes says:
-    the group's ranks are `stride` apart, stride being the product of the degrees inside it."""
+    the flattened dp_shard x cp group is) sit in the same node. Ranks are numbered node by node
+    and the mesh is laid out pp, dp_replicate, dp_shard, cp, tp with tp innermost (TorchTitan's
+    order, which keeps TP inside a node whenever it fits there), so a group's ranks are `stride`
+    apart, stride being the product of the degrees inside it."""
     degrees = job.parallelism.degrees
     world, nodes = math.prod(degrees.values()), max(1, job.cluster.nnodes)
     per_node = world // nodes if world % nodes == 0 else world
     inner = max(MESH_DIMS.index(d) for d in dims)
     stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
     return max(1, min(math.prod(degrees[d] for d in dims), per_node // stride))
+
+
+def across_nodes(job: JobConfig) -> set[str]:
+    """The mesh dims whose process groups span nodes: fewer of a group's ranks share a node
+    (node_ranks) than the group has."""
+    degrees = job.parallelism.degrees
+    return {d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None) -> StepPrediction:
