@@ -58,6 +58,29 @@ def test_attention_follows_flash_attentions_published_curve():
     assert gpu.attention_tflops(a100.attention_fwd, 16384) == pytest.approx(gpu.AMPERE_FA2_PEAK * 312)
 
 
+
+def test_attention_is_priced_by_its_kernel_and_head_dim():
+    cudnn, triton = gpu.spec_kernels(H100, "cudnn"), gpu.spec_kernels(H100, "triton")
+    assert gpu.attention_tflops(cudnn.attention_fwd, 8192) == pytest.approx(529)
+    assert gpu.attention_tflops(cudnn.attention_bwd, 16384) == pytest.approx(516)
+    assert gpu.attention_tflops(triton.attention_fwd, 8192) == pytest.approx(333 / gpu.TRITON_SLOWDOWN)
+    with pytest.raises(ValueError, match="'fa9'.*flash, cudnn, triton"):
+        gpu.spec_kernels(H100, "fa9")
+    assert gpu.head_dim_share(128, 64, 16384) == pytest.approx(299 / 335)
+    assert gpu.head_dim_share(64, 128, 512) == pytest.approx(191 / 180)  # a curve taken at 64, a model at 128
+    assert gpu.head_dim_share(128, 128, 4096) == gpu.head_dim_share(64, 32, 4096) == 1.0
+
+    def attention_s(kern, *overrides):  # a block's time less its time without attention's cost
+        job = llama8b(*overrides)
+        free = dataclasses.replace(kern, attention_fwd=((512, 1e12),), attention_bwd=((512, 1e12),))
+        return sum(getattr(gpu.block_times(job, 1, kern), k) - getattr(gpu.block_times(job, 1, free), k) for k in ("fwd", "bwd"))
+
+    flash = attention_s(K100)
+    assert attention_s(cudnn) == pytest.approx(flash * 333 / 529, rel=0.03)  # fwd and bwd at 8k: ~1.6x faster
+    assert attention_s(triton) == pytest.approx(flash * gpu.TRITON_SLOWDOWN, rel=1e-6)
+    heads_64 = ["model.n_heads=64", "model.n_kv_heads=16"]  # the same FLOPs at head dim 64
+    assert attention_s(K100, *heads_64) == pytest.approx(flash * 333 / 295, rel=0.02)
+
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
     t = gpu.block_times(tiny, 1, K100)

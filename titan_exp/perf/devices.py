@@ -18,6 +18,14 @@ Sources (checked 2026-11):
           https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
   [b200]  NVIDIA DGX B200 datasheet (8 GPUs; per-GPU values are the system's divided by 8):
           https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet
+  [gb200] NVIDIA GB200 NVL72 (72 GPUs in one NVLink domain; per-GPU values are the rack's divided by
+          72, dense being half the sparse figures listed): https://www.nvidia.com/en-us/data-center/gb200-nvl72/
+          FP16/BF16 360 PFLOPS and FP8 720 PFLOPS sparse, 13.4 TB HBM3e at 576 TB/s, NVLink
+          130 TB/s; the GPU is B200 (148 SMs) configured at 1,200 W (NVIDIA Blackwell architecture
+          technical brief); ConnectX-7 400 Gb/s per GPU.
+  [gb300] NVIDIA GB300 NVL72, the same way: https://www.nvidia.com/en-us/data-center/gb300-nvl72/
+          FP16/BF16 360 PFLOPS and FP8 720 PFLOPS sparse, 20 TB HBM3e at 576 TB/s, NVLink
+          130 TB/s, ConnectX-8 800 Gb/s per GPU; Blackwell Ultra, 160 SMs, 1,400 W.
   [titan] TorchTitan's benchmark machines, docs/performance.md in pytorch/torchtitan: Grand Teton
           hosts of 8 H100 with 96 GB HBM2e at 2.4 TB/s, NVLink, 400 Gb/s RDMA per GPU, the
           default 500 W power limit.
@@ -79,6 +87,12 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
                "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W; no matmul share is published "
                "[mamf]: H100's is assumed", sms=148, tdp_w=1000.0, architecture="blackwell"),
+    DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
+               "[gb200] GB200 NVL72's B200 at 1,200 W; H100's matmul share assumed [mamf]", sms=148, tdp_w=1200.0,
+               architecture="blackwell"),
+    DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e12 / 72 / GIB, 8.0, 900, 100,
+               "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W; H100's matmul share assumed [mamf]", sms=160,
+               tdp_w=1400.0, architecture="blackwell"),
 )}
 
 
@@ -88,10 +102,11 @@ class Efficiency:
     of NVLink's and ~90 % of the NIC's; [nccl]'s latencies). `compute_scale` is the one fitted
     term: a block's time over the sum of its parts as perf.gpu prices them (what they leave out:
     kernels slowing each other and NCCL's, the framework's own work), fitted by
-    benchmarks/bench_published.py on its fitting set (10 rows: 7 declared, one per source and
-    precision, and 3 moved there after the model was changed for them; BENCHMARKS.md)."""
+    benchmarks/bench_published.py on its fitting set, each source weighing the same (68 rows:
+    7 declared, one per source and precision, and 61 moved there after the model was changed for
+    them; BENCHMARKS.md)."""
 
-    compute_scale: float = 1.146
+    compute_scale: float = 1.242
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = 10e-6
@@ -109,14 +124,16 @@ def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
     return Line(hop_s * steps, factor / bandwidth)
 
 
-def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency()) -> MachineProfile:
+def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),
+                 attention: str = "flash") -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
-    blocks are priced from their parts (perf.gpu) at the spec's kernel rates (`kernels`); its
-    matmul lines are the same rates, for what reads them directly."""
+    blocks are priced from their parts (perf.gpu) at the spec's kernel rates (`kernels`, attention
+    by the kernel named: perf.gpu.ATTENTION); its matmul lines are the same rates, for what reads
+    them directly."""
     from titan_exp.perf.gpu import hbm, spec_kernels
 
     nodes = max(1, world // gpus_per_node)
-    kernels = spec_kernels(spec)
+    kernels = spec_kernels(spec, attention)
     gemm = {dtype: Line(10e-6, 1 / (tflops * 1e12)) for dtype, tflops in kernels.matmul_tflops.items()}
     sizes = sorted({g for g in range(2, world + 1) if world % g == 0 and g <= gpus_per_node} | {2})
     intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, eff.latency_nvlink_s) for g in sizes}
@@ -135,7 +152,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
 
 
 def spec_for(device: str) -> DeviceSpec:
-    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200), or an error naming them."""
+    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200, gb200, gb300), or an error naming them."""
     if device not in SPECS:
         raise ValueError(f"--device {device!r}: no spec sheet for it; choose from {', '.join(SPECS)}")
     return SPECS[device]

@@ -11,9 +11,11 @@ degree tp, forward and backward:
             the best-shaped matmul reaches [mamf] x its wave quantization (tiles of TILE x TILE
             over the SMs, the last wave partly idle), and its bytes at HBM speed (a skinny GEMM
             is memory-bound).
-  attention causal flash attention (PyTorch's SDPA flash backend, FlashAttention-2), its FLOPs at
-            the rate FA2 reaches at that sequence length [fa3] forward, and backward at 2.5 x the
-            forward's FLOPs.
+  attention causal flash attention, its FLOPs at the rate its kernel reaches at that sequence length
+            and head dim [fa3], forward, and backward at 2.5 x the forward's FLOPs. The kernel is
+            PyTorch SDPA's flash backend (FlashAttention-2, what this toolkit runs) unless a profile
+            says otherwise: cuDNN's fused attention (Transformer Engine's on Hopper) or the Triton
+            FlashAttention of 2023 [fa2] (ATTENTION).
   memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
             (each op reads and writes its tensors; RMSNorm in fp32), or as compile fuses them
@@ -47,7 +49,14 @@ Sources (checked 2026-11):
          214, 260, 291, 310, 318, 322 at sequence 512 ... 16k (doubling). Read as shares of the
          bf16 peak; below 512 the share falls in proportion to the sequence (an assumption).
          On Ampere, FlashAttention-2's paper (Dao 2023) gives up to 73 % of the A100's peak
-         forward: the Hopper curve is scaled to that.
+         forward: the Hopper curve is scaled to that. The same figures give cuDNN's causal
+         attention at head dim 128, forward 315, 410, 484, 518, 529, 539 and backward 305, 408,
+         465, 499, 518, 516; and FlashAttention-2's causal forward at head dim 64, 180, 229, 262,
+         284, 295, 299, taken as head dim 64's share of head dim 128's for every kernel and for
+         the backward too (an assumption: no backward at head dim 64 is read here).
+  [fa2]  Dao, FlashAttention-2 (arXiv:2307.08691), Section 4.1: FlashAttention-2 is 1.3-2.5x
+         faster than FlashAttention in Triton on A100; the Triton kernel is priced at
+         FlashAttention-2's rate over 1.8, the range's geometric middle (an assumption).
   [hbm]  Memory-bound kernels at 90 % of the spec's HBM bandwidth (the share STREAM-like copies
          reach on HBM GPUs; an assumption, not a measurement of these kernels).
   [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
@@ -74,6 +83,14 @@ FA2_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
 FA2_FWD = tuple(t / 989.4 for t in (191, 260, 298, 319, 333, 335))  # [fa3], share of H100's bf16 peak
 FA2_BWD = tuple(t / 989.4 for t in (214, 260, 291, 310, 318, 322))
 AMPERE_FA2_PEAK = 0.73  # [fa3]: FlashAttention-2's paper, A100 forward
+TRITON_SLOWDOWN = 1.8  # [fa2]
+# Attention kernels: (forward, backward) shares of H100's bf16 peak at FA2_SEQ, head dim 128, causal [fa3].
+ATTENTION = {
+    "flash": (FA2_FWD, FA2_BWD),
+    "cudnn": (tuple(t / 989.4 for t in (315, 410, 484, 518, 529, 539)), tuple(t / 989.4 for t in (305, 408, 465, 499, 518, 516))),
+    "triton": (tuple(x / TRITON_SLOWDOWN for x in FA2_FWD), tuple(x / TRITON_SLOWDOWN for x in FA2_BWD)),
+}
+HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), (191, 260, 298, 319, 333, 335)))
 # Memory-bound bytes per token and block, in units of (dim, q + k heads x head_dim, SwiGLU width)
 # per TP rank, forward. Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean, scale, cast back, weight),
 # residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout copy 4, SiLU and product 10.
@@ -93,16 +110,20 @@ def clock_ratio(spec) -> float:
     return max(0.05, (limit - idle) / (spec.tdp_w - idle)) ** (1 / 3)
 
 
-def spec_kernels(spec) -> Kernels:
+def spec_kernels(spec, attention: str = "flash") -> Kernels:
     """A spec sheet's GPU's kernel rates: each peak at the clock under its power limit, GEMMs at
-    the best shape's share [mamf], flash attention on FA2's curve [fa3], memory-bound kernels at
-    HBM_SHARE of the bandwidth [hbm], host times [host]."""
+    the best shape's share [mamf], attention on its kernel's curve (ATTENTION: "flash", SDPA's
+    FlashAttention-2; "cudnn"; "triton") [fa3], memory-bound kernels at HBM_SHARE of the
+    bandwidth [hbm], host times [host]."""
+    if attention not in ATTENTION:
+        raise ValueError(f"attention {attention!r}: no such kernel; choose from {', '.join(ATTENTION)}")
     clock = clock_ratio(spec)
     peaks = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, **({"float8": spec.fp8_tflops} if spec.fp8_tflops else {})}
-    attention = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
+    peak = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
+    fwd, bwd = ATTENTION[attention]
     return Kernels(matmul_tflops={k: v * spec.matmul_share * clock for k, v in peaks.items()},
-                   attention_fwd=tuple((s, share * attention) for s, share in zip(FA2_SEQ, FA2_FWD)),
-                   attention_bwd=tuple((s, share * attention) for s, share in zip(FA2_SEQ, FA2_BWD)),
+                   attention_fwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, fwd)),
+                   attention_bwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, bwd)),
                    memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
                    sms=spec.sms, architecture=spec.architecture, source="spec")
 
@@ -139,6 +160,15 @@ def attention_tflops(curve: tuple[tuple[int, float], ...], seq: float) -> float:
     i = max(j for j in range(len(seqs)) if seqs[j] <= seq)
     x = (math.log2(seq) - math.log2(seqs[i])) / (math.log2(seqs[i + 1]) - math.log2(seqs[i]))
     return rates[i] + (rates[i + 1] - rates[i]) * x
+
+
+def head_dim_share(curve_head_dim: int, head_dim: int, seq: float) -> float:
+    """Attention's rate at `head_dim` over its rate at the head dim its curve was taken at: head
+    dim 64's share of 128's [fa3] where one is at most 64 and the other above, else 1."""
+    if (head_dim <= 64) == (curve_head_dim <= 64):
+        return 1.0
+    share = attention_tflops(HEAD_DIM_64, max(seq, FA2_SEQ[0]))
+    return share if head_dim <= 64 else 1 / share
 
 
 @dataclass
@@ -189,8 +219,9 @@ def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
     cast_s = casts / hbm(kern)
 
     attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
-    attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * 1e12)
-    attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * 1e12)
+    head_dim = head_dim_share(kern.head_dim, hd, t.seq_len)
+    attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * head_dim * 1e12)
+    attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
     d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn
     weights = COMPILED_BYTES if compiled else EAGER_BYTES
