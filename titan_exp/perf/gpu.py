@@ -80,17 +80,21 @@ HBM_SHARE = 0.9  # [hbm]
 HOST_EAGER_S, HOST_COMPILED_S = 8e-6, 4e-6  # [host]
 IDLE_SHARE = 0.1  # [power]
 FA2_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
-FA2_FWD = tuple(t / 989.4 for t in (191, 260, 298, 319, 333, 335))  # [fa3], share of H100's bf16 peak
-FA2_BWD = tuple(t / 989.4 for t in (214, 260, 291, 310, 318, 322))
+H100_BF16 = 989.4  # the TFLOP/s [fa3]'s rates are shares of
+FA2_FWD_TFLOPS = (191, 260, 298, 319, 333, 335)  # [fa3], head dim 128
+FA2_FWD = tuple(t / H100_BF16 for t in FA2_FWD_TFLOPS)  # share of H100's bf16 peak
+FA2_BWD = tuple(t / H100_BF16 for t in (214, 260, 291, 310, 318, 322))
 AMPERE_FA2_PEAK = 0.73  # [fa3]: FlashAttention-2's paper, A100 forward
 TRITON_SLOWDOWN = 1.8  # [fa2]
 # Attention kernels: (forward, backward) shares of H100's bf16 peak at FA2_SEQ, head dim 128, causal [fa3].
 ATTENTION = {
     "flash": (FA2_FWD, FA2_BWD),
-    "cudnn": (tuple(t / 989.4 for t in (315, 410, 484, 518, 529, 539)), tuple(t / 989.4 for t in (305, 408, 465, 499, 518, 516))),
+    "cudnn": (tuple(t / H100_BF16 for t in (315, 410, 484, 518, 529, 539)),
+              tuple(t / H100_BF16 for t in (305, 408, 465, 499, 518, 516))),
     "triton": (tuple(x / TRITON_SLOWDOWN for x in FA2_FWD), tuple(x / TRITON_SLOWDOWN for x in FA2_BWD)),
 }
-HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), (191, 260, 298, 319, 333, 335)))
+# Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
+HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))
 # Memory-bound bytes per token and block, in units of (dim, q + k heads x head_dim, SwiGLU width)
 # per TP rank, forward. Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean, scale, cast back, weight),
 # residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout copy 4, SiLU and product 10.
