@@ -66,6 +66,9 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
     assert gpu.attention_tflops(triton.attention_fwd, 8192) == pytest.approx(333 / gpu.TRITON_SLOWDOWN)
     with pytest.raises(ValueError, match="'fa9'.*flash, cudnn, triton"):
         gpu.spec_kernels(H100, "fa9")
+    assert Kernels.of(cudnn.to_dict()).attention_kernel == "cudnn"  # a profile file says whose curves
+    older = {k: v for k, v in K100.to_dict().items() if k != "attention_kernel"}
+    assert Kernels.of(older).attention_kernel == "flash"  # a profile written before the field: SDPA's flash
     assert gpu.head_dim_share(128, 64, 16384) == pytest.approx(299 / 335)
     assert gpu.head_dim_share(64, 128, 512) == pytest.approx(191 / 180)  # a curve taken at 64, a model at 128
     assert gpu.head_dim_share(128, 128, 4096) == gpu.head_dim_share(64, 32, 4096) == 1.0

@@ -118,7 +118,8 @@ def kernels_line(k: Kernels) -> str:
                 else " (compiled kernel not measured: calibrate --compile)")
     return ("kernels: matmul TFLOP/s (best shape, full waves) "
             + ", ".join(f"{d} {r:.3g}" for d, r in k.matmul_tflops.items())
-            + f"; attention TFLOP/s by sequence (head dim {k.head_dim}) forward {curve(k.attention_fwd)}, "
+            + f"; attention ({k.attention_kernel}) TFLOP/s by sequence (head dim {k.head_dim}) "
+            f"forward {curve(k.attention_fwd)}, "
             f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s; "
             f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}")
 

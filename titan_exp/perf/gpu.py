@@ -129,7 +129,7 @@ def spec_kernels(spec, attention: str = "flash") -> Kernels:
                    attention_fwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, fwd)),
                    attention_bwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, bwd)),
                    memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
-                   sms=spec.sms, architecture=spec.architecture, source="spec")
+                   sms=spec.sms, architecture=spec.architecture, attention_kernel=attention, source="spec")
 
 
 def wave_utilization(m: float, n: float, sms: int) -> float:

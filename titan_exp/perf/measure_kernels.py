@@ -10,7 +10,7 @@ at once, as it would compute in a step; each rate is the slowest rank's.
 - attention: causal SDPA at the model's heads and head dim in the training dtype, by sequence
   length (the same tokens at each), forward, and backward as forward + backward less forward; its
   FLOPs counted as perf.gpu counts them (forward 2 x s^2 x heads x head_dim, backward 2.5 x that):
-  the measured counterpart of [fa3]'s curve;
+  the measured counterpart of [fa3]'s curve; and which kernel SDPA ran (flash, cudnn, ...);
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host].
@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.gpu import HOST_COMPILED_S, wave_utilization
@@ -108,6 +109,15 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
     return tuple(fwd_curve), tuple(bwd_curve)
 
 
+def sdpa_kernel(m: ModelConfig, seq: int, dtype: torch.dtype, device: torch.device) -> str:
+    """The kernel PyTorch's SDPA picks for causal attention at this shape: flash, cudnn, efficient
+    or math (its own choice, `torch._fused_sdp_choice`)."""
+    q = torch.empty(1, m.n_heads, seq, m.head_dim, device=device, dtype=dtype)
+    names = {int(v): k for k, v in SDPBackend.__members__.items()}
+    name = names.get(int(torch._fused_sdp_choice(q, q, q, is_causal=True)), "unknown")
+    return {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient"}.get(name, name.lower())
+
+
 def memory_tb_s(elements: int, dtype: torch.dtype, opts: Options, device: torch.device) -> float:
     a, b, c = (torch.randn(elements, device=device).to(dtype) for _ in range(3))
     seconds = together(lambda: torch.add(a, b, out=c), opts.reps, device)
@@ -151,4 +161,5 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op_s(opts, device),
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_dim,
-                   source="calibrated", measured=tuple(measured))
+                   attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
+                   measured=tuple(measured))

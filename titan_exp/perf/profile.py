@@ -153,6 +153,7 @@ class Kernels:
     sms: int  # streaming multiprocessors: a GEMM's waves
     architecture: str = "hopper"
     head_dim: int = 128  # the attention curves' head dim
+    attention_kernel: str = "flash"  # whose curves they are: perf.gpu.ATTENTION's name, or what SDPA ran
     source: str = "spec"
     measured: tuple[str, ...] = ()
 
