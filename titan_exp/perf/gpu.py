@@ -12,10 +12,11 @@ degree tp, forward and backward:
             over the SMs, the last wave partly idle), and its bytes at HBM speed (a skinny GEMM
             is memory-bound).
   attention causal flash attention, its FLOPs at the rate its kernel reaches at that sequence length
-            and head dim [fa3], forward, and backward at 2.5 x the forward's FLOPs. The kernel is
-            PyTorch SDPA's flash backend (FlashAttention-2, what this toolkit runs) unless a profile
-            says otherwise: cuDNN's fused attention (Transformer Engine's on Hopper) or the Triton
-            FlashAttention of 2023 [fa2] (ATTENTION).
+            and head dim [fa3], forward, and backward at 2.5 x the forward's FLOPs. A spec sheet's
+            plan takes the kernel to be PyTorch SDPA's flash backend (FlashAttention-2); newer torch
+            builds may pick cuDNN's on Hopper and Blackwell, and a calibrated profile measures and
+            names the one SDPA runs. ATTENTION also holds cuDNN's fused attention (Transformer
+            Engine's on Hopper) and the Triton FlashAttention of 2023 [fa2].
   memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
             (each op reads and writes its tensors; RMSNorm in fp32), or as compile fuses them
