@@ -244,10 +244,15 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
     measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
                      and not {"dp_shard", "cp"} & spans else None)
+
+    def line(op: str, group: int, dims: tuple[str, ...]) -> Line:
+        """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
+        nodes if they span nodes, through as many NICs as the group has ranks in a node."""
+        return profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
+
     if shard > 1:
         wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
-        r = node_ranks(job, ("dp_shard", "cp"))
-        ag, rs = profile.collective("all_gather", shard, wide, r), profile.collective("reduce_scatter", shard, wide, r)
+        ag, rs = line("all_gather", shard, ("dp_shard", "cp")), line("reduce_scatter", shard, ("dp_shard", "cp"))
         rounds, gathers = fsdp_rounds(job, accumulation)
         comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
         if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
@@ -270,11 +275,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         else:
             parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
         if rep > 1:
-            ar = profile.collective("all_reduce", rep, "dp_replicate" in spans, node_ranks(job, ("dp_replicate",)))
+            ar = line("all_reduce", rep, ("dp_replicate",))
             parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
                 worst.blocks * ar(routed / shard * 4) if ep > 1 else 0.0)
     elif rep > 1:
-        ar = profile.collective("all_reduce", rep, "dp_replicate" in spans, node_ranks(job, ("dp_replicate",)))
+        ar = line("all_reduce", rep, ("dp_replicate",))
         grad_bytes = sum(units) * 4
         buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
         comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
@@ -286,9 +291,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     full = 1 if ac.mode == ACMode.full else 0
     if tp > 1:
         wide = "tp" in spans
-        r = node_ranks(job, ("tp",))
-        ag, rs = profile.collective("all_gather", tp, wide, r), profile.collective("reduce_scatter", tp, wide, r)
-        ar = profile.collective("all_reduce", tp, wide, r)
+        ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
         if cost.tp_comm is not None and not wide:  # measured inside a node
             # Measured on a real TP block (a recomputed forward repeats a third of it); the
             # embedding's and output's collectives are in the measured rest of the model (head).
@@ -311,8 +314,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
-            r, wide = node_ranks(job, ("cp",)), "cp" in spans
-            ag, rs = profile.collective("all_gather", cp, wide, r), profile.collective("reduce_scatter", cp, wide, r)
+            ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
             kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_dim / tp  # the whole sequence's K (or V)
             per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
