@@ -87,11 +87,28 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
     t = gpu.block_times(tiny, 1, K100)
-    assert t.fwd == pytest.approx(gpu.EAGER_OPS * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
+    assert t.fwd == pytest.approx(gpu.LLAMA.eager_ops * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
     compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, K100)
-    assert compiled.fwd == pytest.approx(gpu.COMPILED_KERNELS * gpu.HOST_COMPILED_S)
+    assert compiled.fwd == pytest.approx(gpu.LLAMA.compiled_kernels * gpu.HOST_COMPILED_S)
     eager, fused = gpu.block_times(llama8b(), 1, K100), gpu.block_times(llama8b("compile.enable=true"), 1, K100)
     assert sum(eager.tp_groups) == sum(fused.tp_groups) and 1.1 < (eager.fwd + eager.bwd) / (fused.fwd + fused.bwd) < 1.5
+
+
+def test_a_blocks_memory_bound_kernels_are_priced_as_its_model_runs_them():
+    """perf.gpu.Elementwise: the bytes per token a block's norms, adds, RoPE and activation move,
+    and the loss's per logit, at HBM speed; Llama's by default, another model's when given."""
+    job = llama8b()
+    none = gpu.Elementwise((0, 0, 0), (0, 0, 0), gpu.LLAMA.eager_ops, gpu.LLAMA.compiled_kernels, 0, 0)
+    llama, free = gpu.block_times(job, 1, K100), gpu.block_times(job, 1, K100, none)
+    tokens, d, qk, f = 2 * 8192, 4096, (32 + 8) * 128, 14336
+    repeat_kv = tokens * 2 * (8 + 32) * 128 * 2  # GQA's K and V copied to every head: not the model's table
+    moved = tokens * (gpu.LLAMA.eager_bytes[0] * d + gpu.LLAMA.eager_bytes[1] * qk + gpu.LLAMA.eager_bytes[2] * f)
+    assert llama.fwd - free.fwd == pytest.approx(moved / gpu.hbm(K100))
+    assert llama.bwd - free.bwd == pytest.approx(2 * moved / gpu.hbm(K100))
+    assert free.fwd - sum(free.tp_groups) > repeat_kv / gpu.hbm(K100)  # attention and the copy remain
+    assert llama.head - free.head == pytest.approx(tokens * 128256 * gpu.LLAMA.loss_bytes_eager / gpu.hbm(K100))
+    assert predict_step(job, spec_profile(H100, 8, 8), cuda=True, elementwise=none).step_s < \
+        predict_step(job, spec_profile(H100, 8, 8), cuda=True).step_s  # the step prices the block it is given
 
 
 def test_float8_recipes_pay_for_their_casts_and_their_gemms():

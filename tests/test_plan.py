@@ -204,6 +204,7 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     and the leave-one-source-out summary is the last line."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_published as bench
+    from titan_exp.perf.devices import Efficiency
 
     planned = bench.plan_rows(bench.read_rows())
     mpt = [p for p in planned if p.row.source == "llm_foundry" and p.job is not None]
@@ -213,11 +214,18 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         published = p.row.num("params_b") * 1e9 - p.job.training.seq_len * m.dim
         assert m.num_params == pytest.approx(published, rel=2e-3), p.row.key
     assert sum(p.row.source == "torchtitan" and p.job is not None for p in planned) == 18
+    eff = Efficiency()
+    with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (bench.MPT), not Llama's
+    with monkeypatch.context() as patch:
+        patch.setattr(bench, "elementwise", lambda row: bench.LLAMA)
+        assert all(a > 1.02 * b for a, b in zip(with_mpt, (bench.predict(p, eff) for p in mpt[:5])))
+    engine = bench.ENGINES["megatron_bridge"]  # Transformer Engine overlaps TP's collectives: priced as async TP
+    mb = [p for p in planned if p.row.source == "megatron_bridge" and p.job is not None]
+    assert engine.tp_overlap and all(p.job.parallelism.enable_async_tensor_parallel == (int(p.row.num("tp", 1)) > 1)
+                                     for p in mb)
     assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
     assert {p.row.key for p in bench.fitting_set(planned)} >= {p.row.key for p in planned
                                                              if p.row.source == "torchtitan" and p.row.table.startswith("Table 1")}
-    from titan_exp.perf.devices import Efficiency
-
     fitting = bench.fitting_set(planned)
     moved = [p for p in planned if p.job is not None and bench.moved(p.row)]
     assert moved and all(p in fitting for p in moved)  # moved rows fit, and leave every score

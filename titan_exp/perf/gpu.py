@@ -21,7 +21,8 @@ degree tp, forward and backward:
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
             (each op reads and writes its tensors; RMSNorm in fp32), or as compile fuses them
             (each fused group reads its inputs and writes its outputs once). Backward moves
-            twice the forward's bytes.
+            twice the forward's bytes. What a model's kernels move is an Elementwise: LLAMA, this
+            toolkit's, unless another model's is given (a published run of MPT, say).
   float8    torchao's casts: each linear's input, weight and output gradient scaled (an amax
             pass and a cast) and cast again transposed for the backward GEMMs (tensorwise: from
             the float8 copy; rowwise and MXFP8: from bf16 along the other axis); the GEMMs at the
@@ -96,14 +97,30 @@ ATTENTION = {
 }
 # Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
 HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))
-# Memory-bound bytes per token and block, in units of (dim, q + k heads x head_dim, SwiGLU width)
-# per TP rank, forward. Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean, scale, cast back, weight),
-# residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout copy 4, SiLU and product 10.
-# Compiled: norm with its residual add 6 x 2, RoPE 4, the copy 4, SiLU and product 6.
-EAGER_BYTES = (2 * 36 + 2 * 6 + 4, 20, 10)
-COMPILED_BYTES = (2 * 6 + 4, 4, 6)
-EAGER_OPS, COMPILED_KERNELS = 40, 14  # a block's forward: ops eager, kernels compiled (backward: x2)
-CE_BYTES_EAGER, CE_BYTES_COMPILED = 36, 10  # per logit, forward and backward together
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """A model's memory-bound kernels, as its code runs them: HBM bytes per token of a block's
+    forward per unit of (dim, q + k heads x head_dim, SwiGLU width) on one TP rank, eager and as
+    compile fuses them (backward moves twice the forward's); the ops of a block's forward eager,
+    its kernels compiled (host time; backward: x2); and the loss's bytes per logit, forward and
+    backward together."""
+
+    eager_bytes: tuple[float, float, float]
+    compiled_bytes: tuple[float, float, float]
+    eager_ops: int
+    compiled_kernels: int
+    loss_bytes_eager: float
+    loss_bytes_compiled: float
+
+
+# This toolkit's Llama (titan_exp.models.llama). Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean,
+# scale, cast back, weight), residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout
+# copy 4, SiLU and product 10. Compiled: norm with its residual add 6 x 2, RoPE 4, the copy 4, SiLU
+# and product 6. The loss: the fp32 upcast, log-softmax and its gradient, 36 eager, 10 fused.
+LLAMA = Elementwise(eager_bytes=(2 * 36 + 2 * 6 + 4, 20, 10), compiled_bytes=(2 * 6 + 4, 4, 6),
+                    eager_ops=40, compiled_kernels=14, loss_bytes_eager=36, loss_bytes_compiled=10)
 
 
 def clock_ratio(spec) -> float:
@@ -190,7 +207,9 @@ class BlockTimes:
     notes: list[str]
 
 
-def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
+def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise = LLAMA) -> BlockTimes:
+    """One block's and the head's seconds per microbatch, the memory-bound kernels as `elementwise`
+    describes them (this toolkit's Llama unless said)."""
     m, t, p = job.model, job.training, job.parallelism
     mb = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
     cp = p.context_parallel_degree
@@ -229,7 +248,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
     attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
     d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn
-    weights = COMPILED_BYTES if compiled else EAGER_BYTES
+    weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
     scale = act / 2  # the tables are for bf16 activations
     mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(kern)
     if kv < heads:  # GQA: K and V repeated to every query head before SDPA
@@ -237,7 +256,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
 
     fwd_gpu = sum(fwd_groups) + attn_fwd + mem_fwd + cast_s / 3
     bwd_gpu = bwd_gemm + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
-    host = (COMPILED_KERNELS * kern.host_compiled_s) if compiled else EAGER_OPS * kern.host_eager_s
+    host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     if low == "float8" and not compiled:
         host += 7 * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
@@ -248,7 +267,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels) -> BlockTimes:
     vocab = m.vocab_size / tp
     head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
                   + gemm_s(kern, m.dim, vocab, tokens, high))
-    logits = tokens * vocab * (CE_BYTES_COMPILED if compiled else CE_BYTES_EAGER) / hbm(kern)
+    logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / hbm(kern)
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
 
 

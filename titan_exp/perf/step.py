@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.gpu import async_tp_exposed, block_times, fsdp_exposed
+from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import fsdp_rounds
 from titan_exp.validation import resolve
@@ -151,7 +151,11 @@ def across_nodes(job: JobConfig) -> set[str]:
     return {d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
 
 
-def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None) -> StepPrediction:
+def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
+                 elementwise: Elementwise = LLAMA) -> StepPrediction:
+    """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
+    memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
+    published run of it)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -171,7 +175,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     gpu = None
     gpu_kernels = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" else None
     if cost is None and gpu_kernels and cuda:  # a GPU's block from its parts, at its kernels' rates
-        gpu = block_times(job, tp, gpu_kernels)
+        gpu = block_times(job, tp, gpu_kernels, elementwise)
         notes += gpu.notes
         cost = BlockCost(Line(0.0, 0.0), Line(0.0, 0.0), Line(0.0, 0.0))  # nothing measured
         c = profile.corrections.compute
