@@ -119,12 +119,12 @@ ENGINES = {
 #   the biases are added in the GEMMs' epilogue;
 #   GELU (approximate 'none') reads and writes the MLP's width F, 4 x F; the job's SwiGLU width is
 #   2F/3 (job_for), so 6 per unit of it;
-#   18 ops eager (two norms, four linears, the chunk, four rearranges, attention, GELU, two
+#   17 ops eager (two norms, four linears, the chunk, four rearranges, attention, GELU, two
 #   dropouts, two adds); compiled, each norm fused with the add before it, 8 kernels;
 #   the loss: flash-attn's fused cross-entropy (modeling_mpt.py's default loss_fn
 #   'fused_crossentropy'), reading the bf16 logits forward, reading and writing them backward: 6
 #   bytes per logit.
-MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 * 6, 0, 4 * 3 / 2), eager_ops=18,
+MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 * 6, 0, 4 * 3 / 2), eager_ops=17,
                   compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6)
 
 
@@ -149,8 +149,9 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
     ("2026-11-25: predicted 5-76 % too fast, more the longer the sequence; the engine table (ENGINES: LLM "
      "Foundry's Triton attention) and attention by head dim (perf.gpu) were written for them",
      lambda r: r.source == "llm_foundry" and int(r["seq_len"] or 0) >= 16384),
-    ("2026-11-25: predicted 42 % too slow to 7 % too fast (164 of 168 too slow), more the smaller the model; pricing MPT's own memory-bound kernels "
-     "(MPT: bf16 LayerNorm, GELU, no RoPE, a fused loss) rather than Llama's was written for them",
+    ("2026-11-25: predicted 42 % too slow to 7 % too fast (164 of 168 too slow), more the smaller the model; "
+     "pricing MPT's own memory-bound kernels (MPT: bf16 LayerNorm, GELU, no RoPE, a fused loss) rather than "
+     "Llama's was written for them",
      lambda r: r.source == "llm_foundry"),
 )
 
@@ -252,7 +253,8 @@ def job_for(row: Row):
     par = dataclasses.replace(job.parallelism, tensor_parallel_degree=tp, pipeline_parallel_degree=pp,
                               context_parallel_degree=cp, data_parallel_shard_degree=dp if fsdp else 1,
                               data_parallel_replicate_degree=1 if fsdp else dp,
-                              enable_async_tensor_parallel=row["async_tp"] == "true" or (tp > 1 and ENGINES[row.source].tp_overlap))
+                              enable_async_tensor_parallel=row["async_tp"] == "true"
+                              or (tp > 1 and ENGINES[row.source].tp_overlap))
     if pp > 1:
         vp = int(row.num("vp", 1))
         interleaved = vp > 1 or "interleaved" in row["pp_schedule"].lower()
