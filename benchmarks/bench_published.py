@@ -129,9 +129,9 @@ MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 *
 
 
 def elementwise(row: "Row") -> Elementwise:
-    """The memory-bound kernels of the model a row ran: MPT's for LLM Foundry's, else Llama's
-    (Megatron's GPT rows too: an assumption, their engine fuses them as compile does)."""
-    return MPT if row.source == "llm_foundry" else LLAMA
+    """The memory-bound kernels of the model a row ran: MPT's for an MPT (LLM Foundry's rows), else
+    Llama's (Megatron's GPT rows too: an assumption, their engine fuses them as compile does)."""
+    return MPT if row["model"].startswith("mpt") else LLAMA
 
 
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out
@@ -420,12 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     held_tps: list[float] = []
     all_effects, listed = [], []
     sources = [s for s in SOURCES if s in (args.source or SOURCES)]
+    fits = {s: fit([p for p in fitting if p.row.source != s]) for s in sources}  # each source's, from the others'
     scored_sources = 0
     for source in sources:
         mine = [p for p in ok if p.row.source == source and not moved(p.row)]
         if not mine:
             continue
-        eff = fit([p for p in fitting if p.row.source != source])
+        eff = fits[source]
         preds = [(p, predict(p, eff)) for p in mine]
         values = [published(p.row)[1] for p, _ in preds]
         errs = relative_errors([pred for _, pred in preds], values)
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     for source in sources:
         mine = [p for p in ok if p.row.source == source and moved(p.row)]
         if mine:
-            eff = fit([p for p in fitting if p.row.source != source])
+            eff = fits[source]
             errs = relative_errors([predict(p, eff) for p in mine], [published(p.row)[1] for p in mine])
             print(f"| {source} | {', '.join(f'{k} {getattr(eff, k):.3f}' for k in FITTED)} | {len(mine)} "
                   f"| {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % |")

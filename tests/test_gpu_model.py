@@ -58,7 +58,6 @@ def test_attention_follows_flash_attentions_published_curve():
     assert gpu.attention_tflops(a100.attention_fwd, 16384) == pytest.approx(gpu.AMPERE_FA2_PEAK * 312)
 
 
-
 def test_attention_is_priced_by_its_kernel_and_head_dim():
     cudnn, triton = gpu.spec_kernels(H100, "cudnn"), gpu.spec_kernels(H100, "triton")
     assert gpu.attention_tflops(cudnn.attention_fwd, 8192) == pytest.approx(529)
@@ -83,6 +82,7 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
     assert attention_s(triton) == pytest.approx(flash * gpu.TRITON_SLOWDOWN, rel=1e-6)
     heads_64 = ["model.n_heads=64", "model.n_kv_heads=16"]  # the same FLOPs at head dim 64
     assert attention_s(K100, *heads_64) == pytest.approx(flash * 333 / 295, rel=0.02)
+
 
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))

@@ -258,7 +258,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     bwd_gpu = bwd_gemm + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     if low == "float8" and not compiled:
-        host += 7 * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
+        host += len(fwd_gemms) * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest.
