@@ -20,9 +20,10 @@ The fitted constant is the one the GPU path has (`FITTED`: compute_scale, a bloc
 sum of the parts titan_exp/perf/gpu.py prices), each source's fitting rows weighing as much as
 another's. The fitting set is declared here, before any score was seen
 (`fitting_set`): per source and precision, its smallest model at its fewest GPUs on a Hopper GPU;
-rows the model was later changed for join it and leave every score (`MOVED_TO_FIT`). Leave-one-source-
-out: the rows of each source are predicted with the constants fitted on the other sources' fitting
-rows only, so every scored row is held out from the fit that predicts it. Other engines' kernels
+rows the model was later changed for, and rows whose layout was derived (published_gpu.md), join it
+and leave every score (`MOVED_TO_FIT`). Leave-one-source-out: the rows of each source are predicted
+with the constants fitted on the other sources' fitting rows only, so every scored row is held out
+from the fit that predicts it. Other engines' kernels
 differ from ours, so per source the report gives the raw error, the error after one per-source
 scale (the median ratio), the order of rows within each table, and each technique's published
 effect (pairs of rows of one table that differ in that technique alone) against the predicted one.
@@ -153,6 +154,10 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      "pricing MPT's own memory-bound kernels (MPT: bf16 LayerNorm, GELU, no RoPE, a fused loss) rather than "
      "Llama's was written for them",
      lambda r: r.source == "llm_foundry"),
+    ("2026-11-25: planned from layouts the sources do not state or contradict, predicted 35 % too slow (Megatron-"
+     "Bridge's 26.02.01 GB300 MXFP8 70B row, as printed MBS 2 without VP) and 29 % too fast (Megatron-LM's 96-GPU "
+     "strong-scaling row, no layout stated: replicated); their layouts were then derived (published_gpu.md)",
+     lambda r: r["derived"] == "true"),
 )
 
 

@@ -230,6 +230,10 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     moved = [p for p in planned if p.job is not None and bench.moved(p.row)]
     assert moved and all(p in fitting for p in moved)  # moved rows fit, and leave every score
     assert all(any(rows(p.row) for p in planned) for _, rows in bench.MOVED_TO_FIT)  # each names rows that exist
+    derived = [p for p in planned if p.row["derived"] == "true"]  # layouts the sources do not state as run
+    assert len(derived) == 3 and all(p.job is not None and p in fitting for p in derived)
+    assert {(p.job.parallelism.tensor_parallel_degree, p.job.parallelism.pipeline_parallel_degree,
+             p.job.parallelism.pipeline_parallel_stages_per_rank) for p in derived} == {(8, 6, 1), (1, 4, 5)}
     assert bench.fit(fitting).compute_scale == pytest.approx(Efficiency().compute_scale, abs=1e-3)  # the planner's is the fit's
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
