@@ -23,10 +23,10 @@ another's. The fitting set is declared here, before any score was seen
 rows the model was later changed for, and rows whose layout was derived (published_gpu.md), join it
 and leave every score (`MOVED_TO_FIT`). Leave-one-source-out: the rows of each source are predicted
 with the constants fitted on the other sources' fitting rows only, so every scored row is held out
-from the fit that predicts it. Other engines' kernels
-differ from ours, so per source the report gives the raw error, the error after one per-source
-scale (the median ratio), the order of rows within each table, and each technique's published
-effect (pairs of rows of one table that differ in that technique alone) against the predicted one.
+from the fit that predicts it. Other engines' kernels differ from ours, so per source the report
+gives the raw error, the error after one per-source scale (the median ratio), the order of rows
+within each table, and each technique's published effect (pairs of rows of one table that differ in
+that technique alone) against the predicted one.
 Megatron-Bridge's GB200 and GB300 rows were first planned after ENGINES was written (their spec
 sheets were added with it): no change was made for them (ENGINES' TP overlap, later, was written
 for Megatron-Bridge's H100 rows, in the fitting set, and reaches them too).
@@ -156,7 +156,8 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      lambda r: r.source == "llm_foundry"),
     ("2026-11-25: planned from layouts the sources do not state or contradict, predicted 35 % too slow (Megatron-"
      "Bridge's 26.02.01 GB300 MXFP8 70B row, as printed MBS 2 without VP) and 29 % too fast (Megatron-LM's 96-GPU "
-     "strong-scaling row, no layout stated: replicated); their layouts were then derived (published_gpu.md)",
+     "strong-scaling row, no layout stated: replicated; its 4,608-GPU one refused); their layouts were then "
+     "derived (published_gpu.md)",
      lambda r: r["derived"] == "true"),
 )
 
@@ -450,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {len(mine)} | {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % "
               f"| {100 * median_abs(scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
     print()
-    print("| rows moved to the fitting set, per source (not held out: the model was changed for them) | fitted on "
+    print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout derived, for them) | fitted on "
           "(others' fitting rows) | rows | median abs error | worst |")
     print("|---|---|---|---|---|")
     for source in sources:
