@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     all_effects, listed = [], []
     sources = [s for s in SOURCES if s in (args.source or SOURCES)]
     fits = {s: fit([p for p in fitting if p.row.source != s]) for s in sources}  # each source's, from the others'
+    constants = {s: ", ".join(f"{k} {getattr(eff, k):.3f}" for k in FITTED) for s, eff in fits.items()}
     scored_sources = 0
     for source in sources:
         mine = [p for p in ok if p.row.source == source and not moved(p.row)]
@@ -447,20 +448,18 @@ def main(argv: list[str] | None = None) -> int:
         scored_sources += 1
         all_effects += [(source, *e) for e in effects(preds)]
         listed += [(p, pred, e) for (p, pred), e in zip(preds, errs)]
-        print(f"| {source} | {', '.join(f'{k} {getattr(eff, k):.3f}' for k in FITTED)} "
-              f"| {len(mine)} | {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % "
-              f"| {100 * median_abs(scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
+        print(f"| {source} | {constants[source]} | {len(mine)} | {100 * median_abs(errs):.0f} % "
+              f"| {100 * max(errs, key=abs):+.0f} % | {100 * median_abs(scaled):.0f} %, {100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
     print()
-    print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout derived, for them) | fitted on "
-          "(others' fitting rows) | rows | median abs error | worst |")
+    print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
+          "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")
     print("|---|---|---|---|---|")
     for source in sources:
         mine = [p for p in ok if p.row.source == source and moved(p.row)]
         if mine:
-            eff = fits[source]
-            errs = relative_errors([predict(p, eff) for p in mine], [published(p.row)[1] for p in mine])
-            print(f"| {source} | {', '.join(f'{k} {getattr(eff, k):.3f}' for k in FITTED)} | {len(mine)} "
-                  f"| {100 * median_abs(errs):.0f} % | {100 * max(errs, key=abs):+.0f} % |")
+            errs = relative_errors([predict(p, fits[source]) for p in mine], [published(p.row)[1] for p in mine])
+            print(f"| {source} | {constants[source]} | {len(mine)} | {100 * median_abs(errs):.0f} % "
+                  f"| {100 * max(errs, key=abs):+.0f} % |")
     if args.rows:
         print("\n| source, table, row | published | predicted | error |\n|---|---|---|---|")
         for p, pred, e in listed:
