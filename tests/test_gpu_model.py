@@ -128,12 +128,23 @@ def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
     assert gpu.fsdp_exposed(1.0, 0.5, 2, fwd_s=0.4, bwd_s=1.0, blocks=3, ends_s=0.1) == pytest.approx(
         0.1 + 1.0 + 2 * 0.6 + 3 * 0.5)
     assert gpu.fsdp_exposed(1.0, 0.5, 1, fwd_s=2.0, bwd_s=2.0, blocks=3, ends_s=0.0) == pytest.approx(1.0)
-    assert gpu.async_tp_exposed([1.0, 0.1], (0.4, 0.4)) == pytest.approx(0.6)
+    # groups q/k/v, o, w1/w3, w2; all-gathers of 1.0 (forward 0.5: float8), reduce-scatters of 0.8
+    groups = (0.7, 0.3, 2.0, 1.0)
+    forward, backward = gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05)
+    assert forward == pytest.approx((0.8 - 0.3) + 2 * 0.05)  # rs outlasts o's GEMM; the partials' sums
+    assert backward == pytest.approx((1.0 - 0.3) + 0.0 + 2 * 0.8)  # ag with o's, w2's GEMMs; summed rs unfused
+    te = gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05, overlap="userbuffers")
+    assert te == pytest.approx((0.8 - 0.3, (1.0 - 0.7) + (0.8 - 0.3)))  # every collective beside a GEMM
+    with pytest.raises(ValueError, match="overlap 'nccl'"):
+        gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, 0.05, overlap="nccl")
     tp = ["parallelism.data_parallel_shard_degree=4", "parallelism.tensor_parallel_degree=2", "training.local_batch_size=8"]
     plain = predict_step(llama8b(*tp), spec_profile(H100, 8, 8), cuda=True)
     fused = predict_step(llama8b(*tp, "parallelism.enable_async_tensor_parallel=true", "compile.enable=true"),
                          spec_profile(H100, 8, 8), cuda=True)
-    assert 0 <= fused.parts["tp"] < 0.5 * plain.parts["tp"]
+    assert 0 <= fused.parts["tp"] < 0.8 * plain.parts["tp"]
+    engine = predict_step(llama8b(*tp, "parallelism.enable_async_tensor_parallel=true", "compile.enable=true"),
+                          spec_profile(H100, 8, 8), cuda=True, tp_overlap="userbuffers")
+    assert engine.parts["tp"] < fused.parts["tp"]  # torch's pass leaves the backward's summed gradients unfused
 
 
 def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):

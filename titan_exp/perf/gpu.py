@@ -35,7 +35,8 @@ degree tp, forward and backward:
 
 What overlaps follows from this schedule (fsdp_exposed and async_tp_exposed below, which perf.step
 applies): an FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's
-backward; async TP hides each collective behind the GEMM it is fused with.
+backward; async TP hides a collective behind the GEMM it is fused with, where torch's pass fuses
+one (async_tp_exposed says which).
 
 The rates each part runs at are a profile.Kernels: a spec sheet's (spec_kernels, from the sources
 below), or the GPU's own, measured by `python -m titan_exp.perf.calibrate` on it
@@ -294,8 +295,32 @@ def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, b
     return ends_s + forward + backward
 
 
-def async_tp_exposed(comm_s: list[float], matmul_s: tuple[float, ...]) -> float:
-    """Async TP's exposed seconds for one block's pass: each collective runs with the GEMMs it is
-    fused with (all-gathers with the q/k/v and w1/w3 GEMMs, reduce-scatters with o and w2); what
-    outlasts them waits."""
-    return sum(max(0.0, c - g) for c, g in zip(comm_s, matmul_s))
+TP_OVERLAP = ("micro_pipeline", "userbuffers")
+
+
+def async_tp_exposed(gather_fwd_s: float, gather_s: float, scatter_s: float, groups: tuple[float, ...],
+                     partials_s: float, overlap: str = "micro_pipeline") -> tuple[float, float]:
+    """The TP collectives' exposed seconds for one block's forward and its backward, the GEMMs
+    (`groups`: q/k/v, o, w1/w3, w2) overlapping them.
+
+    "micro_pipeline" is torch's async TP, this toolkit's (torch/_inductor/fx_passes/
+    micro_pipeline_tp.py and torch/distributed/_symmetric_memory, torch 2.5-2.13). Forward: each
+    all-gather runs with the GEMMs that consume it (q/k/v, w1/w3), each reduce-scatter with the
+    GEMM that produces it (o, w2), and what outlasts them waits; a fused reduce-scatter collects
+    every rank's unreduced partials and sums them after its pipeline, one memory-bound kernel
+    nothing hides (`partials_s`). Backward: the output gradient's all-gathers fuse with o's and
+    w2's input-gradient GEMMs (forward's shapes); the reduce-scatters of q/k/v's and w1/w3's input
+    gradient take a sum of GEMMs, which the pass does not fuse (_find_producer_matmul matches one
+    matmul), so they wait in full.
+
+    "userbuffers" is Transformer Engine's TP overlap (tp_comm_overlap): every collective beside
+    the GEMMs next to it, forward and backward (the input gradients' reduce-scatters beside the
+    weight-gradient GEMMs), its partials reduced within the pipeline."""
+    if overlap not in TP_OVERLAP:
+        raise ValueError(f"overlap {overlap!r}: choose from {', '.join(TP_OVERLAP)}")
+    qkv, o, w13, w2 = groups
+    forward = (max(0.0, gather_fwd_s - qkv) + max(0.0, scatter_s - o) + max(0.0, gather_fwd_s - w13)
+               + max(0.0, scatter_s - w2))
+    if overlap == "userbuffers":
+        return forward, sum(max(0.0, c - g) for c, g in zip([gather_s, scatter_s] * 2, groups))
+    return forward + 2 * partials_s, max(0.0, gather_s - o) + max(0.0, gather_s - w2) + 2 * scatter_s

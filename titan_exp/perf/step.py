@@ -38,7 +38,8 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
          reduce-scatters of the activations in their dtype (+2 each with full AC; the forward
          all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
-         Async TP hides them behind the matmuls they are fused with, by the measured overlap.
+         Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
+         parts, those torch's pass fuses (gpu.async_tp_exposed); else by the measured overlap.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather and the masked attention over the whole sequence);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
@@ -74,7 +75,7 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed
+from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed, hbm
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import fsdp_rounds
 from titan_exp.validation import resolve
@@ -152,10 +153,11 @@ def across_nodes(job: JobConfig) -> set[str]:
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
-                 elementwise: Elementwise = LLAMA) -> StepPrediction:
+                 elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline") -> StepPrediction:
     """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
     memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
-    published run of it)."""
+    published run of it), and async TP as `tp_overlap` runs it (gpu.TP_OVERLAP: torch's
+    micro-pipeline pass, this toolkit's; or another engine's)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -305,10 +307,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
             fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
             per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
-            if gpu is not None and p.enable_async_tensor_parallel:  # each collective beside its GEMMs
-                groups = tuple(g * profile.corrections.compute for g in gpu.tp_groups)
-                forward = async_tp_exposed([ag(fwd_gather), rs(act_bytes)] * 2, groups)
-                per_block = (1 + full) * forward + async_tp_exposed([ag(act_bytes), rs(act_bytes)] * 2, groups)
+            if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
+                c = profile.corrections.compute
+                partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
+                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
+                                                     tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
+                per_block = (1 + full) * forward + backward
             ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
         parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
         if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
