@@ -10,11 +10,12 @@ fitting or for checking.
 Each row becomes the job it describes (`job_for`; what a source leaves unstated is the assumption
 named there), planned for CUDA on the spec sheet of its GPU (titan_exp/perf/devices.py), and
 predicted with `predict_step` and, where the source publishes memory, `predict_memory`. Where a
-source's engine runs other kernels than this toolkit, `ENGINES` says which, from the source's own
-code: its attention kernel (priced from its published curve, perf.gpu.ATTENTION), whether its
-elementwise kernels are fused (priced as compile fuses them) and whether it overlaps TP's
-collectives with their GEMMs (priced as async TP). A row of another model than Llama has that
-model's memory-bound kernels (`MPT`, perf.gpu.Elementwise).
+source's engine runs other kernels than this toolkit, `ENGINES` (published_engines.py, beside
+this file) says which, from the source's own code: its attention kernel (priced from its published
+curve, perf.gpu.ATTENTION), whether its elementwise kernels are fused (priced as compile fuses
+them) and whether it overlaps TP's collectives with their GEMMs (priced as Transformer Engine's
+userbuffers overlap them). Each row's block has the memory-bound kernels of the model it ran, as
+its engine ran them (`elementwise` there: TorchTitan's Llama, LLM Foundry's MPT).
 
 The fitted constant is the one the GPU path has (`FITTED`: compute_scale, a block's time over the
 sum of the parts titan_exp/perf/gpu.py prices), each source's fitting rows weighing as much as
@@ -56,10 +57,11 @@ from titan_exp.config import ACMode, Executor, PipelineSchedule, compose_job  # 
 from titan_exp.models.llama import flops_per_token  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
-from titan_exp.perf.gpu import LLAMA, Elementwise  # noqa: E402
 from titan_exp.perf.memory import GpuMemory, predict_memory  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
+
+from published_engines import ENGINES, elementwise  # noqa: E402  (beside this file)
 
 DATA = REPO / "benchmarks" / "data" / "published_gpu.csv"
 SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
@@ -75,64 +77,6 @@ HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
 # over the sum of the parts perf.gpu prices; every other constant is a spec sheet's or a
 # published microbenchmark's (perf.gpu, perf.devices).
 FITTED = {"compute_scale": (0.3, 3.0)}
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where a source's engine runs other kernels than this toolkit (PyTorch SDPA's flash attention,
-    elementwise kernels eager or compiled as the row says), read from the source's own code."""
-
-    attention: dict[str, str]  # GPU architecture -> attention kernel (perf.gpu.ATTENTION); else "flash"
-    fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
-    tp_overlap: bool  # TP's collectives overlapped with the GEMMs next to them (TE's userbuffers)
-    why: str
-
-
-ENGINES = {
-    "torchtitan": Engine({}, False, False, "this toolkit's kernels: PyTorch SDPA, compiled where the table says"),
-    "megatron_bridge": Engine(
-        {"hopper": "cudnn", "blackwell": "cudnn"}, True, True,
-        "Transformer Engine: src/megatron/bridge/recipes/llama/h100/llama3.py sets transformer_impl "
-        "'transformer_engine' (norms fused with the linear after them and its float8 cast), attention_backend "
-        "None (TE picks cuDNN's fused attention on Hopper and Blackwell) and cross_entropy_loss_fusion; "
-        "scripts/performance/utils/overrides.py sets apply_rope_fusion; the 70B and 405B recipes (recipes/llama/"
-        "llama3.py) set tp_comm_overlap (TE's userbuffers), which scripts/performance/configs/llama/ keeps, and "
-        "sets for 8B wherever TP > 1"),
-    "megatron_lm": Engine(
-        {"hopper": "cudnn"}, True, True,
-        "Megatron-Core with Transformer Engine (the README's figures, which name --tp-comm-overlap): as "
-        "megatron_bridge; its A100 row "
-        "(2021) predates flash attention and is priced at FlashAttention-2 all the same"),
-    "llm_foundry": Engine(
-        {"ampere": "triton", "hopper": "triton"}, False, False,
-        "scripts/train/benchmarking/submit_benchmarks.py: --attn_impl defaults to 'triton' at every commit "
-        "the tables were written at (Triton FlashAttention, 2023); eager PyTorch"),
-}
-
-# LLM Foundry's MPT block as its tables ran it, read from llmfoundry/models at the tables' commit
-# (5e85bd62d: mpt/configuration_mpt.py, layers/blocks.py, layers/ffn.py, layers/norm.py, and
-# submit_benchmarks.py, which sets norm_type 'low_precision_layernorm'), bytes per token of a
-# block's forward in bf16:
-#   two LPLayerNorms, each one fused kernel that reads and writes the row in bf16: 4 x dim each;
-#   two residual adds, 6 x dim each (resid_pdrop 0: the dropout returns its input);
-#   no RoPE (learned position embeddings, added once per model); q, k and v are views of the
-#   fused Wqkv GEMM's output, which the Triton kernel reads as they lie: no layout copies;
-#   the biases are added in the GEMMs' epilogue;
-#   GELU (approximate 'none') reads and writes the MLP's width F, 4 x F; the job's SwiGLU width is
-#   2F/3 (job_for), so 6 per unit of it;
-#   17 ops eager (two norms, four linears, the chunk, four rearranges, attention, GELU, two
-#   dropouts, two adds); compiled, each norm fused with the add before it, 8 kernels;
-#   the loss: flash-attn's fused cross-entropy (modeling_mpt.py's default loss_fn
-#   'fused_crossentropy'), reading the bf16 logits forward, reading and writing them backward: 6
-#   bytes per logit.
-MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 * 6, 0, 4 * 3 / 2), eager_ops=17,
-                  compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6)
-
-
-def elementwise(row: "Row") -> Elementwise:
-    """The memory-bound kernels of the model a row ran: MPT's for an MPT (LLM Foundry's rows), else
-    Llama's (Megatron's GPT rows too: an assumption, their engine fuses them as compile does)."""
-    return MPT if row["model"].startswith("mpt") else LLAMA
 
 
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out

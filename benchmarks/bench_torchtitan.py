@@ -40,6 +40,8 @@ from titan_exp.perf.memory import AS_COUNTED, FITTED, GpuMemory, predict_memory 
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
+from published_engines import TORCHTITAN_LLAMA  # noqa: E402  (beside this file)
+
 DEVICE = "h100_500w"
 
 
@@ -128,7 +130,7 @@ def _compose(row: Row):
 
 def predict_tps(row: Row, eff: Efficiency) -> float:
     profile = spec_profile(SPECS[DEVICE], row.world, min(8, row.world), eff)
-    return predict_step(job_for(row), profile, cuda=True).tokens_per_s_per_device
+    return predict_step(job_for(row), profile, cuda=True, elementwise=TORCHTITAN_LLAMA).tokens_per_s_per_device
 
 
 def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:

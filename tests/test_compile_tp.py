@@ -3,6 +3,7 @@ composed with TP, FSDP, PP and selective AC (TorchTitan's 2d_compile / 3d_compil
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -34,6 +35,18 @@ def test_upstream_async_redistribute_into_a_compiled_block():
 def test_sync_redistribute_into_a_compiled_block():
     """The workaround titan_exp uses (parallel/tensor.py), in the same torch-only repro."""
     _repro("sync")
+
+
+@pytest.mark.quick
+def test_async_tps_pass_finds_matmuls_behind_the_forwards_reduce_scatters_and_sums_behind_the_backwards():
+    """What the GPU model prices (perf.gpu.async_tp_exposed), from titan_exp's own TP block traced
+    as torch compiles it: the forward reduce-scatters take one matmul each (o, w2: fusable); the
+    backward ones take a sum of matmuls (q/k/v's and w1/w3's input gradients), which torch's
+    micro-pipeline pass does not fuse."""
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "async_tp_graph.py")], capture_output=True, text=True,
+                         timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"forward": ["mm", "mm"], "backward": ["add", "add"]}
 
 
 TWO_D = ["parallelism=2d", "training.local_batch_size=4"]  # FSDP 2 x TP 2

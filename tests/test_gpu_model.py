@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
@@ -109,6 +110,55 @@ def test_a_blocks_memory_bound_kernels_are_priced_as_its_model_runs_them():
     assert llama.head - free.head == pytest.approx(tokens * 128256 * gpu.LLAMA.loss_bytes_eager / gpu.hbm(K100))
     assert predict_step(job, spec_profile(H100, 8, 8), cuda=True, elementwise=none).step_s < \
         predict_step(job, spec_profile(H100, 8, 8), cuda=True).step_s  # the step prices the block it is given
+
+
+def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
+    """perf.gpu.LLAMA counted on titan_exp's own block: every aten op of its forward but the
+    matmuls and attention, by the bytes it reads and writes (an expanded input once), the norms as
+    the fused kernel a CUDA torch runs them with (on CPU they run as separate ops)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_exp.models.llama import TransformerBlock, rope_tables
+
+    m = compose_job(["model=debugmodel"]).model
+    block = TransformerBlock(m).to(torch.bfloat16)
+    cos, sin = rope_tables(m.head_dim, 64, m.rope_theta)
+    tables = {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}  # per position, not per token
+    moved, kernels, in_norm = [0], [0], [0]
+
+    def physical(t):  # an expanded dimension (stride 0) is read once
+        return math.prod(n for n, st in zip(t.shape, t.stride()) if st) * t.element_size()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+            storages = {a.untyped_storage().data_ptr() for a in ins}
+            if in_norm[0] or all(o.untyped_storage().data_ptr() in storages for o in outs):  # a view
+                return out
+            kernels[0] += 1
+            if func.__name__.split(".")[0] not in ("mm", "_scaled_dot_product_flash_attention_for_cpu"):
+                moved[0] += sum(physical(t) for t in ins + outs if t.untyped_storage().data_ptr() not in tables)
+            return out
+
+    def enter(_module, args):
+        in_norm[0] += 1
+        moved[0] += 2 * physical(args[0])  # the fused kernel reads the row and writes it
+        kernels[0] += 1
+
+    for norm in (block.attention_norm, block.ffn_norm):
+        norm.register_forward_pre_hook(enter)
+        norm.register_forward_hook(lambda *_: in_norm.__setitem__(0, in_norm[0] - 1))
+    x = torch.randn(2, 64, m.dim, dtype=torch.bfloat16)
+    with torch.no_grad(), Count():
+        block(x, cos, sin)
+    tokens, qk = 2 * 64, (m.n_heads + m.kv_heads) * m.head_dim
+    repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_dim * 2  # GQA's K and V copied to every head (block_times)
+    eager = gpu.LLAMA.eager_bytes
+    assert moved[0] == tokens * (eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv)
+    assert kernels[0] == gpu.LLAMA.eager_ops
 
 
 def test_float8_recipes_pay_for_their_casts_and_their_gemms():

@@ -205,6 +205,7 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     and the leave-one-source-out summary is the last line."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_published as bench
+    import published_engines as engines
     from titan_exp.perf.devices import Efficiency
 
     planned = bench.plan_rows(bench.read_rows())
@@ -216,11 +217,11 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         assert m.num_params == pytest.approx(published, rel=2e-3), p.row.key
     assert sum(p.row.source == "torchtitan" and p.job is not None for p in planned) == 18
     eff = Efficiency()
-    with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (bench.MPT), not Llama's
+    with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
-        patch.setattr(bench, "elementwise", lambda row: bench.LLAMA)
+        patch.setattr(bench, "elementwise", lambda row: engines.TORCHTITAN_LLAMA)
         assert all(a > 1.02 * b for a, b in zip(with_mpt, (bench.predict(p, eff) for p in mpt[:5])))
-    engine = bench.ENGINES["megatron_bridge"]  # Transformer Engine overlaps TP's collectives: priced as async TP
+    engine = engines.ENGINES["megatron_bridge"]  # Transformer Engine overlaps TP's collectives: priced as async TP
     mb = [p for p in planned if p.row.source == "megatron_bridge" and p.job is not None]
     assert engine.tp_overlap and all(p.job.parallelism.enable_async_tensor_parallel == (int(p.row.num("tp", 1)) > 1)
                                      for p in mb)

@@ -19,7 +19,7 @@ degree tp, forward and backward:
             Engine's on Hopper) and the Triton FlashAttention of 2023 [fa2].
   memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
-            (each op reads and writes its tensors; RMSNorm in fp32), or as compile fuses them
+            (each op reads and writes its tensors), or as compile fuses them
             (each fused group reads its inputs and writes its outputs once). Backward moves
             twice the forward's bytes. What a model's kernels move is an Elementwise: LLAMA, this
             toolkit's, unless another model's is given (a published run of MPT, say).
@@ -116,12 +116,17 @@ class Elementwise:
     loss_bytes_compiled: float
 
 
-# This toolkit's Llama (titan_exp.models.llama). Eager: RMSNorm 36 x 2 (fp32 upcast, square, mean,
-# scale, cast back, weight), residual adds 6 x 2, RoPE 20 (complex in fp32), SDPA's output layout
-# copy 4, SiLU and product 10. Compiled: norm with its residual add 6 x 2, RoPE 4, the copy 4, SiLU
-# and product 6. The loss: the fp32 upcast, log-softmax and its gradient, 36 eager, 10 fused.
-LLAMA = Elementwise(eager_bytes=(2 * 36 + 2 * 6 + 4, 20, 10), compiled_bytes=(2 * 6 + 4, 4, 6),
-                    eager_ops=40, compiled_kernels=14, loss_bytes_eager=36, loss_bytes_compiled=10)
+# This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
+# block's forward in bf16. Eager: nn.RMSNorm runs torch's fused kernel (aten._fused_rms_norm),
+# reading and writing the row, 4 x 2; residual adds 6 x 2; RoPE in fp32 from real and imaginary
+# halves (upcast 6, four products 16, a difference and a sum 12, the stack 8, the cast back 6),
+# 48; SiLU and product 10; SDPA's flash kernel writes its output as the next matmul reads it (no
+# copy: so on CPU; a GPU run is to confirm it). 34 ops that launch a kernel (tests/test_gpu_model.py
+# counts them and these bytes on this toolkit's block on CPU, the norms as the fused kernel's). Compiled: each norm with its residual add 6 x 2, RoPE
+# 4, SiLU and product 6, 13 kernels. The loss: the fp32 upcast, log-softmax and its gradient, 36
+# eager, 10 fused.
+LLAMA = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 48, 10), compiled_bytes=(2 * 6, 4, 6),
+                    eager_ops=34, compiled_kernels=13, loss_bytes_eager=36, loss_bytes_compiled=10)
 
 
 def clock_ratio(spec) -> float:
@@ -311,7 +316,8 @@ def async_tp_exposed(gather_fwd_s: float, gather_s: float, scatter_s: float, gro
     nothing hides (`partials_s`). Backward: the output gradient's all-gathers fuse with o's and
     w2's input-gradient GEMMs (forward's shapes); the reduce-scatters of q/k/v's and w1/w3's input
     gradient take a sum of GEMMs, which the pass does not fuse (_find_producer_matmul matches one
-    matmul), so they wait in full.
+    matmul), so they wait in full. tests/async_tp_graph.py finds both in this toolkit's TP block
+    as torch traces it.
 
     "userbuffers" is Transformer Engine's TP overlap (tp_comm_overlap): every collective beside
     the GEMMs next to it, forward and backward (the input gradients' reduce-scatters beside the

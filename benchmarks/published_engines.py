@@ -1,0 +1,81 @@
+"""What each published source's engine runs where it differs from this toolkit, read from the
+source's own code (issue 36), for benchmarks/bench_published.py and bench_torchtitan.py: its
+attention kernel, whether its elementwise kernels are fused, whether it overlaps TP's collectives
+with their GEMMs (`ENGINES`), and the memory-bound kernels of the model it ran (`elementwise`:
+perf.gpu.Elementwise descriptions, `TORCHTITAN_LLAMA` and `MPT`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from titan_exp.perf.gpu import Elementwise
+
+@dataclass(frozen=True)
+class Engine:
+    """Where a source's engine runs other kernels than this toolkit (PyTorch SDPA's flash attention,
+    elementwise kernels eager or compiled as the row says), read from the source's own code."""
+
+    attention: dict[str, str]  # GPU architecture -> attention kernel (perf.gpu.ATTENTION); else "flash"
+    fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
+    tp_overlap: bool  # TP's collectives overlapped with the GEMMs next to them (TE's userbuffers)
+    why: str
+
+
+ENGINES = {
+    "torchtitan": Engine({}, False, False, "PyTorch SDPA's flash attention, as this toolkit; its Llama's memory-bound "
+                         "kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
+    "megatron_bridge": Engine(
+        {"hopper": "cudnn", "blackwell": "cudnn"}, True, True,
+        "Transformer Engine: src/megatron/bridge/recipes/llama/h100/llama3.py sets transformer_impl "
+        "'transformer_engine' (norms fused with the linear after them and its float8 cast), attention_backend "
+        "None (TE picks cuDNN's fused attention on Hopper and Blackwell) and cross_entropy_loss_fusion; "
+        "scripts/performance/utils/overrides.py sets apply_rope_fusion; the 70B and 405B recipes (recipes/llama/"
+        "llama3.py) set tp_comm_overlap (TE's userbuffers), which scripts/performance/configs/llama/ keeps, and "
+        "sets for 8B wherever TP > 1"),
+    "megatron_lm": Engine(
+        {"hopper": "cudnn"}, True, True,
+        "Megatron-Core with Transformer Engine (the README's figures, which name --tp-comm-overlap): as "
+        "megatron_bridge; its A100 row "
+        "(2021) predates flash attention and is priced at FlashAttention-2 all the same"),
+    "llm_foundry": Engine(
+        {"ampere": "triton", "hopper": "triton"}, False, False,
+        "scripts/train/benchmarking/submit_benchmarks.py: --attn_impl defaults to 'triton' at every commit "
+        "the tables were written at (Triton FlashAttention, 2023); eager PyTorch"),
+}
+
+# TorchTitan's Llama as its December 2024 tables ran it (torchtitan/models/norms.py and
+# models/llama/model.py at ba2469780, the last commit before 2024-12-20), bytes per token of a
+# block's forward in bf16. Eager: RMSNorm in fp32 from separate ops (upcast, square, mean, scale,
+# cast back, weight), 36 x 2; residual adds 6 x 2; RoPE as a complex product in fp32, 20;
+# the attention output's layout copy, 4; SiLU and product, 10. Compiled: each norm with its
+# residual add 6 x 2, RoPE 4, the copy 4, SiLU and product 6. The loss: the fp32 upcast,
+# log-softmax and its gradient, 36 eager, 10 fused. Megatron's rows, whose engine fuses these
+# kernels, take its compiled counts (an assumption: Transformer Engine's fusions are not these).
+TORCHTITAN_LLAMA = Elementwise(eager_bytes=(2 * 36 + 2 * 6 + 4, 20, 10), compiled_bytes=(2 * 6 + 4, 4, 6),
+                               eager_ops=40, compiled_kernels=14, loss_bytes_eager=36, loss_bytes_compiled=10)
+
+# LLM Foundry's MPT block as its tables ran it, read from llmfoundry/models at the tables' commit
+# (5e85bd62d: mpt/configuration_mpt.py, layers/blocks.py, layers/ffn.py, layers/norm.py, and
+# submit_benchmarks.py, which sets norm_type 'low_precision_layernorm'), bytes per token of a
+# block's forward in bf16:
+#   two LPLayerNorms, each one fused kernel that reads and writes the row in bf16: 4 x dim each;
+#   two residual adds, 6 x dim each (resid_pdrop 0: the dropout returns its input);
+#   no RoPE (learned position embeddings, added once per model); q, k and v are views of the
+#   fused Wqkv GEMM's output, which the Triton kernel reads as they lie: no layout copies;
+#   the biases are added in the GEMMs' epilogue;
+#   GELU (approximate 'none') reads and writes the MLP's width F, 4 x F; the job's SwiGLU width is
+#   2F/3 (job_for), so 6 per unit of it;
+#   17 ops eager (two norms, four linears, the chunk, four rearranges, attention, GELU, two
+#   dropouts, two adds); compiled, each norm fused with the add before it, 8 kernels;
+#   the loss: flash-attn's fused cross-entropy (modeling_mpt.py's default loss_fn
+#   'fused_crossentropy'), reading the bf16 logits forward, reading and writing them backward: 6
+#   bytes per logit.
+MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 * 6, 0, 4 * 3 / 2), eager_ops=17,
+                  compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6)
+
+
+def elementwise(row) -> Elementwise:
+    """The memory-bound kernels of the model a row ran: MPT's for an MPT (LLM Foundry's rows), else
+    TorchTitan's Llama (Megatron's GPT rows too: an assumption, their engine fuses them as compile
+    does)."""
+    return MPT if row["model"].startswith("mpt") else TORCHTITAN_LLAMA
