@@ -9,15 +9,16 @@ The device is the `h100_500w` spec (titan_exp/perf/devices.py: the 96 GB, 500 W 
 used). Tokens/s are the GPU model's from its parts (titan_exp/perf/gpu.py; its one fitted term,
 compute_scale, comes from benchmarks/bench_published.py's fitting set, where the leave-one-source-
 out scores are; the rows in that set, Table 1 and Table 4, whose async TP the model was changed
-for, are marked and their tokens/s not scored here). Memory is the model's from its parts (titan_exp/perf/memory.py and
-memory_gpu.py: the counted tensors, the caching allocator's rounding, cuBLAS's workspaces,
-float8's copies; TorchTitan reports the allocator's reserved peak, so NCCL's buffers, outside it,
-are not in the total). Fitted here, for memory only, from Table 1's bf16 and compile rows and
-Table 2's first row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC), are the three GpuMemory values
-not priced from parts: the allocator's fragmentation as a share of what comes and goes each step
-(the states and parameters allocated once do not fragment), a scale on what the blocks save
-inside (counted with constants fitted on CPU runs) for a GPU's kernels, and what compile saves of
-it. Every other row (14) is predicted with those values and set beside the published one.
+for, are marked and their tokens/s not scored here). Memory is the model's from its parts
+(titan_exp/perf/memory.py and memory_gpu.py: the counted tensors, the caching allocator's
+rounding, cuBLAS's workspaces, float8's copies; TorchTitan reports the allocator's reserved peak,
+so NCCL's buffers, outside it, are not in the total). Fitted here, for memory only, from Table 1's
+bf16 and compile rows and Table 2's first row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC), are
+the three GpuMemory values not priced from parts: the allocator's fragmentation as a share of what
+comes and goes each step (the states and parameters allocated once do not fragment), a scale on
+what the blocks save inside (counted with constants fitted on CPU runs) for a GPU's kernels, and
+what compile saves of it. Every other row's memory (14) is predicted with those values and set
+beside the published one.
 """
 
 from __future__ import annotations
