@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from titan_exp.perf.gpu import Elementwise
 
+
 @dataclass(frozen=True)
 class Engine:
     """Where a source's engine runs other kernels than this toolkit (PyTorch SDPA's flash attention,
@@ -35,8 +36,8 @@ ENGINES = {
     "megatron_lm": Engine(
         {"hopper": "cudnn"}, True, True,
         "Megatron-Core with Transformer Engine (the README's figures, which name --tp-comm-overlap): as "
-        "megatron_bridge; its A100 row "
-        "(2021) predates flash attention and is priced at FlashAttention-2 all the same"),
+        "megatron_bridge; its A100 row (2021) predates flash attention and is priced at FlashAttention-2 all "
+        "the same"),
     "llm_foundry": Engine(
         {"ampere": "triton", "hopper": "triton"}, False, False,
         "scripts/train/benchmarking/submit_benchmarks.py: --attn_impl defaults to 'triton' at every commit "
