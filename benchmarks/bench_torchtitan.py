@@ -203,15 +203,15 @@ def main(argv: list[str] | None = None) -> int:
             orders.setdefault(row.table, []).append((row.tps, tps))
         if not fit_mem:
             mem_err.append(abs(e_m))
-        mark = " (fit: " + " and ".join(n for n, f in (("tokens/s", fit_tps), ("memory", fit_mem)) if f) + ")"
-        print(f"| {row.table}{mark if fit_tps or fit_mem else ''} | {row.label} | {row.tps:,.0f} | {tps:,.0f} | "
+        fitted_on = " and ".join(n for n, f in (("tokens/s", fit_tps), ("memory", fit_mem)) if f)
+        print(f"| {row.table}{f' (fit: {fitted_on})' if fitted_on else ''} | {row.label} | {row.tps:,.0f} | {tps:,.0f} | "
               f"{e_t:+.0f} % | {row.memory_gib:.1f} | {mem:.1f} | {e_m:+.0f} % |")
     kept = [t for t, pairs in orders.items()
             if sorted(range(len(pairs)), key=lambda i: pairs[i][0]) == sorted(range(len(pairs)), key=lambda i: pairs[i][1])]
     print()
     print(f"held-out rows: {len(tps_err)} for tokens/s, {len(mem_err)} for memory; tokens/s |error| median "
-          f"{statistics.median(tps_err):.0f} %, worst {max(tps_err):.0f} %, within 25 %: {sum(e <= 25 for e in tps_err)}; "
-          f"memory |error| median "
+          f"{statistics.median(tps_err):.0f} %, worst {max(tps_err):.0f} %, "
+          f"within 25 %: {sum(e <= 25 for e in tps_err)}; memory |error| median "
           f"{statistics.median(mem_err):.0f} %, worst {max(mem_err):.0f} %, within 10 %: {sum(e <= 10 for e in mem_err)}; "
           f"published ordering kept in tables {sorted(kept)} of {sorted(orders)}")
     return 0

@@ -18,15 +18,15 @@ class Engine:
 
     attention: dict[str, str]  # GPU architecture -> attention kernel (perf.gpu.ATTENTION); else "flash"
     fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
-    tp_overlap: bool  # TP's collectives overlapped with the GEMMs next to them (TE's userbuffers)
+    tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.gpu.TP_OVERLAP), if they do
     why: str
 
 
 ENGINES = {
-    "torchtitan": Engine({}, False, False, "PyTorch SDPA's flash attention, as this toolkit; its Llama's memory-bound "
+    "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention, as this toolkit; its Llama's memory-bound "
                          "kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
     "megatron_bridge": Engine(
-        {"hopper": "cudnn", "blackwell": "cudnn"}, True, True,
+        {"hopper": "cudnn", "blackwell": "cudnn"}, True, "userbuffers",
         "Transformer Engine: src/megatron/bridge/recipes/llama/h100/llama3.py sets transformer_impl "
         "'transformer_engine' (norms fused with the linear after them and its float8 cast), attention_backend "
         "None (TE picks cuDNN's fused attention on Hopper and Blackwell) and cross_entropy_loss_fusion; "
@@ -34,12 +34,12 @@ ENGINES = {
         "llama3.py) set tp_comm_overlap (TE's userbuffers), which scripts/performance/configs/llama/ keeps, and "
         "sets for 8B wherever TP > 1"),
     "megatron_lm": Engine(
-        {"hopper": "cudnn"}, True, True,
+        {"hopper": "cudnn"}, True, "userbuffers",
         "Megatron-Core with Transformer Engine (the README's figures, which name --tp-comm-overlap): as "
         "megatron_bridge; its A100 row (2021) predates flash attention and is priced at FlashAttention-2 all "
         "the same"),
     "llm_foundry": Engine(
-        {"ampere": "triton", "hopper": "triton"}, False, False,
+        {"ampere": "triton", "hopper": "triton"}, False, None,
         "scripts/train/benchmarking/submit_benchmarks.py: --attn_impl defaults to 'triton' at every commit "
         "the tables were written at (Triton FlashAttention, 2023); eager PyTorch"),
 }

@@ -122,9 +122,9 @@ class Elementwise:
 # halves (upcast 6, four products 16, a difference and a sum 12, the stack 8, the cast back 6),
 # 48; SiLU and product 10; SDPA's flash kernel writes its output as the next matmul reads it (no
 # copy: so on CPU; a GPU run is to confirm it). 34 ops that launch a kernel (tests/test_gpu_model.py
-# counts them and these bytes on this toolkit's block on CPU, the norms as the fused kernel's). Compiled: each norm with its residual add 6 x 2, RoPE
-# 4, SiLU and product 6, 13 kernels. The loss: the fp32 upcast, log-softmax and its gradient, 36
-# eager, 10 fused.
+# counts them and these bytes on this toolkit's block on CPU, the norms as the fused kernel's).
+# Compiled: each norm with its residual add 6 x 2, RoPE 4, SiLU and product 6, 13 kernels. The
+# loss: the fp32 upcast, log-softmax and its gradient, 36 eager, 10 fused.
 LLAMA = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 48, 10), compiled_bytes=(2 * 6, 4, 6),
                     eager_ops=34, compiled_kernels=13, loss_bytes_eager=36, loss_bytes_compiled=10)
 
@@ -324,9 +324,10 @@ def async_tp_exposed(gather_fwd_s: float, gather_s: float, scatter_s: float, gro
     weight-gradient GEMMs), its partials reduced within the pipeline."""
     if overlap not in TP_OVERLAP:
         raise ValueError(f"overlap {overlap!r}: choose from {', '.join(TP_OVERLAP)}")
-    qkv, o, w13, w2 = groups
-    forward = (max(0.0, gather_fwd_s - qkv) + max(0.0, scatter_s - o) + max(0.0, gather_fwd_s - w13)
-               + max(0.0, scatter_s - w2))
+    def beside(comm_s):  # each collective with the GEMM group in its place; what outlasts it waits
+        return sum(max(0.0, c - g) for c, g in zip(comm_s, groups))
+
+    forward = beside([gather_fwd_s, scatter_s] * 2)
     if overlap == "userbuffers":
-        return forward, sum(max(0.0, c - g) for c, g in zip([gather_s, scatter_s] * 2, groups))
-    return forward + 2 * partials_s, max(0.0, gather_s - o) + max(0.0, gather_s - w2) + 2 * scatter_s
+        return forward, beside([gather_s, scatter_s] * 2)
+    return forward + 2 * partials_s, beside([0.0, gather_s] * 2) + 2 * scatter_s

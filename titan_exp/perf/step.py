@@ -308,7 +308,6 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
             per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
             if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
-                c = profile.corrections.compute
                 partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
                 forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
                                                      tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
