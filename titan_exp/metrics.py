@@ -86,6 +86,12 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
+def peak_allocated_gib(device: torch.device) -> float | None:
+    """On a GPU the most memory tensors held at once (max_memory_allocated): reserved less the
+    allocator's cached and fragmented blocks. None on a CPU, which has no such allocator."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
 class StepHistory:
     """Each step's loss, gradient norm and time, held on the device until the host needs them.
 

@@ -92,6 +92,7 @@ class RunSummary:
     tokens_per_second_per_device: Optional[float] = None
     mfu: Optional[float] = None
     peak_memory_gib: Optional[float] = None
+    peak_memory_allocated_gib: Optional[float] = None  # GPU: the most tensors held (peak_memory_gib is reserved)
     state_bytes_per_rank: Optional[int] = None
     dry_run: Optional[dict[str, Any]] = None  # cluster.dry_run: the rank's bytes and memory beside the planner's
     train_time_s: Optional[float] = None

@@ -52,7 +52,7 @@ from titan_exp.perf.measure_compute import (concurrency, measure_compile, measur
                                             measure_fresh_memory, measure_fsdp_blocks, measure_gemms,
                                             measure_optimizer)
 from titan_exp.perf.measure_kernels import host_compiled_s, measure_kernels
-from titan_exp.perf.profile import BlockCost, Line, MachineProfile, find, machine_key, model_shape
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile, find, machine_key, model_shape, rank_key
 from titan_exp.perf.timing import Options
 from titan_exp.record import RunDir, RunSummary, Status
 from titan_exp.train.rank import init_distributed, setup_logging, slurm_job_id
@@ -60,12 +60,21 @@ from titan_exp.train.rank import init_distributed, setup_logging, slurm_job_id
 logger = logging.getLogger("titan_exp")
 
 
+def _timed(label: str, fn, *args):
+    """fn(*args), its time in the log: which part of a calibration takes the time."""
+    start = time.perf_counter()
+    out = fn(*args)
+    logger.info("calibration: %s took %.1f s", label, time.perf_counter() - start)
+    return out
+
+
 def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path | None) -> tuple[MachineProfile, bool]:
     """(profile, whether anything was measured)."""
     world = dist.get_world_size()
-    threads = torch.get_num_threads()
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    backend = dist.get_backend()
+    cuda = device.type == "cuda"
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    # this_machine's key on a GPU; on a CPU the threads this rank was given, over gloo
+    backend, threads = rank_key(True, world) if cuda else (dist.get_backend(), torch.get_num_threads())
     shape = model_shape(job)
     m, seq_len = job.model, job.training.seq_len
     nodes = job.cluster.nodes_for(world)
@@ -81,16 +90,16 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
     else:
         profile = MachineProfile(key=machine_key(dev_name, backend, world, threads, nodes))
         profile.blocks = {k: v for k, v in (known.blocks if known else {}).items() if k != shape}  # other models'
-        profile.concurrency = concurrency(m, seq_len, world, opts, device)
+        profile.concurrency = _timed("concurrency", concurrency, m, seq_len, world, opts, device)
     # Compute is measured with every rank computing at once, as in a data-parallel step; the
     # model scales it for layouts where fewer ranks compute at a time (pipeline bubbles), by
     # `concurrency`, so a noisy concurrency only touches those.
     # A block inside the real model costs more than by itself (memory traffic, autograd across
     # blocks): one factor, from tp = 1 (measure_compute), scales every block's compute.
-    plain, real, ratio = measure_compute(m, seq_len, world, opts, device)
+    plain, real, ratio = _timed("blocks", measure_compute, m, seq_len, world, opts, device)
     in_situ = min(3.0, max(1.0, ratio))  # below 1 taken as noise (0.78 for the debug model at world 8)
-    cp_blocks = measure_cp_blocks(m, seq_len, world, opts, device)
-    fsdp_blocks = measure_fsdp_blocks(m, seq_len, world, opts, device)
+    cp_blocks = _timed("CP blocks", measure_cp_blocks, m, seq_len, world, opts, device)
+    fsdp_blocks = _timed("FSDP blocks", measure_fsdp_blocks, m, seq_len, world, opts, device)
     profile.blocks[shape] = {}
     for tp, (fwd, fwd_bwd) in plain.items():
         in_situ_block, one, updates = real[tp]
@@ -110,21 +119,22 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra,
                                               fsdp_extra=fsdp_extra, update=updates)
     profile.notes = [f"a block in the model costs {ratio:.2f}x the block by itself (tp 1): {in_situ:.2f}x used"]
-    gemm, tables = measure_gemms(m, seq_len, opts, device)
+    gemm, tables = _timed("GEMMs", measure_gemms, m, seq_len, opts, device)
     profile.gemm.update(gemm)
     profile.gemm_shapes.update(tables)
     if not keep_machine:
         profile.collectives, profile.inter_node = measure_collectives(world, opts, device, nodes) if world > 1 else ({}, {})
         profile.overlap = measure_overlap(world, opts, device) if world > 1 else 0.0
-        profile.optimizer_s_per_param = measure_optimizer(m, opts, device)
-        profile.fresh_memory_s_per_byte = measure_fresh_memory(opts, device)
-        profile.kernels = measure_kernels(m, opts, device)
+        profile.optimizer_s_per_param = _timed("optimizer", measure_optimizer, m, opts, device)
+        profile.fresh_memory_s_per_byte = _timed("fresh memory", measure_fresh_memory, opts, device)
+        profile.kernels = _timed("kernels", measure_kernels, m, opts, device)
         profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs
     if opts.compile:
-        profile.compile_speedup = measure_compile(m, seq_len, opts, device)
+        profile.compile_speedup = _timed("compile", measure_compile, m, seq_len, opts, device)
         if profile.kernels and "host_compiled_s" not in profile.kernels.measured:
             k = profile.kernels
-            profile.kernels = dataclasses.replace(k, host_compiled_s=host_compiled_s(opts, device),
+            host_s = _timed("compiled host cost", host_compiled_s, opts, device)
+            profile.kernels = dataclasses.replace(k, host_compiled_s=host_s,
                                                   measured=(*k.measured, "host_compiled_s"))
     profile.created = time.strftime("%Y-%m-%dT%H:%M:%S")
     profile.calibration_s += time.perf_counter() - start

@@ -13,11 +13,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from titan_exp.config import ModelConfig
+from titan_exp.config import ModelConfig, OptimizerImpl
 from titan_exp.perf.measure_kernels import matmul, matmul_dtypes
 from titan_exp.perf.profile import Line
 from titan_exp.perf.shapes import tp_degrees
 from titan_exp.perf.timing import Options, Runs, in_rounds, medians, side_by_side, timed, together
+from titan_exp.train.optim import kernels
 
 
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
@@ -121,7 +122,7 @@ def real_model_runs(m: ModelConfig, seq_len: int, opts: Options, device: torch.d
     if update:  # after the forward + backward steps of each round, so every model has gradients
         for layers in (1, MORE_BLOCKS):
             params = list(models[layers].parameters())
-            steps.append(functools.partial(optimizer_phase, params, torch.optim.AdamW(params, lr=1e-4, foreach=True)))
+            steps.append(functools.partial(optimizer_phase, params, torch.optim.AdamW(params, lr=1e-4, **adamw(device))))
 
     def finish(times: list[list[float]]) -> tuple[Line, Line, Line | None]:
         one = medians([r[:n] for r in times])[0::2]
@@ -268,8 +269,13 @@ def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> fl
     params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(count)]
     for p in params:
         p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    opt = torch.optim.AdamW(params, lr=1e-4, **adamw(device))
     return together(opt.step, opts.reps, device) / sum(p.numel() for p in params)
+
+
+def adamw(device: torch.device) -> dict[str, bool]:
+    """The kernels training's AdamW runs with on this device (optimizer.implementation=auto)."""
+    return kernels(OptimizerImpl.auto, on_gpu=device.type == "cuda")
 
 
 def measure_fresh_memory(opts: Options, device: torch.device) -> float:

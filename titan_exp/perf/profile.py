@@ -371,6 +371,18 @@ def defaults(device: str, backend: str, world: int, threads_per_rank: int) -> Ma
     )
 
 
+def rank_key(cuda: bool, world: int) -> tuple[str, int]:
+    """(backend, threads per rank) a profile is filed under: one rank a GPU over NCCL (whatever
+    else its process group holds, and however many cores its host has), or gloo ranks sharing a
+    CPU's cores (titan_exp.config.cluster.threads_per_rank). Calibration writes and
+    this_machine reads by it."""
+    if cuda:
+        return "nccl", 1
+    from titan_exp.config.cluster import threads_per_rank
+
+    return "gloo", threads_per_rank(world)
+
+
 def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int | None = None,
                  folder: Path | None = None, nodes: int = 1) -> MachineProfile:
     """The calibrated profile for `world` ranks on this machine (or `nodes` of its kind), else
@@ -379,11 +391,8 @@ def this_machine(world: int, *, cuda: bool | None = None, threads_per_rank: int 
 
     cuda = torch.cuda.is_available() if cuda is None else cuda
     device = torch.cuda.get_device_name(0) if cuda and torch.cuda.is_available() else ("cuda" if cuda else "cpu")
-    backend = "nccl" if cuda else "gloo"
-    if threads_per_rank is None:
-        from titan_exp.config.cluster import threads_per_rank as split
-
-        threads_per_rank = 1 if cuda else split(world)
+    backend, threads = rank_key(cuda, world)
+    threads_per_rank = threads if threads_per_rank is None else threads_per_rank
     return (find(device, backend, world, threads_per_rank, folder, nodes)
             or defaults(device, backend, world, threads_per_rank))
 

@@ -176,7 +176,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     cost = profile.block(model_shape(job), tp)
     gpu = None
     gpu_kernels = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" else None
-    if cost is None and gpu_kernels and cuda:  # a GPU's block from its parts, at its kernels' rates
+    # A GPU's block from its parts, at its kernels' rates (measured, or the spec sheet's), even where
+    # a block was timed: that block ran in fp32 without autocast, and on a GPU its attention and
+    # elementwise kernels at fp32 say nothing of bf16 or float8 ones (the 1B block: 8x a bf16
+    # step's share on an H200, 2026-11-25).
+    if gpu_kernels and cuda:
         gpu = block_times(job, tp, gpu_kernels, elementwise)
         notes += gpu.notes
         cost = BlockCost(Line(0.0, 0.0), Line(0.0, 0.0), Line(0.0, 0.0))  # nothing measured

@@ -53,3 +53,37 @@ def latest_trace(run_dir: Path, folder: str = "profile_traces", rank: int = 0) -
     found = sorted((Path(run_dir) / folder).glob(f"iteration_*/rank{rank}_trace.json"),
                    key=lambda p: int(p.parent.name.split("_")[1]))
     return found[-1] if found else None
+
+
+# -- one GPU's trace: where the device waited ---------------------------------------------------
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+# The host waiting on the device. (aten::item alone is no sign: on a CPU tensor it waits for nothing.)
+SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+
+
+def gpu_summary(trace: Path, top: int = 8) -> dict | None:
+    """What a GPU did in a traced step: the window from its first to its last kernel, the time
+    some kernel ran (busy) and the rest (idle: the host was late, a sync, the data loader), the
+    kernel count, host waits on the device (syncs), compiled regions entered (more than the
+    compiled modules' count means graph breaks) and the longest-running kernels. None if the
+    trace holds no device work."""
+    events = [e for e in json.loads(Path(trace).read_text()).get("traceEvents", []) if e.get("ph") == "X"]
+    work = [e for e in events if e.get("cat") in DEVICE_WORK]
+    if not work:
+        return None
+    start, end = min(e["ts"] for e in work), max(e["ts"] + e["dur"] for e in work)
+    busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in work])
+    by_name: dict[str, float] = {}
+    for e in work:
+        by_name[e["name"][:80]] = by_name.get(e["name"][:80], 0.0) + e["dur"]
+    syncs = [e for e in events if e["name"] in SYNCS]
+    gaps = sorted((b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(sorted(work, key=lambda e: e["ts"]),
+                                                                  sorted(work, key=lambda e: e["ts"])[1:])), reverse=True)
+    return {"window_s": (end - start) / 1e6, "busy_s": busy / 1e6, "idle_s": (end - start - busy) / 1e6,
+            "kernels": sum(e.get("cat") == "kernel" for e in work),
+            "host_to_device_copies": sum("HtoD" in e["name"] for e in work if e.get("cat") == "gpu_memcpy"),
+            "syncs": len(syncs), "sync_s": sum(e["dur"] for e in syncs) / 1e6,
+            "compiled_regions": sum(e["name"] == "Torch-Compiled Region" or e["name"].startswith("Torch-Compiled Region")
+                                    for e in events),
+            "longest_gaps_ms": [round(g / 1e3, 3) for g in gaps[:5]],
+            "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]}}

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titan_exp import targets
-from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, problem
+from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, OptimizerImpl, problem
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -72,11 +72,20 @@ def build_optimizers(model_parts: list[torch.nn.Module], job: JobConfig
     o, steps = job.optimizer, job.training.steps
     optimizers = [
         targets.build(job, "optimizer", part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                      weight_decay=o.weight_decay, foreach=True)
+                      weight_decay=o.weight_decay,
+                      **kernels(o.implementation, on_gpu=any(p.device.type == "cuda" for p in part.parameters())))
         for part in model_parts
     ]
     factor = lr_lambda(job.lr_scheduler, steps)
     return optimizers, [targets.build(job, "lr_scheduler", opt, lr_lambda=factor, total_steps=steps) for opt in optimizers]
+
+
+def kernels(implementation: OptimizerImpl, *, on_gpu: bool) -> dict[str, bool]:
+    """The optimizer's foreach= and fused= for optimizer.implementation; auto is fused where the
+    parameters live on a GPU and foreach elsewhere."""
+    if implementation == OptimizerImpl.auto:
+        implementation = OptimizerImpl.fused if on_gpu else OptimizerImpl.foreach
+    return {"foreach": implementation == OptimizerImpl.foreach, "fused": implementation == OptimizerImpl.fused}
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:

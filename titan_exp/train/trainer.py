@@ -28,7 +28,7 @@ from titan_exp.data import mixture
 from titan_exp.data.mixture import open_mixture
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.eval.runner import Evaluations
-from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_memory_gib, peak_tflops
+from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_allocated_gib, peak_memory_gib, peak_tflops
 from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
@@ -384,7 +384,9 @@ class Trainer:
             logger.info("nothing to train: the checkpoint is at step %d of %d", first - 1, t.steps)
             return {"steps": t.steps, "losses": [], **resumed}
         # Largest rank: memory limits are per device.
-        peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizers)], dtype=torch.float64)
+        allocated = peak_allocated_gib(self.device)
+        peak = torch.tensor([peak_memory_gib(self.device), state_bytes(self.params, self.optimizers), allocated or 0.0],
+                            dtype=torch.float64)
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         steady = self.throughput.steady()
         step_times = history.step_times
@@ -399,6 +401,7 @@ class Trainer:
             "tokens_per_second_per_device": steady["tps_per_device"],
             "mfu": steady["mfu"],
             "peak_memory_gib": peak[0].item(),
+            **({"peak_memory_allocated_gib": peak[2].item()} if allocated is not None else {}),
             "state_bytes_per_rank": int(peak[1].item()),
             "train_time_s": time.perf_counter() - start,
             "num_params": self.num_params,

@@ -1,0 +1,89 @@
+"""What one H200 measured (benchmarks/data/gpu_h200_*, 2026-11-25, `python benchmarks/gpu_suite.py`),
+checked on any machine: the planner must keep predicting those runs from the profile calibrated
+there, and the trace reader must keep reading that GPU's trace as it did there."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import statistics
+import sys
+
+import pytest
+from conftest import REPO, job_config
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_suite import CONFIGS, overrides_for  # noqa: E402
+
+from titan_exp.perf.devices import SPECS, spec_profile  # noqa: E402
+from titan_exp.perf.fit import spearman  # noqa: E402
+from titan_exp.perf.memory import predict_memory  # noqa: E402
+from titan_exp.perf.profile import MachineProfile, rank_key  # noqa: E402
+from titan_exp.perf.step import predict_step  # noqa: E402
+from titan_exp.perf.trace import gpu_summary  # noqa: E402
+from titan_exp.validation import resolve  # noqa: E402
+
+DATA = REPO / "benchmarks" / "data"
+SUITE = json.loads((DATA / "gpu_h200_suite.json").read_text())
+PROFILE = MachineProfile.from_dict(json.loads((DATA / "gpu_h200_profile.json").read_text()))
+# Named before the check: what the GPU block model does not price yet. Eager float8 runs torchao's
+# casts as separate kernels (2.1x the compiled step on the 1B); the MoE's routing and grouped GEMMs
+# are not in the block's parts. Both are predicted 45-60 % fast.
+NOT_MODELLED = ("float8 tensorwise", "float8 rowwise", "MoE 8 experts top-2, bf16 + compile")
+
+
+def rows(optimizer: str = "fused") -> list[dict]:
+    return [r for r in SUITE["rows"] if r["optimizer"] == optimizer]
+
+
+def predicted(row: dict, profile: MachineProfile) -> tuple[float, float]:
+    """(step s, memory GiB) the planner predicts for one measured row."""
+    name = row["config"].replace(", traced", "").replace(", warm cache", "").replace(", read every step", "")
+    job = resolve(job_config([*overrides_for(row["model"], SUITE["shape"]["steps"], False), *CONFIGS[name]]))
+    return predict_step(job, profile, cuda=True).step_s, predict_memory(job, cuda=True)["total"]
+
+
+def test_the_calibrated_profile_is_filed_under_the_key_a_gpu_run_looks_up():
+    """Calibration on the H200 wrote its profile under (nccl, 1 thread a rank): rank_key's, by
+    which this_machine reads it on a GPU. (It once wrote the process group's `cuda:nccl,cpu:gloo`
+    and the host's 16 threads, and every GPU run fell back to the uncalibrated defaults.)"""
+    assert (PROFILE.key["backend"], PROFILE.key["threads_per_rank"]) == rank_key(True, 1)
+    assert PROFILE.source == "calibrated" and PROFILE.kernels.architecture == "hopper"
+
+
+def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():
+    """Issue 38's targets on every modelled run: tokens/s ranked with Spearman >= 0.9, median
+    |error| <= 10 %; the spec sheet's errors beside them must stay larger (or the calibration is
+    not what makes the fit)."""
+    modelled = [r for r in rows() if r["config"] not in NOT_MODELLED]
+    assert len(modelled) == 13
+    measured = [r["step_s"] for r in modelled]
+    calibrated = [predicted(r, PROFILE)[0] for r in modelled]
+    spec = [predicted(r, spec_profile(SPECS["h200"], 1, 1))[0] for r in modelled]
+    errors = [abs(p / m - 1) for p, m in zip(calibrated, measured)]
+    spec_errors = [abs(p / m - 1) for p, m in zip(spec, measured)]
+    assert spearman([1 / s for s in calibrated], [1 / s for s in measured]) >= 0.9
+    assert statistics.median(errors) <= 0.10, errors
+    assert max(errors) <= 0.20, errors
+    assert statistics.median(spec_errors) > statistics.median(errors)
+
+
+@pytest.mark.xfail(strict=True, reason="issue 37: memory within 10 % of the reserved peak on every run; the GPU "
+                   "constants were fitted on TorchTitan's 8-GPU FSDP rows (float8 + compile +22-36 %, AC +11-36 %, "
+                   "eager -13-15 % here)")
+def test_the_planner_predicts_one_h200s_peak_memory():
+    for r in rows():
+        memory = predicted(r, PROFILE)[1]
+        assert abs(memory / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], memory, r["peak_memory_gib"])
+
+
+def test_the_gpu_trace_reads_as_it_did_on_the_gpu(tmp_path):
+    """titan_exp.perf.trace.gpu_summary on the bf16 + compile step traced on the H200 gives what
+    it gave there: 2,790 kernels, the GPU idle ~1.4 % of the step."""
+    trace = DATA / "gpu_h200_trace_llama3_3b_bf16_compile.json.gz"
+    there = next(r["trace"] for r in rows() if r["model"] == "llama3_3b" and r["config"] == "bf16 + compile, traced")
+    path = tmp_path / "trace.json"
+    path.write_bytes(gzip.decompress(trace.read_bytes()))
+    here = gpu_summary(path)
+    assert here == there
+    assert here["kernels"] == 2790 and here["idle_s"] / here["window_s"] < 0.02
