@@ -141,3 +141,20 @@ def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):
     ]:
         with pytest.raises(ValueError, match=rf"^autotune: cluster\.hardware = '.*': .*{message}"):
             Autotune(job_config(overrides), [], launch=lambda batch: [], sweep_dir=tmp_path)
+
+
+@pytest.mark.quick
+def test_the_precision_axis_is_what_the_device_trains_fastest_with():
+    """autotune.search=[precision]: on a GPU bf16 and float8 tensorwise and rowwise (issue 38's
+    axes; fp32 is never the fastest there), on a CPU fp32 and bf16 (float8 is emulated); each at
+    every split of the global batch."""
+    from titan_exp.perf.devices import SPECS, spec_profile
+
+    job = job_config([*SMALL, *TINY, "training.global_batch_size=4", "training.local_batch_size=4",
+                      "autotune.search=[precision]", "cluster=slurm", "cluster.gpus_per_node=1"])  # a GPU node, whatever this machine has
+    gpu = candidates(job, 1, cuda=True, profile=spec_profile(SPECS["h200"], 1, 1), memory_gib=1e3)
+    cpu = candidates(job, 1, cuda=False, profile=this_machine(1), memory_gib=1e3)
+    assert {(c.layout.split(", ")[-1], c.split) for c in gpu} == {
+        (p, f"local batch {b}" + (f" x {4 // b} accumulated" if b < 4 else ""))
+        for p in ("bf16", "float8", "float8_rowwise") for b in (1, 2, 4)}
+    assert {c.layout.split(", ")[-1] for c in cpu} == {"fp32", "bf16"}

@@ -29,3 +29,22 @@ def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     table = (tmp_path / "gpu_suite.md").read_text()
     assert "| bf16 + compile, AC full | ok |" in table and "planner memory" in table
     assert "planner step time (calibrated profile)" in table and "reading the loss only on log steps" in table
+
+
+def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
+    """benchmarks/gpu_grid.py (issue 38) on CPU: autotune's candidate set measured member by
+    member beside its predictions, scored, then the autotune sweep over the same axes scored
+    against it: the same code a GPU session runs."""
+    out = subprocess.run([sys.executable, "benchmarks/gpu_grid.py", "--smoke", "--global-batch", "1", "--steps", "2",
+                          "--warmup", "1", "--autotune", "--autotune-minutes", "0.5", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    results = json.loads((tmp_path / "gpu_grid.json").read_text())
+    rows = results["rows"]
+    assert len(rows) == 3 * 2 * 2  # AC modes x compile x (fp32, bf16) at local batch 1
+    assert all(r["status"] == "ok" and r["step_s"] > 0 and r["predicted_step_s"] > 0 for r in rows), rows
+    assert results["scores"]["measured"] == 12 and "spearman" in results["scores"]["calibrated"]
+    tune = results["autotune"]
+    assert tune["status"] == "ok", tune
+    assert tune["winner"] in {r["name"] for r in rows} and tune["winner_of_grid_best"] > 0
+    assert "autotune:" in (tmp_path / "gpu_grid.md").read_text()

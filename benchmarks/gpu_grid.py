@@ -1,0 +1,220 @@
+"""Issue 38 on one GPU: the planner against every single-GPU configuration, and autotune against
+the grid, in one command:
+
+    python benchmarks/gpu_grid.py --model llama3_1b [--autotune] [--out DIR]
+    python benchmarks/gpu_grid.py --model llama3_8b --layers 8 --global-batch 2   # 8B cut to fit
+    python benchmarks/gpu_grid.py --smoke --autotune --out DIR   # the same code on CPU, tiny (CI)
+
+1. Calibrates the GPU for the model (`python -m titan_exp.perf.calibrate ... --world 1 --compile`),
+   unless --no-calibrate (then the profile in TITAN_EXP_CACHE, if any).
+2. The grid is autotune's own candidate set for `autotune.search=[activation_checkpoint,compile,
+   precision]` at the global batch: AC none / selective / full x compile off / on x bf16, float8
+   tensorwise, float8 rowwise on a GPU (titan_exp.perf.autotune.GPU_PRECISIONS), each at every
+   split of the global batch into local batch and accumulation. Each member runs `--warmup` +
+   `--steps` steps in this process (cluster=debug: no launch per member; the allocator's peak
+   is reset between members), beside its predicted step time from the calibrated profile and from
+   the GPU's spec sheet, and its predicted memory. Members the model says do not fit run too (an
+   out-of-memory member is a row).
+3. With --autotune, `python launch.py -m +sweep=autotune` over the same axes and global batch:
+   its winner as the grid measured it against the grid's best, and its machine time (calibration
+   included) against the grid's.
+
+Targets (issue 38): calibrated Spearman >= 0.9 and median |error| <= 10 % on tokens/s; memory
+within 10 % of the reserved peak on every member; autotune within 3 % of the grid's best in at
+most 25 % of its time. Rows are written as they finish (DIR/gpu_grid.json); --budget-minutes
+starts no member after that time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
+from conftest import job_config, run_job  # noqa: E402
+from gpu_suite import SMOKE_MODEL, calibrate, spec_sheet  # noqa: E402
+
+from titan_exp.perf.autotune import candidates  # noqa: E402
+from titan_exp.perf.fit import spearman  # noqa: E402
+from titan_exp.perf.profile import this_machine  # noqa: E402
+from titan_exp.perf.step import predict_step  # noqa: E402
+
+SEARCH = "autotune.search=[activation_checkpoint,compile,precision]"
+TARGETS = {"spearman": 0.9, "median_error_pct": 10.0, "memory_error_pct": 10.0, "autotune_of_best": 0.97,
+           "autotune_time_share": 0.25}
+
+
+def base_overrides(args: argparse.Namespace) -> list[str]:
+    """The job every member shares: model, shape, global batch, one rank."""
+    if args.smoke:
+        shape = [*SMOKE_MODEL, "training.seq_len=32", "compile.backend=aot_eager"]
+    else:
+        shape = [f"model={args.model}", f"training.seq_len={args.seq}",
+                 *([f"model.n_layers={args.layers}"] if args.layers else [])]
+    return [*shape, f"training.global_batch_size={args.global_batch}",
+            f"training.local_batch_size={args.global_batch}", "cluster.nproc_per_node=1", SEARCH,
+            "metrics.log_freq=1000", "lr_scheduler.warmup_steps=1"]
+
+
+def free_device(cuda: bool) -> None:
+    """Between in-process members: nothing of the last one held, compiled code dropped, the
+    allocator's peak reset, so the next member's peak is its own."""
+    import torch
+
+    torch._dynamo.reset()
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def run_member(c, base: list[str], args: argparse.Namespace, run_dir: Path, cuda: bool) -> dict:
+    free_device(cuda)
+    start = time.perf_counter()
+    code, summary = run_job([*base, *c.overrides, "cluster=debug", f"training.steps={args.warmup + args.steps}",
+                             f"metrics.warmup_steps={args.warmup}"], run_dir)
+    wall = time.perf_counter() - start
+    summary = summary or {"status": "failed", "error": "no summary"}
+    tps = summary.get("tokens_per_second_per_device")
+    tokens = c.job.training.global_batch_size * c.job.training.seq_len
+    spec = spec_sheet(cuda)
+    return {"name": c.name, "layout": c.layout, "split": c.split, "overrides": c.overrides,
+            "status": summary["status"], "reason": (summary.get("error") or "")[:300],
+            "tokens_per_second": tps, "step_s": tokens / tps if tps else None,
+            "peak_memory_gib": summary.get("peak_memory_gib"),
+            "peak_allocated_gib": summary.get("peak_memory_allocated_gib"),
+            "predicted_step_s": c.predicted_step_s, "spec_step_s": predict_step(c.job, spec, cuda=cuda).step_s if spec else None,
+            "predicted_memory_gib": c.memory_gib, "predicted_fits": c.fits, "wall_s": wall}
+
+
+def scores(rows: list[dict]) -> dict:
+    """Spearman and errors of the calibrated and the spec-sheet predictions over the measured members."""
+    ok = [r for r in rows if r["status"] == "ok" and r["step_s"]]
+    out: dict = {"measured": len(ok), "members": len(rows), "grid_s": sum(r["wall_s"] for r in rows)}
+    for key, label in (("predicted_step_s", "calibrated"), ("spec_step_s", "spec")):
+        pairs = [(r[key], r["step_s"]) for r in ok if r.get(key)]
+        if len(pairs) >= 2:
+            errors = [abs(p / m - 1) * 100 for p, m in pairs]
+            out[label] = {"spearman": spearman([1 / p for p, _ in pairs], [1 / m for _, m in pairs]),
+                          "median_error_pct": statistics.median(errors), "worst_error_pct": max(errors)}
+    memory = [abs(r["predicted_memory_gib"] / r["peak_memory_gib"] - 1) * 100 for r in ok if r["peak_memory_gib"]]
+    if memory:
+        out["memory"] = {"median_error_pct": statistics.median(memory), "worst_error_pct": max(memory)}
+    if ok:
+        best = max(ok, key=lambda r: r["tokens_per_second"])
+        out["best"] = {"name": best["name"], "tokens_per_second": best["tokens_per_second"]}
+    return out
+
+
+def run_autotune(base: list[str], args: argparse.Namespace, sweep: Path, grid: list[dict], grid_s: float) -> dict:
+    """The sweep a user runs, over the grid's axes; its winner as the grid measured it."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "launch.py", "-m", "+sweep=autotune", *base, f"hydra.sweep.dir={sweep}",
+                          f"autotune.budget_minutes={args.autotune_minutes}"], cwd=REPO, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode or not (sweep / "autotune.json").exists():
+        return {"status": "failed", "error": (out.stdout + out.stderr)[-2000:], "wall_s": wall}
+    record = json.loads((sweep / "autotune.json").read_text())
+    winner = record["winner"]["name"] if record.get("winner") else None
+    measured = {r["name"]: r["tokens_per_second"] for r in grid if r["status"] == "ok" and r["tokens_per_second"]}
+    best = max(measured.values(), default=None)
+    of_best = measured.get(winner, 0.0) / best if best and winner else None
+    return {"status": "ok", "winner": winner, "winner_of_grid_best": of_best, "wall_s": wall,
+            "time_share": wall / grid_s if grid_s else None, "spent_s": record.get("spent_s")}
+
+
+def checks(results: dict) -> list[str]:
+    s, lines = results["scores"], []
+    if "calibrated" in s:
+        c = s["calibrated"]
+        lines.append(f"calibrated: Spearman {c['spearman']:.2f} (>= {TARGETS['spearman']}), median |error| "
+                     f"{c['median_error_pct']:.0f} % (<= {TARGETS['median_error_pct']:g} %), worst {c['worst_error_pct']:.0f} %")
+    if "spec" in s:
+        lines.append(f"spec sheet: Spearman {s['spec']['spearman']:.2f}, median |error| {s['spec']['median_error_pct']:.0f} %, "
+                     f"worst {s['spec']['worst_error_pct']:.0f} %")
+    if "memory" in s:
+        lines.append(f"memory: worst |error| {s['memory']['worst_error_pct']:.0f} % (<= {TARGETS['memory_error_pct']:g} %)")
+    lines.append(f"grid: {s['measured']} of {s['members']} members measured in {s['grid_s']:.0f} s")
+    a = results.get("autotune")
+    if a and a["status"] == "ok":
+        lines.append(f"autotune: {a['winner']}, {a['winner_of_grid_best'] or 0:.1%} of the grid's best (>= "
+                     f"{TARGETS['autotune_of_best']:.0%}) in {a['time_share']:.0%} of its time (<= "
+                     f"{TARGETS['autotune_time_share']:.0%})")
+    elif a:
+        lines.append(f"autotune failed: {a['error'][-300:]}")
+    return lines
+
+
+def to_markdown(results: dict) -> str:
+    def f(x, d=3):
+        return "" if x is None else f"{x:.{d}f}"
+
+    lines = [f"Grid on {results['device']}, torch {results['torch']}, {results['date']}: {results['base']}", "",
+             "| member | status | tokens/s | step s | calibrated s | spec-sheet s | reserved GiB | allocated GiB "
+             "| predicted GiB | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results["rows"]:
+        lines.append(f"| {r['name']} | {r['status']} | {f(r['tokens_per_second'], 0)} | {f(r['step_s'])} | "
+                     f"{f(r['predicted_step_s'])} | {f(r['spec_step_s'])} | {f(r['peak_memory_gib'], 2)} | "
+                     f"{f(r['peak_allocated_gib'], 2)} | {f(r['predicted_memory_gib'], 2)} | {f(r['wall_s'], 0)} |")
+    return "\n".join([*lines, "", *(f"- {line}" for line in checks(results)), ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama3_1b")
+    parser.add_argument("--layers", type=int, default=None, help="model.n_layers: a large model cut to fit one GPU")
+    parser.add_argument("--seq", type=int, default=8192)
+    parser.add_argument("--global-batch", type=int, default=2, help="sequences a step; its splits are members")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=4, help="timed steps per member")
+    parser.add_argument("--budget-minutes", type=float, default=None, help="start no member after this")
+    parser.add_argument("--autotune", action="store_true", help="then autotune over the same axes")
+    parser.add_argument("--autotune-minutes", type=float, default=5.0, help="autotune.budget_minutes")
+    parser.add_argument("--no-calibrate", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="the same code on CPU with a tiny model")
+    parser.add_argument("--out", type=Path, default=REPO / "gpu_grid")
+    args = parser.parse_args(argv)
+    cuda = torch.cuda.is_available() and not args.smoke
+    if not cuda and not args.smoke:
+        parser.error("no CUDA device here; run with --smoke to exercise the grid on CPU")
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = base_overrides(args)
+    deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes else float("inf")
+    results = {"device": torch.cuda.get_device_name() if cuda else "CPU", "torch": torch.__version__,
+               "date": time.strftime("%Y-%m-%d %H:%M"), "base": " ".join(base), "rows": [],
+               "calibration": "not calibrated (--no-calibrate)" if args.no_calibrate else
+               calibrate([o for o in base if not o.startswith("autotune.")], args.smoke, args.out / "calibrate.log")}
+    memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 1e9
+    grid = candidates(job_config(base), 1, cuda=cuda, profile=this_machine(1, cuda=cuda), memory_gib=memory)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, c in enumerate(grid):
+            if time.monotonic() > deadline:
+                results["rows"].append({"name": c.name, "status": "skipped", "reason": "over --budget-minutes",
+                                        "wall_s": 0.0, "step_s": None})
+                continue
+            results["rows"].append(run_member(c, base, args, Path(tmp) / str(i), cuda))
+            results["scores"] = scores(results["rows"])
+            (args.out / "gpu_grid.json").write_text(json.dumps(results, indent=1))
+        results["scores"] = scores(results["rows"])
+        if args.autotune:
+            free_device(cuda)
+            results["autotune"] = run_autotune(base, args, Path(tmp) / "autotune", results["rows"],
+                                               results["scores"]["grid_s"])
+    (args.out / "gpu_grid.json").write_text(json.dumps(results, indent=1))
+    (args.out / "gpu_grid.md").write_text(to_markdown(results))
+    print(to_markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
