@@ -77,13 +77,12 @@ def gpu_summary(trace: Path, top: int = 8) -> dict | None:
     for e in work:
         by_name[e["name"][:80]] = by_name.get(e["name"][:80], 0.0) + e["dur"]
     syncs = [e for e in events if e["name"] in SYNCS]
-    gaps = sorted((b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(sorted(work, key=lambda e: e["ts"]),
-                                                                  sorted(work, key=lambda e: e["ts"])[1:])), reverse=True)
+    ordered = sorted(work, key=lambda e: e["ts"])
+    gaps = sorted((b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(ordered, ordered[1:])), reverse=True)
     return {"window_s": (end - start) / 1e6, "busy_s": busy / 1e6, "idle_s": (end - start - busy) / 1e6,
             "kernels": sum(e.get("cat") == "kernel" for e in work),
             "host_to_device_copies": sum("HtoD" in e["name"] for e in work if e.get("cat") == "gpu_memcpy"),
             "syncs": len(syncs), "sync_s": sum(e["dur"] for e in syncs) / 1e6,
-            "compiled_regions": sum(e["name"] == "Torch-Compiled Region" or e["name"].startswith("Torch-Compiled Region")
-                                    for e in events),
+            "compiled_regions": sum(e["name"].startswith("Torch-Compiled Region") for e in events),
             "longest_gaps_ms": [round(g / 1e3, 3) for g in gaps[:5]],
             "top_kernels_ms": {k: round(v / 1e3, 3) for k, v in sorted(by_name.items(), key=lambda kv: -kv[1])[:top]}}
