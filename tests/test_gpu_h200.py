@@ -18,7 +18,7 @@ from gpu_suite import CONFIGS, overrides_for  # noqa: E402
 from titan_exp.perf.devices import SPECS, spec_profile  # noqa: E402
 from titan_exp.perf.fit import spearman  # noqa: E402
 from titan_exp.perf.memory import predict_memory  # noqa: E402
-from titan_exp.perf.profile import MachineProfile, rank_key  # noqa: E402
+from titan_exp.perf.profile import MachineProfile, model_shape, rank_key  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.perf.trace import gpu_summary  # noqa: E402
 from titan_exp.validation import resolve  # noqa: E402
@@ -49,6 +49,20 @@ def test_the_calibrated_profile_is_filed_under_the_key_a_gpu_run_looks_up():
     and the host's 16 threads, and every GPU run fell back to the uncalibrated defaults.)"""
     assert (PROFILE.key["backend"], PROFILE.key["threads_per_rank"]) == rank_key(True, 1)
     assert PROFILE.source == "calibrated" and PROFILE.kernels.architecture == "hopper"
+
+
+def test_a_calibrated_gpu_lacks_nothing_for_a_model_it_did_not_time():
+    """Its blocks are priced from their parts at its kernels' rates, so the 3B (calibrated on the
+    1B) needs no calibration, for autotune or the plan; without the compiled kernels' host cost,
+    a compiled job does."""
+    import dataclasses
+
+    job = resolve(job_config(overrides_for("llama3_3b", 12, False)))
+    assert PROFILE.block(model_shape(job), 1) is None and PROFILE.blocks  # it timed the 1B's only
+    assert PROFILE.missing(job, [1], compile=True) == []
+    eager_only = dataclasses.replace(PROFILE, kernels=dataclasses.replace(PROFILE.kernels, measured=("matmul_tflops",)))
+    assert eager_only.missing(job, [1], compile=True) == ["the host's cost of a compiled kernel"]
+    assert eager_only.missing(job, [1], compile=False) == []
 
 
 def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():

@@ -28,3 +28,15 @@ def test_every_implementation_makes_the_same_update_and_auto_is_foreach_on_a_cpu
     assert updates["auto"][1].defaults["foreach"] and not updates["auto"][1].defaults["fused"]
     assert updates["fused"][1].defaults["fused"] and not updates["fused"][1].defaults["foreach"]
     assert not updates["for-loop"][1].defaults["foreach"] and not updates["for-loop"][1].defaults["fused"]
+
+
+@pytest.mark.quick
+def test_an_implementation_the_optimizer_cannot_run_is_refused_by_name():
+    """optimizer.implementation=fused with an optimizer that takes no fused= would be dropped
+    silently; the validator names the field, the value and the way out instead."""
+    from titan_exp.validation import validate
+
+    errors = validate(job_config(["optimizer._target_=torch.optim.LBFGS", "optimizer.implementation=fused"]))
+    assert any(e.startswith("optimizer.implementation = 'fused'") and "torch.optim.LBFGS takes no fused=" in e
+               for e in errors), errors
+    assert validate(job_config(["optimizer._target_=torch.optim.LBFGS"])) == []  # auto runs what it offers

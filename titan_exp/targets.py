@@ -92,6 +92,13 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     return errors
 
 
+def takes(target: str, key: str) -> bool:
+    """Whether `target` takes the keyword argument `key` (True where it takes any, or where it
+    cannot be imported: `check` reports that)."""
+    obj, names = _located(target)
+    return obj is None or names is None or key in names
+
+
 _LOCATED: dict[str, tuple[Any, list[str] | None]] = {}
 
 

@@ -8,8 +8,10 @@ Overrides are launch.py's: the model (its GEMM and block shapes are measured), t
 length, and the cluster, whose executor starts the calibration ranks exactly as it would start
 training ranks (`cluster=slurm` measures the cluster's nodes; pass cluster.wait=true to wait for
 the profile). The profile lands in `<cache>/perf/<machine>.json` (titan_exp.perf.profile); a later
-run for the same machine, world size and model reuses it unless `--refresh`. A model not measured
-before on a known machine adds its blocks to the profile.
+run for the same machine, world size and model reuses it unless `--refresh`. On a CPU a model not
+measured before on a known machine adds its blocks to the profile; a GPU's profile holds its kernel
+rates, from which every model's blocks are priced (titan_exp.perf.gpu), so one calibration covers
+every model.
 """
 
 from __future__ import annotations
@@ -172,11 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     shape, folder = model_shape(job), Path(args.profile_dir) if args.profile_dir else None
     local = job.cluster.executor != Executor.slurm
     if local and not args.refresh:  # this machine: reuse without starting any rank
-        from titan_exp.config.cluster import threads_per_rank
-
-        known = this_machine(job.world_size, threads_per_rank=threads_per_rank(job.world_size), folder=folder,
-                             nodes=job.cluster.nnodes)
-        if known.source == "calibrated" and shape in known.blocks and (known.compile_speedup or not args.compile):
+        known = this_machine(job.world_size, folder=folder, nodes=job.cluster.nnodes)
+        if known.source == "calibrated" and not known.missing(job, tp_degrees(job.model, job.world_size),
+                                                              compile=args.compile):
             print(f"reusing {known.path(folder)} (--refresh measures again)")
             print_table(known, shape)
             return 0

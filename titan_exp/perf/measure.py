@@ -8,7 +8,8 @@ round, not the comparison. Rank 0 writes the profile (perf.profile) and the
 run's summary.json. What is measured, each over a few sizes and fitted as a Line:
 
 - matmuls of the model's own GEMM shapes (fp32, bf16; float8 on GPUs that have it);
-- one block by itself at every TP degree the world allows (heads and the SwiGLU width divided by
+- on a CPU (a GPU's blocks are priced from its kernels, below, and not timed):
+  one block by itself at every TP degree the world allows (heads and the SwiGLU width divided by
   tp), forward and forward + backward: its compute, and the forward that AC redoes, scaled by how
   much more a block costs inside the real model (measured at tp 1);
 - the real model, forward + backward with its loss, with 1 and 3 blocks, at every TP degree
@@ -17,8 +18,8 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
   under TP the optimizer phase (gradient norm, clipping, AdamW) of both models; the blocks by
   themselves and the real models of every TP degree are timed in the same rounds
   (measure_compute), since each of these is a comparison between them;
-- a real context-parallel block at every CP degree: what CP adds to the block;
-- a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
+- on a CPU, a real context-parallel block at every CP degree: what CP adds to the block;
+- on a CPU, a real FSDP block (fully_shard, resharded after forward) at every shard degree: what FSDP adds
   to the block: its two all-gathers and reduce-scatter with their copies, the buffers it maps
   afresh (under the job's cluster.cpu_malloc_mmap_threshold_mib) and the waits for other ranks;
 - collectives over groups of every size dividing the world, all groups at once: all-gather,
@@ -26,11 +27,11 @@ run's summary.json. What is measured, each over a few sizes and fitted as a Line
 - how many ranks compute at full speed at once (a block alone on rank 0 vs on every rank);
 - how much of an all-gather hides behind a concurrent matmul;
 - AdamW's step per parameter, on as many parameters as the model has; on a CPU, what memory
-  fresh from the OS costs to touch (page faults); optionally (`compile`) the compiled block's
-  speed-up.
+  fresh from the OS costs to touch (page faults); optionally (`compile`), on a CPU, the compiled
+  block's speed-up.
 - what each kind of kernel achieves (measure_kernels): the best-shaped GEMM by dtype, flash
   attention by sequence, memory-bound kernels, host time per op (and per compiled kernel with
-  `compile`): the rates a GPU's plan prices blocks it has not measured at (perf.gpu).
+  `compile`): the rates a GPU's plan prices its blocks at (perf.gpu).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from titan_exp.config import JobConfig, load_job_config
+from titan_exp.config import JobConfig, ModelConfig, load_job_config
 from titan_exp.perf.measure_comm import measure_collectives, measure_overlap
 from titan_exp.perf.measure_compute import (concurrency, measure_compile, measure_compute, measure_cp_blocks,
                                             measure_fresh_memory, measure_fsdp_blocks, measure_gemms,
@@ -68,29 +69,10 @@ def _timed(label: str, fn, *args):
     return out
 
 
-def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path | None) -> tuple[MachineProfile, bool]:
-    """(profile, whether anything was measured)."""
-    world = dist.get_world_size()
-    cuda = device.type == "cuda"
-    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
-    # this_machine's key on a GPU; on a CPU the threads this rank was given, over gloo
-    backend, threads = rank_key(True, world) if cuda else (dist.get_backend(), torch.get_num_threads())
-    shape = model_shape(job)
-    m, seq_len = job.model, job.training.seq_len
-    nodes = job.cluster.nodes_for(world)
-    known = find(dev_name, backend, world, threads, folder, nodes)
-    if known is not None and known.source != "calibrated":
-        known = None  # the defaults, refit by an autotune sweep: nothing measured to keep
-    if known is not None and not opts.refresh and shape in known.blocks and (not opts.compile or known.compile_speedup):
-        return known, False
-    start = time.perf_counter()
-    keep_machine = known is not None and not opts.refresh  # a new model on a known machine: its blocks only
-    if keep_machine:
-        profile = dataclasses.replace(known, blocks=dict(known.blocks))
-    else:
-        profile = MachineProfile(key=machine_key(dev_name, backend, world, threads, nodes))
-        profile.blocks = {k: v for k, v in (known.blocks if known else {}).items() if k != shape}  # other models'
-        profile.concurrency = _timed("concurrency", concurrency, m, seq_len, world, opts, device)
+def _measure_blocks(profile: MachineProfile, shape: str, m: ModelConfig, seq_len: int, world: int, opts: Options,
+                    device: torch.device) -> None:
+    """Time the model's block at every TP degree (and under CP and FSDP) into profile.blocks[shape]:
+    what a CPU's step is predicted from."""
     # Compute is measured with every rank computing at once, as in a data-parallel step; the
     # model scales it for layouts where fewer ranks compute at a time (pipeline bubbles), by
     # `concurrency`, so a noisy concurrency only touches those.
@@ -119,6 +101,36 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         profile.blocks[shape][tp] = BlockCost(fwd, fwd_bwd, rest, tp_comm=tp_comm, cp_extra=cp_extra,
                                               fsdp_extra=fsdp_extra, update=updates)
     profile.notes = [f"a block in the model costs {ratio:.2f}x the block by itself (tp 1): {in_situ:.2f}x used"]
+
+
+def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path | None) -> tuple[MachineProfile, bool]:
+    """(profile, whether anything was measured)."""
+    world = dist.get_world_size()
+    cuda = device.type == "cuda"
+    dev_name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    # this_machine's key on a GPU; on a CPU the threads this rank was given, over gloo
+    backend, threads = rank_key(True, world) if cuda else (dist.get_backend(), torch.get_num_threads())
+    shape = model_shape(job)
+    m, seq_len = job.model, job.training.seq_len
+    nodes = job.cluster.nodes_for(world)
+    known = find(dev_name, backend, world, threads, folder, nodes)
+    if known is not None and known.source != "calibrated":
+        known = None  # the defaults, refit by an autotune sweep: nothing measured to keep
+    if known is not None and not opts.refresh and not known.missing(job, [], compile=opts.compile) and \
+            (cuda or shape in known.blocks):
+        return known, False
+    start = time.perf_counter()
+    keep_machine = known is not None and not opts.refresh  # a new model on a known machine: its blocks only
+    if keep_machine:
+        profile = dataclasses.replace(known, blocks=dict(known.blocks))
+    else:
+        profile = MachineProfile(key=machine_key(dev_name, backend, world, threads, nodes))
+        profile.blocks = {k: v for k, v in (known.blocks if known else {}).items() if k != shape}  # other models'
+        profile.concurrency = _timed("concurrency", concurrency, m, seq_len, world, opts, device)
+    if cuda:  # a GPU's block is priced from its parts (perf.gpu), at the kernel rates measured below
+        profile.notes = ["blocks not timed: a GPU's are priced from their parts at its kernels' rates"]
+    else:
+        _measure_blocks(profile, shape, m, seq_len, world, opts, device)
     gemm, tables = _timed("GEMMs", measure_gemms, m, seq_len, opts, device)
     profile.gemm.update(gemm)
     profile.gemm_shapes.update(tables)
@@ -130,7 +142,8 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
         profile.kernels = _timed("kernels", measure_kernels, m, opts, device)
         profile.step_overhead_s = 1e-3 if device.type == "cuda" else 5e-3  # refit from real runs
     if opts.compile:
-        profile.compile_speedup = _timed("compile", measure_compile, m, seq_len, opts, device)
+        if not cuda:
+            profile.compile_speedup = _timed("compile", measure_compile, m, seq_len, opts, device)
         if profile.kernels and "host_compiled_s" not in profile.kernels.measured:
             k = profile.kernels
             host_s = _timed("compiled host cost", host_compiled_s, opts, device)

@@ -286,18 +286,25 @@ class MachineProfile:
     def missing(self, job: JobConfig, tps: Iterable[int], *, compile: bool) -> list[str]:
         """What the performance model would estimate from FLOPs rather than read here, for `job`'s
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
-        of this machine measures. A spec sheet's profile lacks nothing one could measure here."""
+        of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
+        host cost, when `compile`: its blocks are priced from their parts (perf.gpu). A spec
+        sheet's profile lacks nothing one could measure here."""
         if self.source == "spec":
             return []
         if self.source == "defaults":
             return [f"this machine at world {self.key['world']} (no profile)"]
         shape = model_shape(job)
         out = []
-        absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
-        if absent:
-            out.append(f"the block {shape} at tp {', '.join(map(str, absent))}")
-        if compile and self.compile_speedup is None:
-            out.append("the compiled block's speed-up")
+        if self.kernels is not None and self.kernels.architecture != "cpu":
+            # A GPU's block is priced from its parts at these kernels' rates, whatever the model.
+            if compile and "host_compiled_s" not in self.kernels.measured:
+                out.append("the host's cost of a compiled kernel")
+        else:
+            absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
+            if absent:
+                out.append(f"the block {shape} at tp {', '.join(map(str, absent))}")
+            if compile and self.compile_speedup is None:
+                out.append("the compiled block's speed-up")
         if self.key["world"] > 1 and not self.collectives:
             out.append(f"the collectives at world {self.key['world']}")
         return out

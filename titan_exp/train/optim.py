@@ -27,6 +27,10 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("optimizer.eps", o.eps, "must be > 0"))
     if o.weight_decay < 0:
         e.append(problem("optimizer.weight_decay", o.weight_decay, "must be >= 0"))
+    asked = {OptimizerImpl.fused: "fused", OptimizerImpl.foreach: "foreach"}.get(o.implementation)
+    if asked and not targets.takes(o._target_, asked):
+        e.append(problem("optimizer.implementation", o.implementation, f"{o._target_} takes no {asked}= argument; "
+                                                                       "use auto, which runs what it offers"))
     if not 0 <= s.warmup_steps <= steps:
         e.append(problem("lr_scheduler.warmup_steps", s.warmup_steps, f"must be in [0, training.steps = {steps}]"))
     if s.decay_ratio is not None and not 0 <= s.decay_ratio <= 1:
