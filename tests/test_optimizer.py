@@ -9,7 +9,8 @@ from conftest import job_config
 from titan_exp.train.optim import build_optimizers
 
 
-def one_step(implementation: str) -> torch.Tensor:
+def one_step(implementation: str) -> tuple[torch.Tensor, torch.optim.Optimizer]:
+    """The parameters after one AdamW step with this implementation, and the optimizer."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
     model(torch.randn(16, 64)).square().mean().backward()
@@ -23,7 +24,7 @@ def test_every_implementation_makes_the_same_update_and_auto_is_foreach_on_a_cpu
     """fused (one kernel, auto's choice on a GPU: a 3B model's update 126 -> 68 ms on an H200,
     2026-11-25), foreach and for-loop are one AdamW; auto on CPU parameters is foreach."""
     updates = {name: one_step(name) for name in ("auto", "fused", "foreach", "for-loop")}
-    for name, (params, opt) in updates.items():
+    for params, _ in updates.values():
         torch.testing.assert_close(params, updates["for-loop"][0], rtol=1e-6, atol=1e-7)
     assert updates["auto"][1].defaults["foreach"] and not updates["auto"][1].defaults["fused"]
     assert updates["fused"][1].defaults["fused"] and not updates["fused"][1].defaults["foreach"]

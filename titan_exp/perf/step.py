@@ -173,13 +173,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     n_mb = max(1, local // mb)
     seqs = mb / cp  # sequences of full length this rank's block work equals, per microbatch
 
-    cost = profile.block(model_shape(job), tp)
     gpu = None
     gpu_kernels = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" else None
-    # A GPU's block from its parts, at its kernels' rates (measured, or the spec sheet's), even where
-    # a block was timed: that block ran in fp32 without autocast, and on a GPU its attention and
-    # elementwise kernels at fp32 say nothing of bf16 or float8 ones (the 1B block: 8x a bf16
-    # step's share on an H200, 2026-11-25).
+    # A GPU's block from its parts, at its kernels' rates (measured, or the spec sheet's). GPU
+    # profiles calibrated before 2026-11-25 also hold blocks timed in fp32 without autocast, which
+    # say nothing of bf16 or float8 kernels (the 1B's: 8x a bf16 block's share of an H200 step): unread.
     if gpu_kernels and cuda:
         gpu = block_times(job, tp, gpu_kernels, elementwise)
         notes += gpu.notes
@@ -188,6 +186,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         fwd, block, head = gpu.fwd * c, (gpu.fwd + gpu.bwd) * c, gpu.head * c
         kept = fwd - gpu.selective_s * c  # what per-op selective AC saves rather than recomputes
     else:
+        cost = profile.block(model_shape(job), tp)
         if cost is None:
             notes.append(f"block {model_shape(job)} at tp={tp} not calibrated: estimated from FLOPs "
                          f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
