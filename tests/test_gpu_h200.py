@@ -85,12 +85,72 @@ def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():
 
 @pytest.mark.xfail(strict=True, reason="issue 37: memory within 10 % of the reserved peak on every run; the GPU "
                    "constants were fitted on TorchTitan's 8-GPU FSDP rows (float8 + compile +22-36 %, AC +11-36 %, "
-                   "eager -13-15 % here)")
+                   "eager -13-15 % here). The eager rows are their parts (the test below); the compiled rows' loss "
+                   "and blocks, selective AC and float8 + compile are not yet counted")
 def test_the_planner_predicts_one_h200s_peak_memory():
     for r in rows():
         memory = predicted(r, PROFILE)[1]
         assert abs(memory / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], memory, r["peak_memory_gib"])
 
+
+def saved_by_one_block(job, seq: int = 64) -> tuple[float, float]:
+    """(bytes a token, bytes of weight copies) that one of this toolkit's blocks of `job`'s shape
+    saves for backward under bf16 autocast, eager, counted here with autograd's saved-tensor
+    hooks on a short sequence (a token's share does not depend on the sequence's length). The
+    block's input and parameters, saved as they are, take no new memory; a saved tensor shaped as
+    one of its weights is autocast's bf16 copy of it."""
+    import torch
+
+    from titan_exp.models.llama import TransformerBlock, rope_tables
+
+    m = job.model
+    block = TransformerBlock(m)
+    cos, sin = rope_tables(m.head_dim, seq, m.rope_theta)
+    weights = {tuple(p.shape) for p in block.parameters()} | {tuple(p.shape[::-1]) for p in block.parameters()}
+    saved: dict[int, tuple[int, bool]] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape) in weights)
+        return t
+
+    x = torch.randn(1, seq, m.dim, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        block(x, cos, sin)
+    held = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *block.parameters())}  # saved, not made
+    made = [(n, copy) for ptr, (n, copy) in saved.items() if ptr not in held]
+    return sum(n for n, copy in made if not copy) / seq, sum(n for n, copy in made if copy)
+
+
+def test_one_h200s_eager_peak_memory_is_the_sum_of_its_parts():
+    """Issue 37's memory target, diagnosed (2026-11-25): the H200's seven eager runs (bf16 and
+    float8, 1B and 3B, either optimizer: the peak is in the backward; no FSDP, so bf16 is
+    autocast's) allocated, at their peak, what these parts hold, to within 1 %, nothing fitted:
+      - the parameters (fp32) and AdamW's two moments: 12 bytes a parameter (the gradients, set to
+        None before the step, do not exist yet when the backward starts);
+      - autocast's bf16 copies of the weights it casts, which its cache keeps from the forward
+        through the backward (the backward runs inside autocast): every linear under bf16; under
+        float8 the output layer's only, as torchao's linears cast their fp32 weights themselves;
+      - what every block saves, counted here on this toolkit's own block (`saved_by_one_block`);
+      - the eager loss at its gradient: the bf16 logits, their fp32 copy, log-softmax's saved fp32
+        output and its fp32 gradient (7 units of bf16 logits).
+    The memory model does not yet add them up so (the xfail above)."""
+    vocab_units = 7
+    eager = [r for r in SUITE["rows"] if r["config"] in ("bf16 eager", "float8 tensorwise", "float8 rowwise")]
+    assert len(eager) == 7
+    counted = {}
+    for r in eager:
+        job = resolve(job_config(overrides_for(r["model"], SUITE["shape"]["steps"], False)))
+        m, tokens = job.model, SUITE["shape"]["seq_len"]
+        if r["model"] not in counted:
+            counted[r["model"]] = saved_by_one_block(job)
+        per_token, block_copies = counted[r["model"]]
+        assert block_copies == 2 * (m.block_params - 2 * m.dim)  # bf16 copies of every linear of the block
+        states = 12 * m.num_params
+        output_copy = 2 * m.vocab_size * m.dim  # the output layer's weight (the embedding's, where tied)
+        copies = output_copy + (m.n_layers * block_copies if r["config"] == "bf16 eager" else 0)
+        loss = vocab_units * tokens * m.vocab_size * 2
+        parts = (states + copies + m.n_layers * tokens * per_token + loss) / 2**30
+        assert abs(parts / r["peak_allocated_gib"] - 1) < 0.01, (r["model"], r["config"], parts, r["peak_allocated_gib"])
 
 def test_the_gpu_trace_reads_as_it_did_on_the_gpu(tmp_path):
     """titan_exp.perf.trace.gpu_summary on the bf16 + compile step traced on the H200 gives what
