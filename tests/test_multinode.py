@@ -173,7 +173,7 @@ def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):
     assert all(line(1 << 20) > 0 for by_g in profile.inter_node.values() for line in by_g.values())
     assert "all_reduce across nodes: 2 ranks" in out.stdout
     plan = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "model.n_layers=2", "training.seq_len=64",
-                           "cluster.nnodes=2", "--world", "4", "--profile-dir", str(tmp_path)],
+                           "cluster.nnodes=2", "--world", "4", "--profile-dir", str(tmp_path), "--top", "0"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert plan.returncode == 0, plan.stderr[-2000:]
     assert path.stem in plan.stdout and "| across nodes |" in plan.stdout
