@@ -85,8 +85,8 @@ def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():
 
 @pytest.mark.xfail(strict=True, reason="issue 37: memory within 10 % of the reserved peak on every run; the GPU "
                    "constants were fitted on TorchTitan's 8-GPU FSDP rows (float8 + compile +22-36 %, AC +11-36 %, "
-                   "eager -13-15 % here). The eager rows are the sum of their parts (the test below); the compiled rows' loss "
-                   "and blocks, selective AC and float8 + compile are not yet counted")
+                   "eager -13-15 % here). The eager rows are the sum of their parts (the test below); the compiled "
+                   "rows' loss and blocks, selective AC and float8 + compile are not yet counted")
 def test_the_planner_predicts_one_h200s_peak_memory():
     for r in rows():
         memory = predicted(r, PROFILE)[1]
@@ -150,7 +150,8 @@ def test_one_h200s_eager_peak_memory_is_the_sum_of_its_parts():
         copies = output_copy + (m.n_layers * block_copies if r["config"] == "bf16 eager" else 0)
         loss = vocab_units * tokens * m.vocab_size * 2
         parts = (states + copies + m.n_layers * tokens * per_token + loss) / 2**30
-        assert abs(parts / r["peak_allocated_gib"] - 1) < 0.01, (r["model"], r["config"], parts, r["peak_allocated_gib"])
+        measured = r["peak_allocated_gib"]
+        assert abs(parts / measured - 1) < 0.01, (r["model"], r["config"], parts, measured)
 
 
 def test_the_gpu_trace_reads_as_it_did_on_the_gpu(tmp_path):
