@@ -28,6 +28,9 @@ from the fit that predicts it. Other engines' kernels differ from ours, so per s
 gives the raw error, the error after one per-source scale (the median ratio), the order of rows
 within each table, and each technique's published effect (pairs of rows of one table that differ in
 that technique alone) against the predicted one.
+Megatron-Bridge's Qwen3 MoE rows (expert parallel) were first planned on 2026-11-25, held out by
+declaration before any was predicted (`MOE_SHAPES`); the summary counts them, and a line apart
+gives them and the dense rows separately.
 Megatron-Bridge's GB200 and GB300 rows were first planned after ENGINES was written (their spec
 sheets were added with it): no change was made for them (ENGINES' TP overlap, later, was written
 for Megatron-Bridge's H100 rows, in the fitting set, and reaches them too).
@@ -90,7 +93,7 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      and r["gpus"] in ("16", "32", "64")),
     ("2026-11-25: predicted 11-33 % too slow; the engine table (ENGINES: Transformer Engine's fused kernels and "
      "cuDNN attention) was written for them",
-     lambda r: r.source == "megatron_bridge" and r["gpu"] not in NVLINK_DOMAIN),
+     lambda r: r.source == "megatron_bridge" and r["gpu"] not in NVLINK_DOMAIN and not is_moe(r)),
     ("2026-11-25: predicted 5-76 % too fast, more the longer the sequence; the engine table (ENGINES: LLM "
      "Foundry's Triton attention) and attention by head dim (perf.gpu) were written for them",
      lambda r: r.source == "llm_foundry" and int(r["seq_len"] or 0) >= 16384),
@@ -145,8 +148,8 @@ def read_rows() -> list[Row]:
 
 def skip_reason(row: Row) -> str | None:
     """Why a row cannot be planned, or None."""
-    if not row["n_layers"]:
-        return "MoE or hybrid model: the data set has no shape for it"
+    if not row["n_layers"] and row["model"] not in MOE_SHAPES:
+        return "MoE or hybrid model: no shape for it here (of the MoE models, Qwen3's only: MOE_SHAPES)"
     if row["gpu"] not in GPUS:
         return f"no spec sheet for {row['gpu']}"
     if row["dtype"] == "fp4":
@@ -158,6 +161,25 @@ def skip_reason(row: Row) -> str | None:
     if not (row["tokens_per_s_per_gpu"] or row["mfu"] or row["tflops_per_gpu"]):
         return "no throughput published"
     return None
+
+
+# The MoE models of Megatron-Bridge's tables that this toolkit's block can describe: Qwen3's (GQA
+# with heads 128 wide, every layer's SwiGLU replaced by 128 routed experts, 8 a token, none shared;
+# their per-head q and k norms, two small memory-bound kernels, are left out). Shapes from the model
+# cards' config.json (huggingface.co/Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B), which
+# Megatron-Bridge's recipes load (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py:
+# AutoBridge.from_hf_pretrained). Their rows are held out: named so on 2026-11-25, before any was
+# predicted (`fitting_set` takes none of them).
+MOE_SHAPES = {
+    "qwen3_30b_a3b": dict(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, vocab_size=151936,
+                          n_experts=128, top_k=8, moe_hidden_dim=768),
+    "qwen3_235b_a22b": dict(dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, vocab_size=151936,
+                            n_experts=128, top_k=8, moe_hidden_dim=1536),
+}
+
+
+def is_moe(row: Row) -> bool:
+    return row["model"] in MOE_SHAPES
 
 
 @lru_cache(maxsize=None)
@@ -180,7 +202,10 @@ def job_for(row: Row):
     - a bare "FP8" and FP8 current scaling: torchao's tensorwise recipe; MXFP8: mxfp8;
     - Megatron data parallel without FSDP: replicated (its distributed optimizer shards only the
       optimizer states, which moves memory, not the step's traffic) where that composes, that is
-      without TP, PP or CP; with them, sharded (FSDP), the data parallel that composes here;
+      without TP, PP, CP or EP; with them, sharded (FSDP), the data parallel that composes here
+      (expert parallel is carved out of it);
+    - an MoE model (MOE_SHAPES): its experts as many as the row's EP degree splits them over,
+      tokens routed evenly (Megatron-Bridge's MoE benchmarks force-balance them);
     - the local batch is global / data-parallel ranks; without pipeline parallel, a stated micro
       batch below it is gradient accumulation; with it, the micro batch is the pipeline's (1 where
       unstated: Megatron-LM's table);
@@ -190,22 +215,28 @@ def job_for(row: Row):
     tp, pp, cp = (int(row.num(k, 1)) for k in ("tp", "pp", "cp"))
     dp = gpus // (tp * pp * cp)
     seq = int(row.num("seq_len", 8192))
-    hidden, heads = int(row.num("hidden")), int(row.num("heads"))
-    ffn = int(row.num("ffn_hidden", 4 * hidden))
     swiglu = row["source"] in ("torchtitan", "megatron_bridge")
     precision = {"fp8": "mxfp8" if row["fp8_recipe"] == "mxfp8" else "float8"}.get(row.precision, "bf16")
     job = _base(precision)
-    model = dataclasses.replace(job.model, flavor=row["model"], dim=hidden, n_layers=int(row.num("n_layers")),
-                                n_heads=heads, n_kv_heads=int(row.num("kv_heads", heads)),
-                                vocab_size=int(row.num("vocab")), intermediate_size=ffn if swiglu else 16 * round(2 * ffn / 48),
-                                tie_word_embeddings=not swiglu and pp == 1, max_seq_len=max(seq, 8192))
+    if is_moe(row):
+        model = dataclasses.replace(job.model, flavor=row["model"], **MOE_SHAPES[row["model"]],
+                                    max_seq_len=max(seq, 8192))
+    else:
+        hidden, heads = int(row.num("hidden")), int(row.num("heads"))
+        ffn = int(row.num("ffn_hidden", 4 * hidden))
+        model = dataclasses.replace(job.model, flavor=row["model"], dim=hidden, n_layers=int(row.num("n_layers")),
+                                    n_heads=heads, n_kv_heads=int(row.num("kv_heads", heads)),
+                                    vocab_size=int(row.num("vocab")),
+                                    intermediate_size=ffn if swiglu else 16 * round(2 * ffn / 48),
+                                    tie_word_embeddings=not swiglu and pp == 1, max_seq_len=max(seq, 8192))
     global_batch = row.num("global_batch")
     local = int(row.num("local_batch") or global_batch // dp)
     micro = int(row.num("micro_batch") or (1 if pp > 1 else local))
     fsdp = (row["fsdp"] not in ("", "0", "false") or row["source"] in ("torchtitan", "llm_foundry")
-            or tp * pp * cp > 1)
+            or tp * pp * cp > 1 or is_moe(row))
     par = dataclasses.replace(job.parallelism, tensor_parallel_degree=tp, pipeline_parallel_degree=pp,
-                              context_parallel_degree=cp, data_parallel_shard_degree=dp if fsdp else 1,
+                              context_parallel_degree=cp, expert_parallel_degree=int(row.num("ep", 1)),
+                              data_parallel_shard_degree=dp if fsdp else 1,
                               data_parallel_replicate_degree=1 if fsdp else dp,
                               enable_async_tensor_parallel=row["async_tp"] == "true"
                               or (tp > 1 and ENGINES[row.source].tp_overlap is not None))
@@ -291,13 +322,14 @@ def predict(p: Planned, eff: Efficiency) -> float:
 
 def fitting_set(planned: list[Planned]) -> list[Planned]:
     """Declared before scoring: per source and precision, the row with the smallest model at the
-    fewest GPUs on a Hopper GPU (file order breaks ties); for TorchTitan, Table 1's three rows,
+    fewest GPUs on a Hopper GPU (file order breaks ties), of the dense models (MOE_SHAPES' rows are
+    held out); for TorchTitan, Table 1's three rows,
     which the GPU path's constants were fitted on (issue 19). And the rows the model was later
     changed for (MOVED_TO_FIT)."""
     fit = [p for p in planned if p.job is not None and p.row.source == "torchtitan" and p.row.table.startswith("Table 1")]
     groups: dict[tuple[str, str], list[Planned]] = {}
     for p in planned:
-        if p.job is not None and p.row.source != "torchtitan" and p.row["gpu"] in HOPPER:
+        if p.job is not None and p.row.source != "torchtitan" and p.row["gpu"] in HOPPER and not is_moe(p.row):
             groups.setdefault((p.row.source, p.row.precision), []).append(p)
     for members in groups.values():
         fit.append(min(members, key=lambda p: (p.row.num("params_b"), p.row.num("gpus"))))
@@ -373,6 +405,7 @@ def main(argv: list[str] | None = None) -> int:
           "worst | tables with order kept |")
     print("|---|---|---|---|---|---|---|")
     held_tps: list[float] = []
+    held_moe: list[float] = []
     all_effects, listed = [], []
     sources = [s for s in SOURCES if s in (args.source or SOURCES)]
     fits = {s: fit([p for p in fitting if p.row.source != s]) for s in sources}  # each source's, from the others'
@@ -394,12 +427,20 @@ def main(argv: list[str] | None = None) -> int:
         ordered = {t: v for t, v in tables.items() if len(v) > 1}
         kept = sum(spearman([a for a, _ in v], [b for _, b in v]) > 0.999 for v in ordered.values())
         held_tps += [abs(e) for e in errs]
+        held_moe += [abs(e) for (p, _), e in zip(preds, errs) if is_moe(p.row)]
         scored_sources += 1
         all_effects += [(source, *e) for e in effects(preds)]
         listed += [(p, pred, e) for (p, pred), e in zip(preds, errs)]
         print(f"| {source} | {constants[source]} | {len(mine)} | {100 * median_abs(errs):.0f} % "
               f"| {100 * max(errs, key=abs):+.0f} % | {100 * median_abs(scaled):.0f} %, "
               f"{100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
+    if held_moe:
+        dense = sorted(held_tps)
+        for e in held_moe:
+            dense.remove(e)
+        print(f"\nOf these, MoE rows (Qwen3, expert parallel; MOE_SHAPES): {len(held_moe)}, median |error| "
+              f"{100 * median_abs(held_moe):.0f} %, worst {100 * max(held_moe):.0f} %; the {len(dense)} dense rows: "
+              f"median {100 * median_abs(dense):.0f} %, worst {100 * max(dense):.0f} %")
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

@@ -55,7 +55,7 @@ def main() -> None:
         return aot_module_simplified(gm, inputs, fw_compiler=keep("forward"), bw_compiler=keep("backward"))
 
     block = torch.compile(model.layers["0"], backend=backend, fullgraph=True)
-    cos, sin = rope_tables(job.model.head_dim, 64, job.model.rope_theta)
+    cos, sin = rope_tables(job.model.head_size, 64, job.model.rope_theta)
     x = torch.randn(2, 32, job.model.dim, requires_grad=True)  # this rank's half of a 64-token sequence
     block(x, cos, sin).sum().backward()
     print(json.dumps({name: [reduced(rs.input_node) for rs in find_reduce_scatter_patterns(gm.graph)]

@@ -105,7 +105,7 @@ def saved_by_one_block(job, seq: int = 64) -> tuple[float, float]:
 
     m = job.model
     block = TransformerBlock(m)
-    cos, sin = rope_tables(m.head_dim, seq, m.rope_theta)
+    cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
     weights = {tuple(p.shape) for p in block.parameters()} | {tuple(p.shape[::-1]) for p in block.parameters()}
     saved: dict[int, tuple[int, bool]] = {}
 

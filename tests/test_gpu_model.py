@@ -123,7 +123,7 @@ def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
 
     m = compose_job(["model=debugmodel"]).model
     block = TransformerBlock(m).to(torch.bfloat16)
-    cos, sin = rope_tables(m.head_dim, 64, m.rope_theta)
+    cos, sin = rope_tables(m.head_size, 64, m.rope_theta)
     tables = {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}  # per position, not per token
     moved, kernels, in_norm = [0], [0], [0]
 
@@ -154,8 +154,8 @@ def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
     x = torch.randn(2, 64, m.dim, dtype=torch.bfloat16)
     with torch.no_grad(), Count():
         block(x, cos, sin)
-    tokens, qk = 2 * 64, (m.n_heads + m.kv_heads) * m.head_dim
-    repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_dim * 2  # GQA's K and V copied to every head (block_times)
+    tokens, qk = 2 * 64, (m.n_heads + m.kv_heads) * m.head_size
+    repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_size * 2  # GQA's K and V copied to every head (block_times)
     eager = gpu.LLAMA.eager_bytes
     assert moved[0] == tokens * (eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv)
     assert kernels[0] == gpu.LLAMA.eager_ops

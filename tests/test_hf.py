@@ -19,11 +19,13 @@ from titan_exp.models.llama import Transformer
 transformers = pytest.importorskip("transformers")
 
 
-def tiny_llama(folder, *, tie: bool = False, rope_theta: float = 10000.0):
-    """A random Llama 3-shaped model (GQA, SwiGLU width not Llama's rule) saved as transformers does."""
+def tiny_llama(folder, *, tie: bool = False, rope_theta: float = 10000.0, head_dim: int | None = None):
+    """A random Llama 3-shaped model (GQA, SwiGLU width not Llama's rule) saved as transformers does;
+    its heads `head_dim` wide where given (Qwen3's are wider than hidden_size / heads)."""
     config = transformers.LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                       intermediate_size=160, vocab_size=2048, max_position_embeddings=128,
-                                      rope_theta=rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=tie)
+                                      rope_theta=rope_theta, rms_norm_eps=1e-5, tie_word_embeddings=tie,
+                                      **({"head_dim": head_dim} if head_dim else {}))
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).eval()
     with torch.no_grad():  # RMSNorm weights start at 1: make them random too, so a swapped norm shows
@@ -50,6 +52,23 @@ def test_hf_weights_load_into_ours_with_the_same_logits(tmp_path, tie):
     tokens = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
+
+
+@pytest.mark.quick
+def test_heads_wider_than_dim_over_heads_load_and_export_with_the_same_logits(tmp_path):
+    """A config.json whose head_dim (32) is not hidden_size / heads (16), as Qwen3's: read as
+    model.head_dim, same logits; exported, transformers reads it back with the same logits."""
+    theirs = tiny_llama(tmp_path / "in", head_dim=32)
+    ours, cfg = ours_from(tmp_path / "in")
+    assert cfg.head_dim == cfg.head_size == 32 and ours.layers["0"].attention.wq.weight.shape == (4 * 32, 64)
+    tokens = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
+    out = hf.save({k: v.detach().clone() for k, v in ours.state_dict().items()}, cfg, tmp_path / "out", "float32")
+    back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert back.config.head_dim == 32
+    with torch.no_grad():
+        assert torch.allclose(back(tokens).logits, ours(tokens), atol=1e-4, rtol=0)
 
 
 @pytest.mark.quick
@@ -116,7 +135,7 @@ def test_train_from_hf_in_tensor_parallel_and_export_back(tmp_path):
     from titan_exp.data.sources import open_dataset
 
     src = tmp_path / "hf_in"
-    theirs = tiny_llama(src)
+    theirs = tiny_llama(src, head_dim=32)  # heads wider than dim / heads, split over the TP ranks
     run_dir = tmp_path / "run"
     code, summary = run_job([*SMALL, "training.steps=2", "parallelism=tp", f"model.hf_config={src}", "checkpoint.enable=true",
                              f"checkpoint.initial_load_path={src}", "checkpoint.initial_load_in_hf=true",

@@ -315,7 +315,8 @@ def test_calibration_profile_file(tmp_path):
     assert profile.fresh_memory_s_per_byte > 0 and "fresh pages" in first.stdout
     assert "block tp=2" in first.stdout and "all_gather: 2 ranks" in first.stdout
     kernels = profile.kernels  # what a GPU's plan prices unmeasured blocks at (issue 36, part 5); a CPU's are kept
-    assert kernels.source == "calibrated" and kernels.architecture == "cpu" and kernels.head_dim == job_config(TINY).model.head_dim
+    assert kernels.source == "calibrated" and kernels.architecture == "cpu"
+    assert kernels.head_dim == job_config(TINY).model.head_size
     assert set(kernels.matmul_tflops) == {"float32", "bfloat16"} and min(kernels.matmul_tflops.values()) > 0
     assert [s for s, _ in kernels.attention_fwd] == [64, 128] and all(r > 0 for _, r in kernels.attention_bwd)
     assert kernels.memory_tb_s > 0 and kernels.host_eager_s > 0 and "host_compiled_s" not in kernels.measured

@@ -216,6 +216,13 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         published = p.row.num("params_b") * 1e9 - p.job.training.seq_len * m.dim
         assert m.num_params == pytest.approx(published, rel=2e-3), p.row.key
     assert sum(p.row.source == "torchtitan" and p.job is not None for p in planned) == 18
+    # Qwen3's MoE rows: heads 128 wide (model.head_dim) and routed experts give the model cards'
+    # total and active parameters (30.5B / 3.3B, 235B / 22B); EP as the row states; all held out.
+    moe = {p.row["model"]: p for p in planned if bench.is_moe(p.row) and p.job is not None}
+    for name, (total, active) in {"qwen3_30b_a3b": (30.5e9, 3.3e9), "qwen3_235b_a22b": (235e9, 22e9)}.items():
+        m = moe[name].job.model
+        assert m.num_params == pytest.approx(total, rel=0.01) and m.active_params == pytest.approx(active, rel=0.03)
+        assert moe[name].job.parallelism.expert_parallel_degree == int(moe[name].row.num("ep"))
     eff = Efficiency()
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
@@ -229,6 +236,7 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert {p.row.key for p in bench.fitting_set(planned)} >= {p.row.key for p in planned
                                                              if p.row.source == "torchtitan" and p.row.table.startswith("Table 1")}
     fitting = bench.fitting_set(planned)
+    assert not [p for p in fitting if bench.is_moe(p.row)]
     moved = [p for p in planned if p.job is not None and bench.moved(p.row)]
     assert moved and all(p in fitting for p in moved)  # moved rows fit, and leave every score
     assert all(any(rows(p.row) for p in planned) for _, rows in bench.MOVED_TO_FIT)  # each names rows that exist

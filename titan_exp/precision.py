@@ -40,7 +40,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         align = ALIGNMENT[pr.converter]
         tp = max(1, job.parallelism.tensor_parallel_degree)
         for field, width in (("model.dim", m.dim), ("the ffn hidden size", m.ffn_hidden_dim),
-                             ("n_kv_heads x head_dim", m.kv_heads * m.head_dim)):
+                             ("n_heads x head_dim", m.n_heads * m.head_size),
+                             ("n_kv_heads x head_dim", m.kv_heads * m.head_size)):
             if width % (align * tp):
                 e.append(problem("precision.converter", pr.converter,
                                  f"{field} = {width} is not divisible by {align}{f' x tp = {align * tp}' if tp > 1 else ''}; "

@@ -40,15 +40,13 @@ def rope_theta(config: dict[str, Any], unsupported: list[str]) -> float:
 
 def model_fields(config: dict[str, Any]) -> dict[str, Any]:
     """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for what our
-    Llama does not implement (biases, RoPE scaling, attention dropout, a head_dim other than
-    dim / heads)."""
+    Llama does not implement (biases, RoPE scaling, attention dropout, another activation). A
+    head_dim other than hidden_size / num_attention_heads is kept as model.head_dim."""
     unsupported = [k for k in ("attention_bias", "mlp_bias") if config.get(k)]
     theta = rope_theta(config, unsupported)
     if config.get("attention_dropout"):
         unsupported.append(f"attention_dropout {config['attention_dropout']}")
     dim, heads = config["hidden_size"], config["num_attention_heads"]
-    if config.get("head_dim") not in (None, dim // heads):
-        unsupported.append(f"head_dim {config['head_dim']} != hidden_size / num_attention_heads")
     if config.get("hidden_act", "silu") != "silu":
         unsupported.append(f"hidden_act {config['hidden_act']}")
     if unsupported:
@@ -58,6 +56,7 @@ def model_fields(config: dict[str, Any]) -> dict[str, Any]:
         "n_layers": config["num_hidden_layers"],
         "n_heads": heads,
         "n_kv_heads": config.get("num_key_value_heads") or heads,
+        "head_dim": None if config.get("head_dim") in (None, dim // heads) else config["head_dim"],
         "vocab_size": config["vocab_size"],
         "intermediate_size": config["intermediate_size"],
         "norm_eps": config.get("rms_norm_eps", 1e-6),
@@ -106,7 +105,7 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
         "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim,
+        "head_dim": cfg.head_size,
         "intermediate_size": cfg.ffn_hidden_dim,
         "vocab_size": cfg.vocab_size,
         "rms_norm_eps": cfg.norm_eps,

@@ -7,7 +7,7 @@ one-line doc (``metadata["doc"]``) that `python launch.py --help` prints, and co
 lower bound (``metadata["min"]``), checked first by `titan_exp.config.validate`. Cross-field
 rules live with the component they configure (its `check`), which `validate` gathers.
 
-A derived value has one home, here: head_dim, kv heads, the SwiGLU width and parameter counts on
+A derived value has one home, here: the head width, kv heads, the SwiGLU width and parameter counts on
 ModelConfig; the degrees, their product and the layout label on ParallelismConfig; the world
 size on JobConfig.
 """
@@ -117,6 +117,7 @@ class ModelConfig:
     n_layers: int = doc(6, "number of transformer blocks", min=1)
     n_heads: int = doc(16, "attention (query) heads", min=1)
     n_kv_heads: Optional[int] = doc(None, "key/value heads for GQA; null = n_heads")
+    head_dim: Optional[int] = doc(None, "width of one attention head; null = dim / n_heads (Qwen3: 128 at any dim)")
     vocab_size: int = doc(2048, "embedding rows; must be >= the tokenizer's vocabulary", min=1)
     multiple_of: int = doc(256, "SwiGLU hidden size is rounded up to a multiple of this", min=1)
     ffn_dim_multiplier: Optional[float] = doc(None, "scales the SwiGLU hidden size (Llama 3: 1.3 for 8B/70B)")
@@ -142,8 +143,9 @@ class ModelConfig:
     aux_loss_coeff: float = doc(0.0, "weight of the sequence-wise load-balancing loss; 0 = off")
 
     @property
-    def head_dim(self) -> int:
-        return self.dim // self.n_heads
+    def head_size(self) -> int:
+        """One attention head's width: head_dim, or dim / n_heads when it is not given."""
+        return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
     @property
     def kv_heads(self) -> int:
@@ -194,7 +196,7 @@ class ModelConfig:
     @property
     def _attention_and_norms(self) -> int:
         """One block's q/k/v/o projections and its two norms."""
-        return self.dim * self.head_dim * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim
+        return self.dim * self.head_size * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim
 
     @property
     def block_params(self) -> int:

@@ -81,14 +81,14 @@ def to_hf(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """Our tensor `name` in Hugging Face's layout: q/k rows of each head from pairs to halves."""
     if (heads := _heads(name, cfg)) is None:
         return t
-    return t.reshape(heads, cfg.head_dim // 2, 2, -1).transpose(1, 2).reshape(t.shape)
+    return t.reshape(heads, cfg.head_size // 2, 2, -1).transpose(1, 2).reshape(t.shape)
 
 
 def from_hf(name: str, t: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
     """The inverse of `to_hf` (`name` is ours)."""
     if (heads := _heads(name, cfg)) is None:
         return t
-    return t.reshape(heads, 2, cfg.head_dim // 2, -1).transpose(1, 2).reshape(t.shape)
+    return t.reshape(heads, 2, cfg.head_size // 2, -1).transpose(1, 2).reshape(t.shape)
 
 
 # Reading and writing a Hugging Face model directory.

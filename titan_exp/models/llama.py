@@ -28,10 +28,14 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     tokenizer exists: `check_vocab`.)"""
     e: list[str] = []
     m = job.model
-    if m.dim % m.n_heads:
-        e.append(problem("model.dim", m.dim, f"must be divisible by model.n_heads = {m.n_heads}"))
-    elif m.head_dim % 2:
-        e.append(problem("model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE"))
+    if m.head_dim is not None:
+        if m.head_dim < 2 or m.head_dim % 2:
+            e.append(problem("model.head_dim", m.head_dim, "must be even and >= 2 for RoPE, or null (dim / n_heads)"))
+    elif m.dim % m.n_heads:
+        e.append(problem("model.dim", m.dim,
+                         f"must be divisible by model.n_heads = {m.n_heads}, or set model.head_dim"))
+    elif m.head_size % 2:
+        e.append(problem("model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE; set model.head_dim"))
     if m.kv_heads < 1 or m.n_heads % m.kv_heads:
         e.append(problem("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads = {m.n_heads}"))
     for name in ("norm_eps", "rope_theta"):
@@ -79,7 +83,7 @@ class Attention(nn.Module):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.n_kv_heads = cfg.kv_heads
-        self.head_dim = cfg.head_dim
+        self.head_dim = cfg.head_size
         self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
@@ -143,7 +147,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         if cfg.tie_word_embeddings:
@@ -169,7 +173,7 @@ class Transformer(nn.Module):
         every GPU layout, other numbers than a CPU's generator gives."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        cos, sin = rope_tables(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+        cos, sin = rope_tables(self.cfg.head_size, self.cfg.max_seq_len, self.cfg.rope_theta)
         # Assigned, not copied: the tables stay fp32 even when the parameters are bf16.
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         for name, param in self.named_parameters():
@@ -220,4 +224,4 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
     discount. With tied embeddings the shared matrix is counted once, as the output matmul. In an
     MoE model N counts the active parameters: the experts a token is routed to, not all of them."""
     dense = cfg.active_params - (0 if cfg.tie_word_embeddings else cfg.embedding_params)
-    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_dim) * seq_len
+    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_size) * seq_len

@@ -228,7 +228,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     act = 2 if high == "bfloat16" else 4
 
     # Linear layers (in, out) on one TP rank; an MoE layer's routed experts as top_k of them, whole.
-    hd, heads, kv = m.head_dim, m.n_heads // tp, m.kv_heads // tp
+    hd, heads, kv = m.head_size, m.n_heads // tp, m.kv_heads // tp
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * (m.top_k * m.expert_hidden_dim + m.n_shared_experts
                                                      * m.expert_hidden_dim / tp if moe else 0)

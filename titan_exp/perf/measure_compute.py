@@ -30,7 +30,7 @@ def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
     from titan_exp.models.llama import TransformerBlock
 
     block = TransformerBlock(m, layer=m.n_dense_layers)
-    a, hd = block.attention, m.head_dim
+    a, hd = block.attention, m.head_size
     a.wq = nn.Linear(m.dim, m.n_heads // tp * hd, bias=False)
     a.wk = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
     a.wv = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
@@ -51,7 +51,7 @@ def block_runs(m: ModelConfig, tp: int, seqs: int, seq_len: int, device: torch.d
     from titan_exp.models.llama import rope_tables
 
     block = sharded_block(m, tp, device)
-    cos, sin = (t.to(device) for t in rope_tables(m.head_dim, seq_len, m.rope_theta))
+    cos, sin = (t.to(device) for t in rope_tables(m.head_size, seq_len, m.rope_theta))
     x = torch.randn(seqs, seq_len, m.dim, device=device, requires_grad=True)
 
     @torch.no_grad()
@@ -234,7 +234,7 @@ def concurrency(m: ModelConfig, seq_len: int, world: int, opts: Options, device:
 
 
 def gemm_shapes(m: ModelConfig, seq_len: int, opts: Options) -> list[tuple[int, int, int]]:
-    hd = m.head_dim
+    hd = m.head_size
     out = []
     for seqs in opts.sequences:
         tokens = seqs * seq_len

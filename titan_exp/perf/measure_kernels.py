@@ -89,9 +89,9 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
     fwd_curve, bwd_curve = [], []
     for seq in seqs:
         batch = max(1, tokens // seq)
-        q, k, v = (torch.randn(batch, m.n_heads, seq, m.head_dim, device=device, dtype=dtype, requires_grad=True)
+        q, k, v = (torch.randn(batch, m.n_heads, seq, m.head_size, device=device, dtype=dtype, requires_grad=True)
                    for _ in range(3))
-        grad = torch.randn(batch, m.n_heads, seq, m.head_dim, device=device, dtype=dtype)
+        grad = torch.randn(batch, m.n_heads, seq, m.head_size, device=device, dtype=dtype)
 
         @torch.no_grad()
         def fwd(q=q, k=k, v=v):
@@ -100,7 +100,7 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
         def fwd_bwd(q=q, k=k, v=v, grad=grad):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-        flops = 2 * batch * seq * seq * m.n_heads * m.head_dim  # causal: half of 4 s^2 h d
+        flops = 2 * batch * seq * seq * m.n_heads * m.head_size  # causal: half of 4 s^2 h d
         fwd_s = together(fwd, opts.reps, device)
         bwd_s = max(together(fwd_bwd, opts.reps, device) - fwd_s, 1e-9)
         fwd_curve.append((seq, flops / fwd_s / 1e12))
@@ -112,7 +112,7 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
 def sdpa_kernel(m: ModelConfig, seq: int, dtype: torch.dtype, device: torch.device) -> str:
     """The kernel PyTorch's SDPA picks for causal attention at this shape: flash, cudnn, efficient
     or math (its own choice, `torch._fused_sdp_choice`)."""
-    q = torch.empty(1, m.n_heads, seq, m.head_dim, device=device, dtype=dtype)
+    q = torch.empty(1, m.n_heads, seq, m.head_size, device=device, dtype=dtype)
     names = {int(v): k for k, v in SDPBackend.__members__.items()}
     name = names.get(int(torch._fused_sdp_choice(q, q, q, is_causal=True)), "unknown")
     return {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient"}.get(name, name.lower())
@@ -160,6 +160,6 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
         measured.append("host_compiled_s")
     return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op_s(opts, device),
-                   host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_dim,
+                   host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_size,
                    attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
                    measured=tuple(measured))

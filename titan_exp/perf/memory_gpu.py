@@ -126,7 +126,7 @@ def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
     tp = job.parallelism.tensor_parallel_degree
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
-    q, kv = m.n_heads * m.head_dim, m.kv_heads * m.head_dim
+    q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
     linears = [(m.dim, q / tp), (m.dim, kv / tp), (q / tp, m.dim), (m.dim, ffn / tp), (ffn / tp, m.dim)]
 
     def copies(k: float, n: float) -> Sizes:  # (elements, rows) of each float8 tensor of one linear's backward

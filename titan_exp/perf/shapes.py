@@ -21,7 +21,7 @@ def block_tensors(job: JobConfig) -> Sizes:
     three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
-    q, kv = m.dim * m.n_heads * m.head_dim / tp, m.dim * m.kv_heads * m.head_dim / tp
+    q, kv = m.dim * m.n_heads * m.head_size / tp, m.dim * m.kv_heads * m.head_size / tp
     moe = m.n_moe_layers / m.n_layers
     out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
     if moe:

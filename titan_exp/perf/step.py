@@ -325,7 +325,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
             ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
-            kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_dim / tp  # the whole sequence's K (or V)
+            kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_size / tp  # the whole sequence's K (or V)
             per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
     if pp > 1:
