@@ -7,9 +7,9 @@ one-line doc (``metadata["doc"]``) that `python launch.py --help` prints, and co
 lower bound (``metadata["min"]``), checked first by `titan_exp.config.validate`. Cross-field
 rules live with the component they configure (its `check`), which `validate` gathers.
 
-A derived value has one home, here: the head width, kv heads, the SwiGLU width and parameter counts on
-ModelConfig; the degrees, their product and the layout label on ParallelismConfig; the world
-size on JobConfig.
+A derived value has one home, here: the head width, kv heads, the SwiGLU width and parameter
+counts on ModelConfig; the degrees, their product and the layout label on ParallelismConfig; the
+world size on JobConfig.
 """
 
 from __future__ import annotations
