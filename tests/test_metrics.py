@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from titan_exp.config import LRSchedulerConfig
-from titan_exp.metrics import StepHistory, Throughput, measure_cpu_peak_tflops
+from titan_exp.metrics import StepHistory, Throughput, measure_cpu_peak_tflops, peak_matrix_size
 from titan_exp.train.optim import lr_lambda
 
 
@@ -53,6 +53,10 @@ def test_cpu_peak_is_measured_and_the_best_is_kept(monkeypatch, tmp_path):
     monkeypatch.setenv("TITAN_EXP_CACHE", str(tmp_path))  # not the session's cache
 
     assert 0.001 < measure_cpu_peak_tflops(torch.float32, n=256, reps=2) < 100
+    # Where a dtype runs near 1 GFLOP/s (bf16 without AVX512-BF16 or AMX) six 2048² products would
+    # take 100 s at every job's start; the size shrinks to fit 3 s, and stays 2048 where it is fast.
+    assert peak_matrix_size(1e9, budget_s=3.0, reps=5) == 576 and peak_matrix_size(2e11, 3.0, 5) == 2048
+    assert peak_matrix_size(1e6, 3.0, 5) == 256
     for measured, kept in ((0.5, 0.5), (0.2, 0.5), (0.7, 0.7)):
         monkeypatch.setattr(metrics, "measure_cpu_peak_tflops", lambda dtype, m=measured: m)
         assert metrics.best_cpu_peak_tflops(torch.float32) == kept

@@ -38,16 +38,28 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
 GPU_PEAK_TFLOPS = {"H200": 989.0, "H100": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0, "A10G": 125.0}
 
 
-def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5) -> float:
-    """Best observed `torch.mm` rate at this process's thread count: the ceiling MFU is read against."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
+def peak_matrix_size(flops_per_s: float, budget_s: float, reps: int, largest: int = 2048) -> int:
+    """The square matmul size whose reps (and one warm-up) fit in budget_s at a rate seen on a small
+    one: `largest` where the dtype is fast, smaller where it is slow here (bf16 on a CPU without
+    AVX512-BF16 or AMX runs near 1 GFLOP/s, where 2048² takes 17 s a product)."""
+    fits = (flops_per_s * budget_s / (reps + 1) / 2) ** (1 / 3)
+    return max(256, min(largest, int(fits) // 64 * 64))
+
+
+def measure_cpu_peak_tflops(dtype: torch.dtype, n: int = 2048, reps: int = 5, budget_s: float = 3.0) -> float:
+    """Best observed `torch.mm` rate at this process's thread count: the ceiling MFU is read against.
+    Products of n² (smaller where this dtype is slow here, so it costs about budget_s at most)."""
+    def seconds(a: torch.Tensor, b: torch.Tensor) -> float:
         start = time.perf_counter()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e12
+        return time.perf_counter() - start
+
+    probe = torch.randn(256, 256, dtype=dtype)
+    torch.mm(probe, probe)
+    n = peak_matrix_size(2 * 256**3 / seconds(probe, probe), budget_s, reps, largest=n)
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    return 2 * n**3 / min(seconds(a, b) for _ in range(reps)) / 1e12
 
 
 def best_cpu_peak_tflops(dtype: torch.dtype) -> float:
