@@ -251,3 +251,20 @@ def test_a_group_spanning_nodes_sends_through_each_of_its_gpus_nics():
     inside = predict_step(llama8b(), spec_profile(H100, 8, 8), cuda=True)
     across = predict_step(fsdp16, profile, cuda=True)
     assert across.parts["fsdp"] < 0.05 * across.step_s and across.tokens_per_s_per_device > 0.95 * inside.tokens_per_s_per_device
+
+
+def test_expert_parallel_stays_in_a_node_however_far_data_parallel_reaches():
+    """EP's group is dp_shard's innermost ranks (parallel/dims.py): EP 8 over two nodes of 8 keeps
+    its all-to-alls on NVLink, as on one node; EP 16 sends them over the network. (They were once
+    priced over the network whenever dp_shard spanned nodes: Megatron-Bridge's GPT-OSS 120B rows,
+    EP 8 on 64 B200s, predicted 64 % too slow.)"""
+    def olmoe(gpus: int, ep: int):
+        return resolve(compose_job(["model=olmoe_1b_7b", "precision=bf16", "training.seq_len=4096",
+                                    "training.local_batch_size=2", f"training.global_batch_size={2 * gpus}",
+                                    f"parallelism.data_parallel_shard_degree={gpus}",
+                                    f"parallelism.expert_parallel_degree={ep}", "cluster.executor=slurm",
+                                    f"cluster.nnodes={gpus // 8}", "cluster.nproc_per_node=8"]))
+    one_node = predict_step(olmoe(8, 8), spec_profile(H100, 8, 8), cuda=True).parts["ep"]
+    two_nodes = spec_profile(H100, 16, 8)
+    assert predict_step(olmoe(16, 8), two_nodes, cuda=True).parts["ep"] == pytest.approx(one_node)
+    assert predict_step(olmoe(16, 16), two_nodes, cuda=True).parts["ep"] > 3 * one_node

@@ -223,6 +223,17 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         m = moe[name].job.model
         assert m.num_params == pytest.approx(total, rel=0.01) and m.active_params == pytest.approx(active, rel=0.03)
         assert moe[name].job.parallelism.expert_parallel_degree == int(moe[name].row.num("ep"))
+    # GPT-OSS 120B: 116.8B parameters, 5.13B active without the embedding table (the model card's count).
+    m = moe["gpt_oss_120b"].job.model
+    assert m.num_params == pytest.approx(116.8e9, rel=0.01)
+    assert m.active_params - m.vocab_size * m.dim == pytest.approx(5.13e9, rel=0.01)
+    # Megatron's data parallel without FSDP, in an MoE row: HSDP over the EP groups (moe_replicas), so
+    # nothing crosses nodes each microbatch that Megatron's distributed optimizer moves once a step.
+    hsdp = [p for p in planned if p.job is not None and bench.moe_replicas(p.row) > 1]
+    assert hsdp and all(p.job.parallelism.data_parallel_shard_degree * p.job.parallelism.context_parallel_degree
+                        == p.job.parallelism.expert_parallel_degree
+                        and p.job.parallelism.data_parallel_replicate_degree == bench.moe_replicas(p.row) for p in hsdp)
+    assert all(bench.moved(p.row) for p in hsdp)  # examined, so moved out of the held-out scores
     eff = Efficiency()
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
@@ -238,7 +249,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     fitting = bench.fitting_set(planned)
     assert not [p for p in fitting if bench.is_moe(p.row)]
     moved = [p for p in planned if p.job is not None and bench.moved(p.row)]
-    assert moved and all(p in fitting for p in moved)  # moved rows fit, and leave every score
+    # Moved rows leave every score; the dense ones fit, the MoE ones stay out of the fit as all MoE rows do.
+    assert moved and all((p in fitting) != bench.is_moe(p.row) for p in moved)
     assert all(any(rows(p.row) for p in planned) for _, rows in bench.MOVED_TO_FIT)  # each names rows that exist
     derived = [p for p in planned if p.row["derived"] == "true"]  # layouts the sources do not state as run
     assert len(derived) == 3 and all(p.job is not None and p in fitting for p in derived)

@@ -46,7 +46,8 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
   PP     a send and a receive per stage and microbatch, forward and backward.
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
-         and the token-count exchange before each forward one. The routed experts are gathered by
+         and the token-count exchange before each forward one, over the network only where ep x tp
+         ranks outgrow a node (ep_spans_nodes). The routed experts are gathered by
          FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
 A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
 has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
@@ -143,6 +144,16 @@ def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
     inner = max(MESH_DIMS.index(d) for d in dims)
     stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
     return max(1, min(math.prod(degrees[d] for d in dims), per_node // stride))
+
+
+def ep_spans_nodes(job: JobConfig) -> bool:
+    """Whether an expert-parallel group spans nodes: its ranks are dp_shard's innermost with cp's
+    (parallel/dims.py: dp_shard_in_ep x cp), tp apart, so it leaves a node only when ep x tp ranks
+    do not fit in one, however far data-parallel sharding reaches."""
+    p = job.parallelism
+    world, nodes = math.prod(p.degrees.values()), max(1, job.cluster.nnodes)
+    per_node = world // nodes if world % nodes == 0 else world
+    return p.expert_parallel_degree * p.tensor_parallel_degree > per_node
 
 
 def across_nodes(job: JobConfig) -> set[str]:
@@ -332,7 +343,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         sr = profile.collective("send_recv", 2, "pp" in spans)
         parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
     if ep > 1:
-        a2a = profile.collective("all_to_all", ep, bool({"dp_shard", "cp"} & spans))
+        a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job))
         routed_bytes = mb * t.seq_len / cp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
         moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
         per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
