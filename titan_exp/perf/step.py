@@ -139,11 +139,15 @@ def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
     order, which keeps TP inside a node whenever it fits there), so a group's ranks are `stride`
     apart, stride being the product of the degrees inside it."""
     degrees = job.parallelism.degrees
-    world, nodes = math.prod(degrees.values()), max(1, job.cluster.nnodes)
-    per_node = world // nodes if world % nodes == 0 else world
     inner = max(MESH_DIMS.index(d) for d in dims)
     stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
-    return max(1, min(math.prod(degrees[d] for d in dims), per_node // stride))
+    return max(1, min(math.prod(degrees[d] for d in dims), ranks_in_a_node(job) // stride))
+
+
+def ranks_in_a_node(job: JobConfig) -> int:
+    """The job's ranks on one node (all of them where the nodes do not divide the world)."""
+    world, nodes = math.prod(job.parallelism.degrees.values()), max(1, job.cluster.nnodes)
+    return world // nodes if world % nodes == 0 else world
 
 
 def ep_spans_nodes(job: JobConfig) -> bool:
@@ -151,9 +155,7 @@ def ep_spans_nodes(job: JobConfig) -> bool:
     (parallel/dims.py: dp_shard_in_ep x cp), tp apart, so it leaves a node only when ep x tp ranks
     do not fit in one, however far data-parallel sharding reaches."""
     p = job.parallelism
-    world, nodes = math.prod(p.degrees.values()), max(1, job.cluster.nnodes)
-    per_node = world // nodes if world % nodes == 0 else world
-    return p.expert_parallel_degree * p.tensor_parallel_degree > per_node
+    return p.expert_parallel_degree * p.tensor_parallel_degree > ranks_in_a_node(job)
 
 
 def across_nodes(job: JobConfig) -> set[str]:
