@@ -94,6 +94,42 @@ def test_moe_layer_equals_a_token_by_token_reference(score_func):
     assert layer.tokens_per_expert.sum() == 2 * 5 * 2  # every token counted top_k times
 
 
+@pytest.mark.quick
+def test_routed_experts_compute_in_the_autocast_dtype(monkeypatch):
+    """A bf16 run without FSDP autocasts, and its residual stream, hence the MoE's input, stays
+    fp32. The routed rows must still reach the experts in bf16: CUDA's grouped GEMM takes bf16
+    only, and fp32 rows sent a single-GPU run down the loop over experts, with a host sync per
+    layer. The matmuls autocast to bf16 either way, so the output is the same to the bit."""
+    from titan_exp.models import moe
+
+    layer, x = _layer(), torch.randn(2, 5, 32)
+    seen = []
+    layer.experts.register_forward_pre_hook(lambda mod, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+        monkeypatch.setattr(moe, "compute_dtype", lambda t: t.dtype)
+        uncast = layer(x)
+    assert seen == [torch.bfloat16, torch.float32]
+    assert torch.equal(out, uncast)
+    assert layer(x).dtype == torch.float32 and seen[-1] == torch.float32  # no autocast: as given
+
+
+@pytest.mark.quick
+def test_tokens_per_expert_are_counted_without_a_data_dependent_shape():
+    """bincount's output size depends on its data: a host sync on CUDA and a graph break under
+    compile in every MoE layer. The counts come from a scatter-add into n_experts slots, so the
+    only breaks left on CPU are the loop over experts' split sizes (CUDA's grouped GEMM has none)."""
+    layer, x = _layer(), torch.randn(2, 5, 32)
+    explained = torch._dynamo.explain(layer)(x)
+    assert explained.break_reasons and all("tolist()" in r.user_stack[-1].line for r in explained.break_reasons)
+    layer.init_buffers()
+    with torch.no_grad():
+        ids = layer.router(x.reshape(-1, 32), layer.expert_bias)[1]
+    with torch.enable_grad():
+        layer(x)
+    assert torch.equal(layer.tokens_per_expert, torch.bincount(ids.flatten(), minlength=4).float())
+
+
 def test_balance_loss_gradient_is_that_of_adding_it_to_the_loss():
     from titan_exp.models.moe import sequence_balance_loss
 

@@ -109,6 +109,14 @@ class GroupedExperts(nn.Module):
         return torch.cat(outs)
 
 
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the routed experts compute in: autocast's where it is on (bf16 without FSDP,
+    whose residual stream stays fp32), else x's. Routed rows are cast to it before they are copied
+    and sent, so that a bf16 run takes CUDA's grouped GEMM (bf16 only) and moves half the bytes."""
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
 def _local(w: torch.Tensor) -> torch.Tensor:
     """A weight as this rank holds it: its experts under EP (a DTensor sharded over experts), the
     whole weight under TP (a DTensor replicated over it; parallel/tensor.py)."""
@@ -174,13 +182,17 @@ class MoE(nn.Module):
         x_TD = x.reshape(-1, dim)
         bias = self.expert_bias if self.load_balance_coeff is not None else None
         weights_TK, ids_TK, scores_TE = self.router(x_TD, bias)
-        counts_E = torch.bincount(ids_TK.flatten(), minlength=self.n_experts)
+        # Tokens per expert by scatter-add into E slots, not bincount, whose output size depends
+        # on the data: a host sync on CUDA and a graph break under compile, every MoE layer.
+        choices = ids_TK.flatten()
+        counts_E = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add_(
+            0, choices, torch.ones_like(choices))
         if self.counting and torch.is_grad_enabled():  # training forwards only (validation runs without grad)
             self.tokens_per_expert.add_(counts_E)
         # Sort the (token, choice) pairs by expert; stable, so the order never depends on layout.
-        order_N = ids_TK.flatten().argsort(stable=True)
+        order_N = choices.argsort(stable=True)
         token_N = order_N // self.top_k
-        routed_ND = self._exchange(x_TD[token_N], counts_E)
+        routed_ND = self._exchange(x_TD.to(compute_dtype(x_TD))[token_N], counts_E)
         weighted = routed_ND.float() * weights_TK.flatten()[order_N, None]
         out_TD = torch.zeros_like(x_TD).index_add_(0, token_N, weighted.to(x_TD.dtype))
         if self.shared_experts is not None:
