@@ -336,10 +336,12 @@ def predict(p: Planned, eff: Efficiency) -> float:
     row, job = p.row, p.job
     gpus = int(row.num("gpus"))
     spec = SPECS[GPUS[row["gpu"]]]
-    attention = ENGINES[row.source].attention.get(spec.architecture, "flash")
-    overlap = ENGINES[row.source].tp_overlap or "micro_pipeline"  # else torch's async TP, as this toolkit's
+    engine = ENGINES[row.source]
+    attention = engine.attention.get(spec.architecture, "flash")
+    overlap = engine.tp_overlap or "micro_pipeline"  # else torch's async TP, as this toolkit's
     tps = predict_step(job, spec_profile(spec, gpus, gpus_per_node(row), eff, attention), cuda=True,
-                       elementwise=elementwise(row), tp_overlap=overlap).tokens_per_s_per_device
+                       elementwise=elementwise(row), tp_overlap=overlap,
+                       float8_experts=engine.float8_experts).tokens_per_s_per_device
     unit, _ = published(row)
     if unit == "tokens/s":
         return tps
@@ -407,6 +409,34 @@ def effects(scored: list[tuple[Planned, float]]) -> list[tuple[str, str, float, 
                 pair = f"{' '.join(ra.table.split()[:2])}: {ra.label} -> {rb.label}"
                 out.append((differ[0], pair, published(rb)[1] / published(ra)[1], pb / pa))
     return out
+
+
+# What a row publishes or says of itself, not what it ran: rows alike in every other column ran one
+# configuration (in different tables: a source's releases).
+NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
+                     "tflops_per_gpu", "mfu", "memory_gib", "derived", "note"}
+
+
+def repeats(rows: list[Row]) -> str:
+    """How far one configuration's measurements published in several tables lie apart: the floor
+    under any model's worst error on them (a prediction p is within (max - min) / (max + min) of
+    both ends at best, at p = 2 max min / (max + min))."""
+    runs: dict[tuple, list[tuple[float, Row]]] = {}
+    for r in rows:
+        if r["tokens_per_s_per_gpu"] or r["mfu"] or r["tflops_per_gpu"]:
+            unit, value = published(r)
+            configuration = tuple(v for k, v in r.cells.items() if k not in NOT_CONFIGURATION)
+            runs.setdefault((unit, *configuration), []).append((value, r))
+    again = [sorted(v, key=lambda x: x[0]) for v in runs.values() if len({r.table for _, r in v}) > 1]
+    if not again:
+        return "no configuration is published twice"
+    spreads = [(v[-1][0] / v[0][0], v) for v in again]
+    widest, v = max(spreads, key=lambda x: x[0])
+    (low, a), (high, _) = v[0], v[-1]
+    return (f"published in more than one table (a source's releases): {len(again)} configurations, "
+            f"{sum(map(len, again))} rows; fastest over slowest median {statistics.median(s for s, _ in spreads):.2f}, "
+            f"widest {widest:.2f} ({a.source} {a['model']} on {a['gpus']} {a['gpu']}: {low:,.0f} to {high:,.0f} "
+            f"{published(a)[0]}), where no prediction is within {100 * (high - low) / (high + low):.0f} % of both")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -505,6 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     mem = (f"memory median |error| {100 * median_abs(mem_err):.0f} %, worst {100 * max(mem_err):.0f} % "
            f"({len(mem_err)} rows of the one source publishing memory, not fitted on)" if mem_err else "memory: no rows")
+    print(f"Repeats: {repeats([p.row for p in planned])}")
     print(f"held-out: {len(held_tps)} rows from {scored_sources} sources; tokens/s median |error| "
           f"{100 * median_abs(held_tps):.0f} %, worst {100 * max(held_tps):.0f} %; {mem}")
     return 0

@@ -20,6 +20,7 @@ class Engine:
     fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
     tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.gpu.TP_OVERLAP), if they do
     why: str
+    float8_experts: bool = False  # an MoE's routed experts take the float8 recipe (this toolkit's stay bf16)
 
 
 ENGINES = {
@@ -32,12 +33,14 @@ ENGINES = {
         "None (TE picks cuDNN's fused attention on Hopper and Blackwell) and cross_entropy_loss_fusion; "
         "scripts/performance/utils/overrides.py sets apply_rope_fusion; the 70B and 405B recipes (recipes/llama/"
         "llama3.py) set tp_comm_overlap (TE's userbuffers), which scripts/performance/configs/llama/ keeps, and "
-        "sets for 8B wherever TP > 1"),
+        "sets for 8B wherever TP > 1; its MoE recipes (recipes/qwen/h100/qwen3_moe.py, recipes/gpt_oss/h100/"
+        "gpt_oss.py) set moe_grouped_gemm (TE's grouped linears, which take the float8 recipe) and "
+        "moe_permute_fusion", float8_experts=True),
     "megatron_lm": Engine(
         {"hopper": "cudnn"}, True, "userbuffers",
         "Megatron-Core with Transformer Engine (the README's figures, which name --tp-comm-overlap): as "
         "megatron_bridge; its A100 row (2021) predates flash attention and is priced at FlashAttention-2 all "
-        "the same"),
+        "the same", float8_experts=True),
     "llm_foundry": Engine(
         {"ampere": "triton", "hopper": "triton"}, False, None,
         "scripts/train/benchmarking/submit_benchmarks.py: --attn_impl defaults to 'triton' at every commit "

@@ -268,3 +268,93 @@ def test_expert_parallel_stays_in_a_node_however_far_data_parallel_reaches():
     two_nodes = spec_profile(H100, 16, 8)
     assert predict_step(olmoe(16, 8), two_nodes, cuda=True).parts["ep"] == pytest.approx(one_node)
     assert predict_step(olmoe(16, 16), two_nodes, cuda=True).parts["ep"] > 3 * one_node
+
+
+def olmoe_job(ep: int, *overrides: str):
+    return resolve(compose_job(["model=olmoe_1b_7b", "precision=bf16", "training.seq_len=1024",
+                                "training.local_batch_size=1", "training.global_batch_size=8",
+                                "parallelism.data_parallel_shard_degree=8",
+                                f"parallelism.expert_parallel_degree={ep}", "cluster.nproc_per_node=8", *overrides]))
+
+
+def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():
+    """OLMoE (64 experts of 2048 x 1024, 8 a token), 1,024 tokens a rank: 8,192 routed rows. At EP 1
+    each expert gets 128 rows and the grouped GEMM reads all 64 experts' weights, so it is bound by
+    its bytes; EP 8 leaves 8 experts of 1,024 rows, bound by their FLOPs. (The experts were once
+    priced as top_k dense GEMMs of the token rows, the same at every EP degree.) Under float8 this
+    toolkit's routed experts stay in bf16; an engine whose grouped linears take the recipe pays
+    float8's rate and its casts."""
+    one, eight = (gpu.block_times(olmoe_job(ep), 1, K100) for ep in (1, 8))
+    w1_w3 = 64 * 2 * ((128 * 2048 + 2048 * 1024) * 2 + 128 * 1024 * 2) / gpu.hbm(K100)
+    assert one.tp_groups[2] == pytest.approx(w1_w3)  # no shared experts: the group is the routed w1 and w3
+    assert one.tp_groups[2] > 2 * eight.tp_groups[2]
+    flops = 2 * 2 * 8192 * 1024 * 2048  # w1 and w3, 8 experts in 512 tiles: 4 waves of 132 SMs
+    assert eight.tp_groups[2] == pytest.approx(flops / (K100.matmul_tflops["bfloat16"] * 1e12 * 512 / 528))
+    assert one.fwd > eight.fwd and one.bwd > eight.bwd
+    half = gpu.block_times(olmoe_job(8), 1, dataclasses.replace(K100, grouped_gemm_share=0.5))  # as calibrated
+    assert half.tp_groups[2] == pytest.approx(2 * eight.tp_groups[2]) and half.tp_groups[0] == eight.tp_groups[0]
+    float8 = olmoe_job(8, "precision=float8", "compile.enable=true")
+    ours, engines = gpu.block_times(float8, 1, K100), gpu.block_times(float8, 1, K100, float8_experts=True)
+    assert ours.tp_groups[2] == pytest.approx(eight.tp_groups[2])
+    assert engines.tp_groups[2] < 0.55 * ours.tp_groups[2]
+    # the step prices the engine it is given (at 1,024 tokens a rank float8's casts outweigh its GEMMs)
+    assert predict_step(float8, spec_profile(H100, 8, 8), cuda=True, float8_experts=True).step_s != \
+        predict_step(float8, spec_profile(H100, 8, 8), cuda=True).step_s
+
+
+def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
+    """Elementwise's dispatch defaults counted on titan_exp's MoE layer in bf16, eager: the bytes of
+    every op outside the experts on tensors one `dim` wide, per routed row and per token (a
+    gather's source read as the rows it picks, a zeroed tensor written only, an in-place op's
+    target read and written), priced at HBM speed by block_times."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_exp.config.schema import ModelConfig
+    from titan_exp.models.moe import MoE
+
+    dim, tokens, top_k = 48, 40, 2
+    layer = MoE(ModelConfig(dim=dim, n_heads=4, n_experts=4, top_k=top_k, moe_hidden_dim=16)).to(torch.bfloat16)
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    layer.init_buffers()
+    moved, in_experts = {tokens: 0, tokens * top_k: 0}, [False]
+
+    def add(t, times=1):  # a (rows, dim) tensor: its bytes, per token or per routed row
+        if t.dim() == 2 and t.shape[1] == dim and t.shape[0] in moved:  # not the router's weight
+            moved[t.shape[0]] += times * t.numel() * t.element_size()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if in_experts[0]:
+                return out
+            name = func.__name__.split(".")[0]
+            ins, outs = ([a for a in torch.utils._pytree.tree_leaves(x) if isinstance(a, torch.Tensor)]
+                         for x in ((args, kwargs), out))
+            storages = {a.untyped_storage().data_ptr() for a in ins}
+            if name == "mm" or name != "index_add_" and all(o.untyped_storage().data_ptr() in storages for o in outs):
+                return out  # the router's GEMM, priced as one; a view
+            if name == "index_add_":
+                add(args[0], 2)
+                add(args[3])
+            elif name == "index":
+                add(out, 2)  # reads the rows it picks, writes them
+            else:
+                for t in ([] if name == "zeros_like" else ins) + outs:
+                    add(t)
+            return out
+
+    layer.experts.register_forward_pre_hook(lambda *_: in_experts.__setitem__(0, True))
+    layer.experts.register_forward_hook(lambda *_: in_experts.__setitem__(0, False))
+    with torch.no_grad(), Count():
+        layer(torch.randn(2, tokens // 2, dim, dtype=torch.bfloat16))
+    per_row, per_token = gpu.LLAMA.dispatch_eager
+    assert moved == {tokens * top_k: tokens * top_k * dim * per_row, tokens: tokens * dim * per_token}
+    plain = gpu.Elementwise(*dataclasses.astuple(gpu.LLAMA)[:6], dispatch_eager=(0, 0))
+    ep8, rows, toks = olmoe_job(8), 8192, 1024
+    dispatch = 2048 * (rows * per_row + toks * per_token) / gpu.hbm(K100)
+    assert gpu.block_times(ep8, 1, K100).fwd - gpu.block_times(ep8, 1, K100, plain).fwd == pytest.approx(dispatch)
+    with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, False, gpu.LLAMA)
+                        for job in (ep8, olmoe_job(1)))
+    assert with_ep.dispatch_bytes - without.dispatch_bytes == 2048 * rows * gpu.EP_SORT_BYTES  # sorted and back

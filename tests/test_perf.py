@@ -320,8 +320,10 @@ def test_calibration_profile_file(tmp_path):
     assert set(kernels.matmul_tflops) == {"float32", "bfloat16"} and min(kernels.matmul_tflops.values()) > 0
     assert [s for s, _ in kernels.attention_fwd] == [64, 128] and all(r > 0 for _, r in kernels.attention_bwd)
     assert kernels.memory_tb_s > 0 and kernels.host_eager_s > 0 and "host_compiled_s" not in kernels.measured
+    assert "grouped_gemm_share" in kernels.measured and kernels.grouped_gemm_share > 0  # torch._grouped_mm runs on CPU
     assert kernels.attention_kernel in ("flash", "math") and f"attention ({kernels.attention_kernel})" in first.stdout
     assert "kernels: matmul TFLOP/s" in first.stdout and "compiled kernel not measured" in first.stdout
+    assert "of the dense rate" in first.stdout
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "reusing" in again.stdout and json.loads(path.read_text()) == data
     refreshed = subprocess.run([*args, "--refresh"], cwd=REPO, capture_output=True, text=True, timeout=300)

@@ -257,6 +257,13 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert {(p.job.parallelism.tensor_parallel_degree, p.job.parallelism.pipeline_parallel_degree,
              p.job.parallelism.pipeline_parallel_stages_per_rank) for p in derived} == {(8, 6, 1), (1, 4, 5)}
     assert bench.fit(fitting).compute_scale == pytest.approx(Efficiency().compute_scale, abs=1e-3)  # the planner's is the fit's
+    # One configuration published in two tables, 3x apart: no prediction is within 50 % of both.
+    first = bench.read_rows()[0]
+    again = bench.Row(first.source, "a later release", first.label, {**first.cells, "table": "a later release",
+                      "tokens_per_s_per_gpu": str(3 * first.num("tokens_per_s_per_gpu"))})
+    assert "1 configurations, 2 rows" in bench.repeats([first, again]) and "within 50 % of both" in bench.repeats(
+        [first, again])
+    assert bench.repeats([first]) == "no configuration is published twice"
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]

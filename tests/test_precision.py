@@ -39,8 +39,12 @@ MATRIX = [
 
 @pytest.mark.parametrize("precision,layout", MATRIX)
 def test_precision_trains_in_every_layout(precision, layout, bf16_reference, tmp_path):
-    code, summary = run_job([*SIX_STEPS, f"precision={precision}", *LAYOUTS[layout]], tmp_path)
-    assert code == 0 and summary["status"] == "ok", summary.get("error")
+    if (precision, layout) == ("bf16", "single"):
+        summary = bf16_reference  # that very run: not run twice (bf16 is slow on CPUs without AVX512-BF16)
+    else:
+        code, summary = run_job([*SIX_STEPS, f"precision={precision}", *LAYOUTS[layout]], tmp_path)
+        assert code == 0, summary.get("error")
+    assert summary["status"] == "ok", summary.get("error")
     assert summary["precision"] == precision
     losses = summary["losses"]
     assert all(math.isfinite(x) for x in losses)

@@ -32,6 +32,10 @@ degree tp, forward and backward:
             predicted at peak.
   head      the output projection's three GEMMs and the cross-entropy's bytes per logit (fp32
             upcast, log-softmax and its gradient; fused when compiled).
+  MoE       an MoE layer's router (an fp32 GEMM), its routed experts as one grouped GEMM over the
+            rank's n_experts / ep local experts (routed_experts: each expert's rows, and every
+            local expert's weights read), and the dispatch's copies of the routed rows at HBM
+            speed, as this toolkit's MoE layer moves them (Elementwise's dispatch bytes).
 
 What overlaps follows from this schedule (fsdp_exposed and async_tp_exposed below, which perf.step
 applies): an FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's
@@ -41,7 +45,8 @@ one (async_tp_exposed says which).
 The rates each part runs at are a profile.Kernels: a spec sheet's (spec_kernels, from the sources
 below), or the GPU's own, measured by `python -m titan_exp.perf.calibrate` on it
 (perf.measure_kernels: the best-shaped GEMM by dtype, flash attention by sequence, memory-bound
-kernels, host time per op and per compiled kernel). The same model prices a block from either.
+kernels, host time per op and per compiled kernel, the grouped GEMM's share of the dense rate).
+The same model prices a block from either.
 
 Sources (checked 2026-11):
   [mamf] Maximum achievable matmul FLOPS, bf16, best shape, stas00/ml-engineering
@@ -65,6 +70,9 @@ Sources (checked 2026-11):
   [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
          per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
          what `python -m titan_exp.perf.calibrate` measures on the GPU.
+  [grouped] A grouped GEMM (torch._grouped_mm; Transformer Engine's grouped linears) is taken to
+         run its tiles at the dense GEMM's rate (an assumption: no microbenchmark of these kernels
+         is read here); calibrate measures the share on the GPU (Kernels.grouped_gemm_share).
   [power] Dynamic power ~ f x V^2 with V ~ f in the boost range: at a power limit P below the
          TDP the sustained SM clock is ((P - idle) / (TDP - idle))^(1/3) of the TDP's, idle
          being 10 % of the TDP (an assumption). HBM speed does not change.
@@ -114,6 +122,10 @@ class Elementwise:
     compiled_kernels: int
     loss_bytes_eager: float
     loss_bytes_compiled: float
+    # An MoE layer's dispatch and router, per unit of dim: (bytes per routed row, bytes per
+    # token), eager and compiled; this toolkit's MoE unless said (below LLAMA).
+    dispatch_eager: tuple[float, float] = (26, 12)
+    dispatch_compiled: tuple[float, float] = (6, 12)
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -127,6 +139,15 @@ class Elementwise:
 # loss: the fp32 upcast, log-softmax and its gradient, 36 eager, 10 fused.
 LLAMA = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 48, 10), compiled_bytes=(2 * 6, 4, 6),
                     eager_ops=34, compiled_kernels=13, loss_bytes_eager=36, loss_bytes_compiled=10)
+# An MoE layer of titan_exp.models.moe in bf16 (Elementwise's dispatch defaults), bytes per unit of
+# dim of a forward. Per routed row (token x choice), eager: the gather into expert order (read,
+# write) 4, the upcast 6, the product with the routing weight 8, the cast back 6, index_add's read
+# 2: 26; compiled, the gather 4 and one fused weigh-and-add reading the rows 2: 6. Per token: the
+# router's fp32 copy of its input 6, the zeroed output 2, index_add's read and write 4: 12, eager
+# and compiled. Under EP each rank also sorts what it receives by expert and back (two gathers,
+# EP_SORT_BYTES per routed row). Transformer Engine's fused permute and unpermute and its fp32
+# router (Megatron's rows) are taken to move what compile's kernels do (an assumption).
+EP_SORT_BYTES = 8
 
 
 def clock_ratio(spec) -> float:
@@ -156,12 +177,13 @@ def spec_kernels(spec, attention: str = "flash") -> Kernels:
                    sms=spec.sms, architecture=spec.architecture, attention_kernel=attention, source="spec")
 
 
-def wave_utilization(m: float, n: float, sms: int) -> float:
-    """The share of the SMs' tile slots a GEMM's output fills: tiles of TILE x TILE, in waves of
-    one tile per SM, the last wave and the edge tiles partly idle."""
-    tiles = math.ceil(m / TILE) * math.ceil(n / TILE)
+def wave_utilization(m: float, n: float, sms: int, groups: float = 1) -> float:
+    """The share of the SMs' tile slots a GEMM's output fills (or `groups` outputs of m x n, one
+    grouped kernel's): tiles of TILE x TILE, in waves of one tile per SM, the last wave and the
+    edge tiles partly idle."""
+    tiles = groups * math.ceil(m / TILE) * math.ceil(n / TILE)
     waves = math.ceil(tiles / sms)
-    return m * n / (waves * sms * TILE * TILE)
+    return groups * m * n / (waves * sms * TILE * TILE)
 
 
 def hbm(k: Kernels) -> float:
@@ -169,11 +191,17 @@ def hbm(k: Kernels) -> float:
     return k.memory_tb_s * 1e12
 
 
-def gemm_s(k: Kernels, m: float, n: float, kk: float, dtype: str) -> float:
-    """One GEMM (m x kk) @ (kk x n): compute at its wave utilization, or its bytes, the longer."""
+def gemm_s(k: Kernels, m: float, n: float, kk: float, dtype: str, groups: float | None = None) -> float:
+    """One GEMM (m x kk) @ (kk x n), or `groups` of them in one grouped kernel (an MoE's local
+    experts, m rows each, at the grouped kernel's share of the rate): compute at the wave
+    utilization of all their tiles together, each group's edge tiles partly idle; or their bytes,
+    every group's operands read once; the longer."""
+    if m * n * kk == 0:
+        return 0.0
     size = {"float32": 4, "bfloat16": 2, "float8": 1}[dtype]
-    compute = 2 * m * n * kk / (k.matmul_tflops[dtype] * 1e12 * wave_utilization(m, n, k.sms))
-    return max(compute, (m * kk + kk * n) * size / hbm(k) + m * n * 2 / hbm(k))
+    g, rate = groups or 1, k.matmul_tflops[dtype] * (k.grouped_gemm_share if groups else 1.0)
+    compute = 2 * g * m * n * kk / (rate * 1e12 * wave_utilization(m, n, k.sms, g))
+    return max(compute, g * ((m * kk + kk * n) * size + m * n * 2) / hbm(k))
 
 
 def attention_tflops(curve: tuple[tuple[int, float], ...], seq: float) -> float:
@@ -213,9 +241,12 @@ class BlockTimes:
     notes: list[str]
 
 
-def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise = LLAMA) -> BlockTimes:
+def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise = LLAMA,
+                float8_experts: bool = False) -> BlockTimes:
     """One block's and the head's seconds per microbatch, the memory-bound kernels as `elementwise`
-    describes them (this toolkit's Llama unless said)."""
+    describes them (this toolkit's Llama unless said). An MoE's routed experts run in bf16 under a
+    float8 recipe, as this toolkit's do (precision.apply_converter leaves them), unless
+    `float8_experts` (Transformer Engine's grouped linears take the recipe)."""
     m, t, p = job.model, job.training, job.parallelism
     mb = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
     cp = p.context_parallel_degree
@@ -227,11 +258,11 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     compiled = job.compile.enable
     act = 2 if high == "bfloat16" else 4
 
-    # Linear layers (in, out) on one TP rank; an MoE layer's routed experts as top_k of them, whole.
+    # Linear layers (in, out) on one TP rank: the SwiGLU's width averaged over the blocks (dense
+    # blocks' and MoE blocks' shared experts); an MoE layer's routed experts follow (routed_experts).
     hd, heads, kv = m.head_size, m.n_heads // tp, m.kv_heads // tp
     moe = m.n_moe_layers / m.n_layers
-    ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * (m.top_k * m.expert_hidden_dim + m.n_shared_experts
-                                                     * m.expert_hidden_dim / tp if moe else 0)
+    ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
     groups = [[(m.dim, heads * hd), (m.dim, kv * hd), (m.dim, kv * hd)], [(heads * hd, m.dim)],
               [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
     recipe = pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
@@ -246,6 +277,13 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
             if low == "float8":
                 casts += _cast_bytes(tokens * k, k * n, tokens * n, recipe, compiled)
         fwd_groups.append(fwd_s)
+    routed = RoutedTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    if moe:
+        routed = routed_experts(job, tokens, kern, low if float8_experts else high, high, recipe, compiled, elementwise)
+        fwd_groups[2] += moe * routed.up
+        fwd_groups[3] += moe * routed.down
+        bwd_gemm += moe * routed.bwd
+        casts += moe * routed.cast_bytes
     cast_s = casts / hbm(kern)
 
     attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
@@ -253,28 +291,72 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * head_dim * 1e12)
     attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
-    d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn
+    d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn + moe * m.top_k * m.expert_hidden_dim
     weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
     scale = act / 2  # the tables are for bf16 activations
     mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(kern)
+    mem_fwd += moe * routed.dispatch_bytes * scale / hbm(kern)
     if kv < heads:  # GQA: K and V repeated to every query head before SDPA
         mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(kern)
 
-    fwd_gpu = sum(fwd_groups) + attn_fwd + mem_fwd + cast_s / 3
-    bwd_gpu = bwd_gemm + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
+    fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + mem_fwd + cast_s / 3
+    bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     if low == "float8" and not compiled:
         host += len(fwd_gemms) * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
-    # matmul of the block (q, v, w1, w2), and recomputes the rest.
-    selective = sum(fwd_gemms[1::2]) + mem_fwd + cast_s / 3
+    # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
+    # GEMMs (not aten.mm) and the router whole.
+    selective = sum(fwd_gemms[1::2]) + moe * (routed.up + routed.down + routed.router) + mem_fwd + cast_s / 3
 
     vocab = m.vocab_size / tp
     head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
                   + gemm_s(kern, m.dim, vocab, tokens, high))
     logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / hbm(kern)
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
+
+
+@dataclass
+class RoutedTimes:
+    """One MoE layer's routed experts per microbatch on one rank: forward seconds of the w1/w3
+    grouped GEMMs (`up`) and of w2's (`down`), backward GEMM seconds, the router's forward
+    seconds, the float8 casts' bytes and the dispatch's bytes (in bf16)."""
+
+    up: float
+    down: float
+    bwd: float
+    router: float
+    cast_bytes: float
+    dispatch_bytes: float
+
+
+def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, high: str, recipe: str | None,
+                   compiled: bool, elementwise: Elementwise) -> RoutedTimes:
+    """An MoE layer's router and routed experts on one rank, for a microbatch of `tokens` tokens
+    (all of them on every TP rank: the experts run whole). Its tokens x top_k routed rows reach
+    its n_experts / ep local experts, as many as it sends (balanced routing; an assumption), so
+    each local expert's GEMMs have rows / local rows, in one grouped kernel (gemm_s's groups):
+    every local expert's weights are read whatever its rows, which is what expert parallel
+    saves. The router's GEMM scores every expert in fp32. The dispatch copies the routed rows
+    as `elementwise` counts, twice that in backward (with the rest of the memory-bound kernels)."""
+    m, ep = job.model, job.parallelism.expert_parallel_degree
+    rows, local = tokens * m.top_k, m.n_experts / ep
+    per, d, h = rows / local, m.dim, m.expert_hidden_dim
+    grad = high if recipe == "rowwise_with_gw_hp" else dtype
+    up = 2 * gemm_s(kern, per, h, d, dtype, local)
+    down = gemm_s(kern, per, d, h, dtype, local)
+    bwd = (2 * (gemm_s(kern, per, d, h, dtype, local) + gemm_s(kern, h, d, per, grad, local))
+           + gemm_s(kern, per, h, d, dtype, local) + gemm_s(kern, d, h, per, grad, local))
+    casts = 0.0
+    if dtype == "float8":
+        casts = 2 * _cast_bytes(rows * d, local * d * h, rows * h, recipe, compiled) + _cast_bytes(
+            rows * h, local * h * d, rows * d, recipe, compiled)
+    f32 = "float32" if "float32" in kern.matmul_tflops else high
+    router = gemm_s(kern, tokens, m.n_experts, d, f32)
+    per_row, per_token = elementwise.dispatch_compiled if compiled else elementwise.dispatch_eager
+    dispatch = d * (rows * (per_row + (EP_SORT_BYTES if ep > 1 else 0)) + tokens * per_token)
+    return RoutedTimes(up, down, bwd, router, casts, dispatch)
 
 
 def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool) -> float:

@@ -11,6 +11,8 @@ at once, as it would compute in a step; each rate is the slowest rank's.
   length (the same tokens at each), forward, and backward as forward + backward less forward; its
   FLOPs counted as perf.gpu counts them (forward 2 x s^2 x heads x head_dim, backward 2.5 x that):
   the measured counterpart of [fa3]'s curve; and which kernel SDPA ran (flash, cudnn, ...);
+- grouped GEMM: torch._grouped_mm over 8 experts at the smallest GEMM side, in the training dtype,
+  against a dense GEMM of the same rows and tiles: its share of the dense rate, [grouped];
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host].
@@ -34,6 +36,7 @@ from titan_exp.perf.timing import Options, together
 
 HOST_OPS = 200  # tiny ops per timed chain
 COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
+GROUPS = 8  # experts of the timed grouped GEMM
 
 
 def sizes(opts: Options, device: torch.device) -> tuple[list[int], list[int], int, int]:
@@ -81,6 +84,21 @@ def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.devic
             best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
         out[str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8")] = best
     return out
+
+
+def grouped_gemm_share(side: int, groups: int, dtype: torch.dtype, opts: Options, device: torch.device) -> float | None:
+    """torch._grouped_mm over `groups` experts of side x side weights with `side` rows each, timed
+    against one dense GEMM of the same rows, width and tiles: the dense's seconds over the grouped
+    one's. None where torch has no grouped GEMM for the device."""
+    x = torch.randn(groups * side, side, device=device, dtype=dtype)
+    w = torch.randn(groups, side, side, device=device, dtype=dtype)
+    offsets = torch.arange(1, groups + 1, device=device, dtype=torch.int32) * side
+    try:
+        torch._grouped_mm(x, w, offs=offsets)
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return None
+    dense = together(lambda: x @ w[0], opts.reps, device)
+    return dense / together(lambda: torch._grouped_mm(x, w, offs=offsets), opts.reps, device)
 
 
 def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.dtype, opts: Options,
@@ -158,8 +176,11 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     compiled = host_compiled_s(opts, device) if opts.compile else HOST_COMPILED_S
     if opts.compile:
         measured.append("host_compiled_s")
+    grouped = grouped_gemm_share(sides[0], GROUPS, dtype, opts, device)
+    if grouped is not None:
+        measured.append("grouped_gemm_share")
     return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op_s(opts, device),
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_size,
                    attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
-                   measured=tuple(measured))
+                   measured=tuple(measured), grouped_gemm_share=grouped or 1.0)

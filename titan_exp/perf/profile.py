@@ -156,6 +156,9 @@ class Kernels:
     attention_kernel: str = "flash"  # whose curves they are: perf.gpu.ATTENTION's name, or what SDPA ran
     source: str = "spec"
     measured: tuple[str, ...] = ()
+    # A grouped GEMM's rate (an MoE's routed experts: torch._grouped_mm) over a dense GEMM's of the
+    # same rows and tiles; 1.0 unless measured (perf.gpu's [grouped]).
+    grouped_gemm_share: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

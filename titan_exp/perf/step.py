@@ -65,7 +65,9 @@ costs, which were measured under the calibration job's threshold.
 
 MoE models: a block's FLOPs are those of its active parameters (the experts a token goes to);
 under TP the router and routed experts run whole on every TP rank, so only the rest is divided
-by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well.
+by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well; a GPU
+block from its parts prices the router, the grouped GEMM over the local experts and the
+dispatch's copies (gpu.routed_experts).
 """
 
 from __future__ import annotations
@@ -166,11 +168,14 @@ def across_nodes(job: JobConfig) -> set[str]:
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
-                 elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline") -> StepPrediction:
+                 elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline",
+                 float8_experts: bool = False) -> StepPrediction:
     """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
     memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
-    published run of it), and async TP as `tp_overlap` runs it (gpu.TP_OVERLAP: torch's
-    micro-pipeline pass, this toolkit's; or another engine's)."""
+    published run of it), async TP as `tp_overlap` runs it (gpu.TP_OVERLAP: torch's
+    micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
+    float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
+    in bf16)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -192,7 +197,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     # profiles calibrated before 2026-11-25 also hold blocks timed in fp32 without autocast, which
     # say nothing of bf16 or float8 kernels (the 1B's: 8x a bf16 block's share of an H200 step): unread.
     if gpu_kernels and cuda:
-        gpu = block_times(job, tp, gpu_kernels, elementwise)
+        gpu = block_times(job, tp, gpu_kernels, elementwise, float8_experts)
         notes += gpu.notes
         cost = BlockCost(Line(0.0, 0.0), Line(0.0, 0.0), Line(0.0, 0.0))  # nothing measured
         c = profile.corrections.compute
