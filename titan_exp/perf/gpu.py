@@ -270,14 +270,11 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     for group in groups:
         fwd_s = 0.0
         for k, n in group:
-            fwd_gemms.append(gemm_s(kern, tokens, n, k, low))
-            fwd_s += fwd_gemms[-1]
-            bwd_gemm += gemm_s(kern, tokens, k, n, low)  # input gradient
-            bwd_gemm += gemm_s(kern, k, n, tokens, high if recipe == "rowwise_with_gw_hp" else low)  # weight gradient
-            if low == "float8":
-                casts += _cast_bytes(tokens * k, k * n, tokens * n, recipe, compiled)
+            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, compiled)
+            fwd_gemms.append(fwd)
+            fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
-    routed = RoutedTimes(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    routed = RoutedTimes()
     if moe:
         routed = routed_experts(job, tokens, kern, low if float8_experts else high, high, recipe, compiled, elementwise)
         fwd_groups[2] += moe * routed.up
@@ -317,18 +314,31 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
 
 
+def linear_s(kern: Kernels, rows: float, k: float, n: float, dtype: str, high: str, recipe: str | None,
+             compiled: bool, groups: float | None = None) -> tuple[float, float, float]:
+    """A linear layer (in k, out n) on `rows` rows, or `groups` of them in one grouped kernel,
+    `rows` each: forward seconds, backward seconds (input gradient, and weight gradient: in `high`
+    under rowwise_with_gw_hp) and, in float8, its casts' bytes."""
+    g = groups or 1
+    fwd = gemm_s(kern, rows, n, k, dtype, groups)
+    bwd = gemm_s(kern, rows, k, n, dtype, groups) + gemm_s(
+        kern, k, n, rows, high if recipe == "rowwise_with_gw_hp" else dtype, groups)
+    casts = _cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, compiled) if dtype == "float8" else 0.0
+    return fwd, bwd, casts
+
+
 @dataclass
 class RoutedTimes:
     """One MoE layer's routed experts per microbatch on one rank: forward seconds of the w1/w3
     grouped GEMMs (`up`) and of w2's (`down`), backward GEMM seconds, the router's forward
-    seconds, the float8 casts' bytes and the dispatch's bytes (in bf16)."""
+    seconds, the float8 casts' bytes and the dispatch's bytes (in bf16); none for a dense layer."""
 
-    up: float
-    down: float
-    bwd: float
-    router: float
-    cast_bytes: float
-    dispatch_bytes: float
+    up: float = 0.0
+    down: float = 0.0
+    bwd: float = 0.0
+    router: float = 0.0
+    cast_bytes: float = 0.0
+    dispatch_bytes: float = 0.0
 
 
 def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, high: str, recipe: str | None,
@@ -336,27 +346,20 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     """An MoE layer's router and routed experts on one rank, for a microbatch of `tokens` tokens
     (all of them on every TP rank: the experts run whole). Its tokens x top_k routed rows reach
     its n_experts / ep local experts, as many as it sends (balanced routing; an assumption), so
-    each local expert's GEMMs have rows / local rows, in one grouped kernel (gemm_s's groups):
+    each local expert's GEMMs have rows / local rows, in one grouped kernel (linear_s's groups):
     every local expert's weights are read whatever its rows, which is what expert parallel
     saves. The router's GEMM scores every expert in fp32. The dispatch copies the routed rows
     as `elementwise` counts, twice that in backward (with the rest of the memory-bound kernels)."""
     m, ep = job.model, job.parallelism.expert_parallel_degree
     rows, local = tokens * m.top_k, m.n_experts / ep
-    per, d, h = rows / local, m.dim, m.expert_hidden_dim
-    grad = high if recipe == "rowwise_with_gw_hp" else dtype
-    up = 2 * gemm_s(kern, per, h, d, dtype, local)
-    down = gemm_s(kern, per, d, h, dtype, local)
-    bwd = (2 * (gemm_s(kern, per, d, h, dtype, local) + gemm_s(kern, h, d, per, grad, local))
-           + gemm_s(kern, per, h, d, dtype, local) + gemm_s(kern, d, h, per, grad, local))
-    casts = 0.0
-    if dtype == "float8":
-        casts = 2 * _cast_bytes(rows * d, local * d * h, rows * h, recipe, compiled) + _cast_bytes(
-            rows * h, local * h * d, rows * d, recipe, compiled)
+    d, h = m.dim, m.expert_hidden_dim
+    up = linear_s(kern, rows / local, d, h, dtype, high, recipe, compiled, local)  # w1, and w3 alike
+    down = linear_s(kern, rows / local, h, d, dtype, high, recipe, compiled, local)
     f32 = "float32" if "float32" in kern.matmul_tflops else high
     router = gemm_s(kern, tokens, m.n_experts, d, f32)
     per_row, per_token = elementwise.dispatch_compiled if compiled else elementwise.dispatch_eager
     dispatch = d * (rows * (per_row + (EP_SORT_BYTES if ep > 1 else 0)) + tokens * per_token)
-    return RoutedTimes(up, down, bwd, router, casts, dispatch)
+    return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
 
 
 def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool) -> float:
