@@ -321,11 +321,17 @@ class MachineProfile:
         one NIC. A group with `ranks_per_node` > 1 ranks in each node sends its node's traffic
         through as many NICs at once (NCCL's rings enter and leave a node through each of its
         GPUs' NICs, one GPU one NIC): its bytes take 1/ranks_per_node of the time, but no less
-        than the same group inside a node (NVLink) takes. All-to-all and send/recv gain nothing:
-        each rank's bytes to other nodes leave through its own NIC."""
+        than the same group inside a node (NVLink) takes. An all-to-all sends each rank's bytes for
+        other nodes through its own NIC: of a group of `group` ranks over n = group / ranks_per_node
+        nodes, (n - 1) / n of them, as the measured group of n ranks one to a node sends, while the
+        bytes for its node's other ranks go over NVLink at the same time."""
         if across_nodes and self.inter_node and ranks_per_node > 1 and op in ("all_gather", "reduce_scatter", "all_reduce"):
             line, inside = self.collective(op, group, True), self.collective(op, group, False)
             return Line(line.latency_s, max(line.per_unit_s / ranks_per_node, inside.per_unit_s))
+        if across_nodes and self.inter_node and 1 < ranks_per_node < group and op == "all_to_all":
+            nodes = -(-group // ranks_per_node)
+            line, inside = self.collective(op, nodes, True), self.collective(op, ranks_per_node, False)
+            return Line(max(line.latency_s, inside.latency_s), max(line.per_unit_s, inside.per_unit_s / nodes))
         table = self.inter_node if across_nodes and self.inter_node else self.collectives
         by_g = table.get(op) or table.get("all_reduce") or {}
         if not by_g:

@@ -47,7 +47,8 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
          and the token-count exchange before each forward one, over the network only where ep x tp
-         ranks outgrow a node (ep_spans_nodes). The routed experts are gathered by
+         ranks outgrow a node (ep_spans_nodes), and then only the bytes for other nodes' ranks
+         (ep_node_ranks: half of them over two nodes). The routed experts are gathered by
          FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
 A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
 has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
@@ -152,12 +153,17 @@ def ranks_in_a_node(job: JobConfig) -> int:
     return world // nodes if world % nodes == 0 else world
 
 
-def ep_spans_nodes(job: JobConfig) -> bool:
-    """Whether an expert-parallel group spans nodes: its ranks are dp_shard's innermost with cp's
-    (parallel/dims.py: dp_shard_in_ep x cp), tp apart, so it leaves a node only when ep x tp ranks
-    do not fit in one, however far data-parallel sharding reaches."""
+def ep_node_ranks(job: JobConfig) -> int:
+    """How many ranks of an expert-parallel group sit in one node: its ranks are dp_shard's
+    innermost with cp's (parallel/dims.py: dp_shard_in_ep x cp), tp apart, so it leaves a node
+    only when ep x tp ranks do not fit in one, however far data-parallel sharding reaches."""
     p = job.parallelism
-    return p.expert_parallel_degree * p.tensor_parallel_degree > ranks_in_a_node(job)
+    return max(1, min(p.expert_parallel_degree, ranks_in_a_node(job) // p.tensor_parallel_degree))
+
+
+def ep_spans_nodes(job: JobConfig) -> bool:
+    """Whether an expert-parallel group spans nodes (ep_node_ranks)."""
+    return ep_node_ranks(job) < job.parallelism.expert_parallel_degree
 
 
 def across_nodes(job: JobConfig) -> set[str]:
@@ -350,7 +356,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         sr = profile.collective("send_recv", 2, "pp" in spans)
         parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
     if ep > 1:
-        a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job))
+        a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = mb * t.seq_len / cp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
         moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
         per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
