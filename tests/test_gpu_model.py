@@ -13,7 +13,7 @@ from titan_exp.config import compose_job
 from titan_exp.perf import gpu
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, MachineProfile
-from titan_exp.perf.step import node_ranks, predict_step
+from titan_exp.perf.step import across_nodes, node_ranks, predict_step
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
@@ -272,6 +272,8 @@ def test_expert_parallel_stays_in_a_node_however_far_data_parallel_reaches():
     two_nodes = spec_profile(H100, 16, 8)
     assert predict_step(olmoe(16, 8), two_nodes, cuda=True).parts["ep"] == pytest.approx(one_node)
     assert predict_step(olmoe(16, 16), two_nodes, cuda=True).parts["ep"] > 3 * one_node
+    # the plan's "across nodes" column names EP's group where it leaves its node
+    assert across_nodes(olmoe(16, 8)) == {"dp_shard"} and across_nodes(olmoe(16, 16)) == {"dp_shard", "ep"}
 
 
 def olmoe_job(ep: int, *overrides: str):

@@ -63,7 +63,7 @@ class Plan:
     parts_gib: dict[str, float]
     step: StepPrediction
     fits: bool = True
-    across_nodes: tuple[str, ...] = ()  # mesh dims whose groups span nodes (perf.step.across_nodes)
+    across_nodes: tuple[str, ...] = ()  # mesh dims (and "ep") whose groups span nodes (perf.step.across_nodes)
     nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
 
     @property
@@ -217,7 +217,7 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
                           layout_overrides(candidate),
                           parts["total"], {k: v for k, v in parts.items() if k != "total"},
                           predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
-                          across_nodes=tuple(d for d in MESH_DIMS if d in across_nodes(candidate)),
+                          across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
                           nodes=candidate.cluster.nnodes))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 

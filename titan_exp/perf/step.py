@@ -167,10 +167,11 @@ def ep_spans_nodes(job: JobConfig) -> bool:
 
 
 def across_nodes(job: JobConfig) -> set[str]:
-    """The mesh dims whose process groups span nodes: fewer of a group's ranks share a node
-    (node_ranks) than the group has."""
+    """The mesh dims whose process groups span nodes (fewer of a group's ranks share a node,
+    node_ranks, than the group has), and "ep" where expert parallel's do (ep_spans_nodes)."""
     degrees = job.parallelism.degrees
-    return {d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
+    return ({d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
+            | ({"ep"} if ep_spans_nodes(job) else set()))
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
