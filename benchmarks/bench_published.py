@@ -26,7 +26,8 @@ and leave every score (`MOVED_TO_FIT`). Leave-one-source-out: the rows of each s
 with the constants fitted on the other sources' fitting rows only, so every scored row is held out
 from the fit that predicts it. Other engines' kernels differ from ours, so per source the report
 gives the raw error, the error after one per-source scale (the median ratio), the order of rows
-within each table, and each technique's published effect (pairs of rows of one table that differ in
+within each table and, of its pairs that ran one model on one machine, the order the planner is asked
+for (`machine_pairs`), and each technique's published effect (pairs of rows of one table that differ in
 that technique alone) against the predicted one.
 Megatron-Bridge's MoE rows of Qwen3 and GPT-OSS 120B (expert parallel) were first planned on
 2026-11-25, held out by declaration before any was predicted (`MOE_SHAPES`); the summary counts
@@ -415,6 +416,19 @@ def effects(scored: list[tuple[Planned, float]]) -> list[tuple[str, str, float, 
     return out
 
 
+ONE_MACHINE = ("model", "gpu", "gpus")
+
+
+def machine_pairs(scored: list[tuple[Planned, float]]) -> tuple[int, int]:
+    """(ordered, all): the pairs of rows of one table that ran one model on one machine (another
+    layout or technique; published ties left out) whose predictions order them as published,
+    which is the planner's question on a user's machine."""
+    pairs = [(a, pa, b, pb) for i, (a, pa) in enumerate(scored) for b, pb in scored[i + 1:]
+             if a.row.table == b.row.table and all(a.row[k] == b.row[k] for k in ONE_MACHINE)
+             and published(a.row)[1] != published(b.row)[1]]
+    return sum((published(a.row)[1] - published(b.row)[1]) * (pa - pb) > 0 for a, pa, b, pb in pairs), len(pairs)
+
+
 # What a row publishes or says of itself, not what it ran: rows alike in every other column ran one
 # configuration (in different tables: a source's releases).
 NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
@@ -465,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  moved to the fitting set, not scored, {n} row(s): {why}")
     print()
     print("| held-out source | fitted on (others' fitting rows) | rows | median abs error | worst | after one scale: median, "
-          "worst | tables with order kept |")
-    print("|---|---|---|---|---|---|---|")
+          "worst | tables with order kept | pairs on one machine ordered |")
+    print("|---|---|---|---|---|---|---|---|")
     held_tps: list[float] = []
     held_moe: dict[str, list[float]] = {}  # held_tps, split: each MoE model's rows (MOE_SHAPES), the dense ones
     held_dense: list[float] = []
@@ -490,6 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             tables.setdefault(p.row.table, []).append((published(p.row)[1], pred))
         ordered = {t: v for t, v in tables.items() if len(v) > 1}
         kept = sum(spearman([a for a, _ in v], [b for _, b in v]) > 0.999 for v in ordered.values())
+        pairs_kept, pairs = machine_pairs(preds)
         held_tps += [abs(e) for e in errs]
         for (p, _), e in zip(preds, errs):
             (held_moe.setdefault(p.row["model"], []) if is_moe(p.row) else held_dense).append(abs(e))
@@ -498,7 +513,7 @@ def main(argv: list[str] | None = None) -> int:
         listed += [(p, pred, e) for (p, pred), e in zip(preds, errs)]
         print(f"| {source} | {constants[source]} | {len(mine)} | {100 * median_abs(errs):.0f} % "
               f"| {100 * max(errs, key=abs):+.0f} % | {100 * median_abs(scaled):.0f} %, "
-              f"{100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} |")
+              f"{100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} | {pairs_kept} of {pairs} |")
     if held_moe and held_dense:
         every = [e for errs in held_moe.values() for e in errs]
         models = "; ".join(f"{name} {len(errs)}: {100 * median_abs(errs):.0f} %, {100 * max(errs):.0f} %"

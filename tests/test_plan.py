@@ -264,9 +264,17 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert "1 configurations, 2 rows" in bench.repeats([first, again]) and "within 50 % of both" in bench.repeats(
         [first, again])
     assert bench.repeats([first]) == "no configuration is published twice"
+    # Pairs of one table on one machine: ordered as published, or not; another machine's row is no pair.
+    faster = bench.Row(first.source, first.table, "faster", {**first.cells, "tokens_per_s_per_gpu": str(
+        2 * first.num("tokens_per_s_per_gpu"))})
+    elsewhere = bench.Row(first.source, first.table, "elsewhere", {**first.cells, "gpus": "512"})
+    rows = [bench.Planned(first, None, None), bench.Planned(faster, None, None), bench.Planned(elsewhere, None, None)]
+    assert bench.machine_pairs(list(zip(rows, (1.0, 2.0, 9.0)))) == (1, 1)
+    assert bench.machine_pairs(list(zip(rows, (2.0, 1.0, 0.5)))) == (0, 1)
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert "| 5 of 5 | 19 of 19 |" in out.stdout  # every held-out TorchTitan table, every pair on one machine, in order
     assert out.stdout.strip().splitlines()[-1].startswith("held-out: 16 rows from 1 sources; tokens/s median |error| ")
 
 
