@@ -35,7 +35,9 @@ def test_a_gemm_pays_for_its_last_wave_and_a_skinny_one_for_its_bytes():
     assert per_flop(12 * gpu.TILE) > 1.8 * per_flop(11 * gpu.TILE)  # 144 tiles: two waves; 132: one
     skinny = gpu.gemm_s(K100, 8192, 8192, 16, "bfloat16")  # K = 16: reads and writes dominate
     assert skinny == pytest.approx((8192 * 16 * 2 + 16 * 8192 * 2 + 8192 * 8192 * 2) / gpu.hbm(K100))
-    assert gpu.gemm_s(K100, 8192, 8192, 8192, "float8") < 0.55 * gpu.gemm_s(K100, 8192, 8192, 8192, "bfloat16")
+    # float8 at its own measured share of twice the peak [mamf]: 70.9 % against bf16's 80.3 % on an H100
+    f8, bf = (gpu.gemm_s(K100, 8192, 8192, 8192, dtype) for dtype in ("float8", "bfloat16"))
+    assert f8 == pytest.approx(bf * (794.5 / 989) / (2 * 1402.6 / 1979), rel=1e-3) and 0.55 * bf < f8 < 0.6 * bf
 
 
 def test_a_power_cap_slows_the_clock_not_the_memory():
@@ -302,7 +304,7 @@ def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():
     float8 = olmoe_job(8, "precision=float8", "compile.enable=true")
     ours, engines = gpu.block_times(float8, 1, K100), gpu.block_times(float8, 1, K100, float8_experts=True)
     assert ours.tp_groups[2] == pytest.approx(eight.tp_groups[2])
-    assert engines.tp_groups[2] < 0.55 * ours.tp_groups[2]
+    assert engines.tp_groups[2] < 0.6 * ours.tp_groups[2]  # float8 at its share of twice the peak [mamf]
     # the step prices the engine it is given (at 1,024 tokens a rank float8's casts outweigh its GEMMs)
     assert predict_step(float8, spec_profile(H100, 8, 8), cuda=True, float8_experts=True).step_s != \
         predict_step(float8, spec_profile(H100, 8, 8), cuda=True).step_s

@@ -157,7 +157,8 @@ def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):
     profile = spec_profile(h100, 64, 8, eff)
     assert profile.source == "spec" and profile.key["nodes"] == 8 and profile.kernels.source == "spec"
     assert profile.corrections.compute == eff.compute_scale
-    assert profile.gemm["bfloat16"].per_unit_s == pytest.approx(1 / (989.4e12 * 0.801))  # [mamf]'s share
+    assert profile.gemm["bfloat16"].per_unit_s == pytest.approx(1 / (989.4e12 * 794.5 / 989))  # [mamf]'s bf16 share
+    assert profile.gemm["float8"].per_unit_s == pytest.approx(1 / (1978.9e12 * 1402.6 / 1979))  # and its float8 one
     nvlink = profile.collective("all_reduce", 8)
     assert nvlink.per_unit_s == pytest.approx(2 * 7 / 8 / (450e9 * eff.nvlink))
     across = profile.collective("all_reduce", 8, across_nodes=True)
@@ -300,6 +301,12 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
     own = load_hardware(write("device: {bf16_tflops: 500, tf32_tflops: 250, memory_gib: 64, memory_tb_s: 2}\n"
                               "nvlink_gb_s: 200\nnetwork_gb_s: 25\n"))
     assert own.spec.fp8_tflops is None and "float8" not in spec_profile(own.spec, 8, 8).gemm
+    shares = load_hardware(write("device: {bf16_tflops: 500, fp8_tflops: 1000, tf32_tflops: 250, memory_gib: 64, "
+                                 "memory_tb_s: 2, matmul_share: 0.8, fp8_share: 0.6}\n"
+                                 "nvlink_gb_s: 200\nnetwork_gb_s: 25\n"))
+    gemm = spec_profile(shares.spec, 8, 8).gemm  # each dtype at its own share of its peak
+    assert gemm["bfloat16"].per_unit_s == pytest.approx(1 / 400e12)
+    assert gemm["float8"].per_unit_s == pytest.approx(1 / 600e12)
 
     for text, message in [
         ("device: h100\nnvlnk_gb_s: 3\n", "unknown key(s) nvlnk_gb_s (did you mean nvlink_gb_s?)"),
@@ -310,6 +317,8 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
         ("device: h100\npower_limit_w: 0\n", "power_limit_w = 0: must be a number > 0"),
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, sms: 1.5}\n",
          "device.sms = 1.5: must be a whole number > 0"),
+        ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, fp8_share: 1.2}\n"
+         "nvlink_gb_s: 1\nnetwork_gb_s: 1\n", "device.fp8_share = 1.2: a share of the peak, at most 1"),
         ("gpus_per_node: 8\n", "needs a mapping with at least `device`"),
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1}\n", "needs nvlink_gb_s and network_gb_s"),
     ]:

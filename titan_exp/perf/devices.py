@@ -29,8 +29,14 @@ Sources (checked 2026-11):
   [titan] TorchTitan's benchmark machines, docs/performance.md in pytorch/torchtitan: Grand Teton
           hosts of 8 H100 with 96 GB HBM2e at 2.4 TB/s, NVLink, 400 Gb/s RDMA per GPU, the
           default 500 W power limit.
-  [mamf]  The best-shaped bf16 matmul's share of the peak, measured: stas00/ml-engineering
-          compute/accelerator/README.md (H100 SXM 80.1 %, A100 SXM 85.9 %).
+  [mamf]  The best-shaped matmul's share of the peak, measured in bf16 and in float8 (e4m3):
+          stas00/ml-engineering compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
+          comparison table" (at 744d01e, 2026-08-22): H100 SXM 794.5 of 989 bf16 (80.3 %; "H200 is
+          the same") and 1402.6 of 1979 float8 (70.9 %); H200 SXM float8 1453.4 (73.4 %); A100 SXM
+          271.2 of 312 (86.9 %); B200 SXM 1745 of 2250 (77.6 %) and 3432.5 of 4500 (76.3 %); GB200
+          1822 of 2500 (72.9 %) and 3615.6 of 5000 (72.3 %); B300 SXM 1769 of 2250 (78.6 %) and
+          3353.3 of 4500 (74.5 %). No GB300 row: its shares are B300's times GB200's over B200's
+          (an NVL72 Blackwell against its HGX one, as measured: 73.9 % and 70.6 %), an assumption.
   [nccl]  Latencies are not on spec sheets: the small-message times of nccl-tests' all_reduce
           on NVLink (~10 us) and over InfiniBand (~20 us per hop), as NVIDIA's published
           nccl-tests runs show; rounded, and the same for every GPU of a generation.
@@ -65,34 +71,38 @@ class DeviceSpec:
     sms: int = 132  # streaming multiprocessors: a GEMM's waves (perf.gpu)
     tdp_w: float = 700.0  # the power the spec's clocks are sustained at
     power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.gpu.clock_ratio); None = the TDP
-    matmul_share: float = 0.801  # the best-shaped bf16 matmul's share of the peak [mamf]
+    matmul_share: float = 794.5 / 989  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
+    fp8_share: float | None = None  # the best-shaped float8 matmul's share [mamf]; None = matmul_share
     architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
 
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
     DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 80 * 1e9 / GIB, 3.35, 450, 50,
-               "[h100] SXM5 700 W; NDR 400 Gb/s per GPU"),
+               "[h100] SXM5 700 W; NDR 400 Gb/s per GPU", fp8_share=1402.6 / 1979),
     DeviceSpec("h100_500w", ("H100",), 989.4, 1978.9, 494.7, 96 * 1e9 / GIB, 2.4, 450, 50,
                "[titan] the H100 TorchTitan's tables were measured on: 96 GB HBM2e at 2.4 TB/s, capped at 500 W "
-               "(the peaks and TDP are [h100]'s)", power_limit_w=500.0),
+               "(the peaks, TDP and matmul shares are [h100]'s)", power_limit_w=500.0, fp8_share=1402.6 / 1979),
     DeviceSpec("h200", ("H200",), 989.4, 1978.9, 494.7, 141 * 1e9 / GIB, 4.8, 450, 50,
-               "[h200] SXM 700 W; NDR 400 Gb/s per GPU; its matmul share H100's (the same GH100 die)"),
+               "[h200] SXM 700 W; NDR 400 Gb/s per GPU; its bf16 matmul share H100's (the same GH100 die)",
+               fp8_share=1453.4 / 1979),
     DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 80 * 1e9 / GIB, 2.039, 300, 25,
-               "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=0.859,
+               "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=271.2 / 312,
                architecture="ampere"),
     DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40 * 1e9 / GIB, 1.555, 300, 25,
-               "[a100] 40GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=0.859,
+               "[a100] 40GB SXM 400 W; HDR 200 Gb/s per GPU; the 80GB's matmul share", sms=108, tdp_w=400.0,
+               matmul_share=271.2 / 312,
                architecture="ampere"),
     DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * 1e9 / GIB, 8.0, 900, 50,
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
-               "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W; no matmul share is published "
-               "[mamf]: H100's is assumed", sms=148, tdp_w=1000.0, architecture="blackwell"),
+               "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W", sms=148, tdp_w=1000.0,
+               matmul_share=1745 / 2250, fp8_share=3432.5 / 4500, architecture="blackwell"),
     DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
-               "[gb200] GB200 NVL72's B200 at 1,200 W; H100's matmul share assumed [mamf]", sms=148, tdp_w=1200.0,
-               architecture="blackwell"),
+               "[gb200] GB200 NVL72's B200 at 1,200 W", sms=148, tdp_w=1200.0, matmul_share=1822 / 2500,
+               fp8_share=3615.6 / 5000, architecture="blackwell"),
     DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e12 / 72 / GIB, 8.0, 900, 100,
-               "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W; H100's matmul share assumed [mamf]", sms=160,
-               tdp_w=1400.0, architecture="blackwell"),
+               "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W; its matmul shares B300's scaled as GB200's "
+               "are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=1769 / 2250 * (1822 / 2500) / (1745 / 2250),
+               fp8_share=3353.3 / 4500 * (3615.6 / 5000) / (3432.5 / 4500), architecture="blackwell"),
 )}
 
 
@@ -106,7 +116,7 @@ class Efficiency:
     7 declared, one per source and precision, and 232 moved there after the model was changed for
     them or their layouts were derived, LLM Foundry's every row among them; BENCHMARKS.md)."""
 
-    compute_scale: float = 1.285
+    compute_scale: float = 1.260
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = 10e-6
@@ -175,8 +185,9 @@ def profile_for(device: str, world: int, gpus_per_node: int, folder=None) -> Mac
 # A user's cluster in one file (`python -m titan_exp.perf.plan ... --hardware FILE`): its GPU (a spec
 # name above, or its numbers) and what a spec sheet cannot know about the cluster it sits in.
 SPEC_NUMBERS = ("bf16_tflops", "fp8_tflops", "tf32_tflops", "memory_gib", "memory_tb_s", "tdp_w", "sms",
-                "matmul_share")
-OPTIONAL_NUMBERS = {"fp8_tflops": "no FP8", "tdp_w": "700 W", "sms": "132", "matmul_share": "H100's 0.801"}
+                "matmul_share", "fp8_share")
+OPTIONAL_NUMBERS = {"fp8_tflops": "no FP8", "tdp_w": "700 W", "sms": "132", "matmul_share": "H100's 0.803",
+                    "fp8_share": "matmul_share"}
 HARDWARE_KEYS = {
     "device": "a spec name (" + ", ".join(SPECS) + ") or a mapping of its numbers: " + ", ".join(SPEC_NUMBERS),
     "gpus_per_node": "GPUs per node (an integer > 0)",
@@ -252,8 +263,9 @@ def load_hardware(path: str | Path) -> Hardware:
                              f"a device's numbers are {', '.join(SPEC_NUMBERS)} (left out: "
                              + ", ".join(f"{k} = {v}" for k, v in OPTIONAL_NUMBERS.items()) + ")")
         numbers = {k: _positive(path, f"device.{k}", v, integer=k == "sms") for k, v in device.items()}
-        if numbers.get("matmul_share", 0.5) > 1:
-            raise ValueError(f"{path}: device.matmul_share = {numbers['matmul_share']!r}: a share of the peak, at most 1")
+        for share in ("matmul_share", "fp8_share"):
+            if numbers.get(share, 0.5) > 1:
+                raise ValueError(f"{path}: device.{share} = {numbers[share]!r}: a share of the peak, at most 1")
         spec = DeviceSpec("custom", (), numbers.pop("bf16_tflops"), numbers.pop("fp8_tflops", None),
                           numbers.pop("tf32_tflops"), numbers.pop("memory_gib"), numbers.pop("memory_tb_s"), 0.0, 0.0,
                           f"the numbers in {path}", **numbers)

@@ -49,9 +49,9 @@ kernels, host time per op and per compiled kernel, the grouped GEMM's share of t
 The same model prices a block from either.
 
 Sources (checked 2026-11):
-  [mamf] Maximum achievable matmul FLOPS, bf16, best shape, stas00/ml-engineering
-         compute/accelerator/README.md: H100 SXM 792.1 of 989 TFLOP/s (80.1 %), A100 SXM 267.9
-         of 312 (85.9 %). Taken for every dtype of the GPU (no float8 entry is published).
+  [mamf] Maximum achievable matmul FLOPS at the best shape, stas00/ml-engineering
+         compute/accelerator/README.md: each GPU's bf16 share (TF32 takes it too) and float8 share
+         (perf.devices lists them; H100 SXM 80.3 % and 70.9 %).
   [fa3]  Shah et al., FlashAttention-3 (arXiv:2407.08608), Figs. 5-6, H100 80GB SXM5, head dim
          128: FlashAttention-2 causal forward 191, 260, 298, 319, 333, 335 TFLOP/s and backward
          214, 260, 291, 310, 318, 322 at sequence 512 ... 16k (doubling). Read as shares of the
@@ -170,7 +170,9 @@ def spec_kernels(spec, attention: str = "flash") -> Kernels:
     peaks = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, **({"float8": spec.fp8_tflops} if spec.fp8_tflops else {})}
     peak = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
     fwd, bwd = ATTENTION[attention]
-    return Kernels(matmul_tflops={k: v * spec.matmul_share * clock for k, v in peaks.items()},
+    shares = {"float32": spec.matmul_share, "bfloat16": spec.matmul_share,
+              "float8": spec.fp8_share or spec.matmul_share}  # TF32 at bf16's share [mamf]
+    return Kernels(matmul_tflops={k: v * shares[k] * clock for k, v in peaks.items()},
                    attention_fwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, fwd)),
                    attention_bwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, bwd)),
                    memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
