@@ -31,12 +31,10 @@ Sources (checked 2026-11):
           default 500 W power limit.
   [mamf]  The best-shaped matmul's share of the peak, measured in bf16 and in float8 (e4m3):
           stas00/ml-engineering compute/accelerator/README.md, "Maximum Achievable Matmul FLOPS
-          comparison table" (at 744d01e, 2026-08-22): H100 SXM 794.5 of 989 bf16 (80.3 %; "H200 is
-          the same") and 1402.6 of 1979 float8 (70.9 %); H200 SXM float8 1453.4 (73.4 %); A100 SXM
-          271.2 of 312 (86.9 %); B200 SXM 1745 of 2250 (77.6 %) and 3432.5 of 4500 (76.3 %); GB200
-          1822 of 2500 (72.9 %) and 3615.6 of 5000 (72.3 %); B300 SXM 1769 of 2250 (78.6 %) and
-          3353.3 of 4500 (74.5 %). No GB300 row: its shares are B300's times GB200's over B200's
-          (an NVL72 Blackwell against its HGX one, as measured: 73.9 % and 70.6 %), an assumption.
+          comparison table" (at 744d01e, 2026-08-22), its TFLOP/s over the theoretical in `MAMF`
+          below (H100 80.3 % bf16, 70.9 % float8; "H200 is the same" in bf16). No GB300 row: its
+          shares are B300's times GB200's over B200's (an NVL72 Blackwell against its HGX one, as
+          measured: 73.9 % and 70.6 %), an assumption.
   [nccl]  Latencies are not on spec sheets: the small-message times of nccl-tests' all_reduce
           on NVLink (~10 us) and over InfiniBand (~20 us per hop), as NVIDIA's published
           nccl-tests runs show; rounded, and the same for every GPU of a generation.
@@ -56,6 +54,14 @@ from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfil
 GIB = 2**30
 
 
+# [mamf]'s measured matmul TFLOP/s over the theoretical, (bf16, float8) per GPU it lists.
+MAMF = {"h100": (794.5 / 989, 1402.6 / 1979), "h200": (794.5 / 989, 1453.4 / 1979), "a100": (271.2 / 312, None),
+        "b200": (1745 / 2250, 3432.5 / 4500), "gb200": (1822 / 2500, 3615.6 / 5000),
+        "b300": (1769 / 2250, 3353.3 / 4500)}
+# GB300, which [mamf] lacks: B300's shares, scaled as GB200's are B200's (an assumption).
+MAMF["gb300"] = tuple(u * g / b for u, g, b in zip(MAMF["b300"], MAMF["gb200"], MAMF["b200"]))
+
+
 @dataclass(frozen=True)
 class DeviceSpec:
     name: str
@@ -71,38 +77,37 @@ class DeviceSpec:
     sms: int = 132  # streaming multiprocessors: a GEMM's waves (perf.gpu)
     tdp_w: float = 700.0  # the power the spec's clocks are sustained at
     power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.gpu.clock_ratio); None = the TDP
-    matmul_share: float = 794.5 / 989  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
+    matmul_share: float = MAMF["h100"][0]  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
     fp8_share: float | None = None  # the best-shaped float8 matmul's share [mamf]; None = matmul_share
     architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
 
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
     DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 80 * 1e9 / GIB, 3.35, 450, 50,
-               "[h100] SXM5 700 W; NDR 400 Gb/s per GPU", fp8_share=1402.6 / 1979),
+               "[h100] SXM5 700 W; NDR 400 Gb/s per GPU", fp8_share=MAMF["h100"][1]),
     DeviceSpec("h100_500w", ("H100",), 989.4, 1978.9, 494.7, 96 * 1e9 / GIB, 2.4, 450, 50,
                "[titan] the H100 TorchTitan's tables were measured on: 96 GB HBM2e at 2.4 TB/s, capped at 500 W "
-               "(the peaks, TDP and matmul shares are [h100]'s)", power_limit_w=500.0, fp8_share=1402.6 / 1979),
+               "(the peaks, TDP and matmul shares are [h100]'s)", power_limit_w=500.0, fp8_share=MAMF["h100"][1]),
     DeviceSpec("h200", ("H200",), 989.4, 1978.9, 494.7, 141 * 1e9 / GIB, 4.8, 450, 50,
                "[h200] SXM 700 W; NDR 400 Gb/s per GPU; its bf16 matmul share H100's (the same GH100 die)",
-               fp8_share=1453.4 / 1979),
+               fp8_share=MAMF["h200"][1]),
     DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 80 * 1e9 / GIB, 2.039, 300, 25,
-               "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=271.2 / 312,
+               "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=MAMF["a100"][0],
                architecture="ampere"),
     DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40 * 1e9 / GIB, 1.555, 300, 25,
                "[a100] 40GB SXM 400 W; HDR 200 Gb/s per GPU; the 80GB's matmul share", sms=108, tdp_w=400.0,
-               matmul_share=271.2 / 312,
-               architecture="ampere"),
+               matmul_share=MAMF["a100"][0], architecture="ampere"),
     DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * 1e9 / GIB, 8.0, 900, 50,
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
                "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W", sms=148, tdp_w=1000.0,
-               matmul_share=1745 / 2250, fp8_share=3432.5 / 4500, architecture="blackwell"),
+               matmul_share=MAMF["b200"][0], fp8_share=MAMF["b200"][1], architecture="blackwell"),
     DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
-               "[gb200] GB200 NVL72's B200 at 1,200 W", sms=148, tdp_w=1200.0, matmul_share=1822 / 2500,
-               fp8_share=3615.6 / 5000, architecture="blackwell"),
+               "[gb200] GB200 NVL72's B200 at 1,200 W", sms=148, tdp_w=1200.0, matmul_share=MAMF["gb200"][0],
+               fp8_share=MAMF["gb200"][1], architecture="blackwell"),
     DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e12 / 72 / GIB, 8.0, 900, 100,
                "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W; its matmul shares B300's scaled as GB200's "
-               "are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=1769 / 2250 * (1822 / 2500) / (1745 / 2250),
-               fp8_share=3353.3 / 4500 * (3615.6 / 5000) / (3432.5 / 4500), architecture="blackwell"),
+               "are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=MAMF["gb300"][0],
+               fp8_share=MAMF["gb300"][1], architecture="blackwell"),
 )}
 
 

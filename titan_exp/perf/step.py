@@ -154,11 +154,10 @@ def ranks_in_a_node(job: JobConfig) -> int:
 
 
 def ep_node_ranks(job: JobConfig) -> int:
-    """How many ranks of an expert-parallel group sit in one node: its ranks are dp_shard's
-    innermost with cp's (parallel/dims.py: dp_shard_in_ep x cp), tp apart, so it leaves a node
-    only when ep x tp ranks do not fit in one, however far data-parallel sharding reaches."""
-    p = job.parallelism
-    return max(1, min(p.expert_parallel_degree, ranks_in_a_node(job) // p.tensor_parallel_degree))
+    """How many ranks of an expert-parallel group sit in one node: its ranks are the innermost of
+    the dp_shard x cp group (parallel/dims.py: dp_shard_in_ep x cp), so it leaves a node only when
+    ep x tp ranks do not fit in one, however far data-parallel sharding reaches."""
+    return min(job.parallelism.expert_parallel_degree, node_ranks(job, ("dp_shard", "cp")))
 
 
 def ep_spans_nodes(job: JobConfig) -> bool:
@@ -273,7 +272,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     shard = dps * cp
     spans = across_nodes(job)
     if spans and not profile.inter_node:
-        notes.append("mesh dims across nodes are costed as inside one: the profile has no inter-node "
+        notes.append("groups across nodes are costed as inside one: the profile has no inter-node "
                      "measurements (calibrate on the nodes: python -m titan_exp.perf.calibrate cluster.nnodes=N ...)")
     # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
     measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
