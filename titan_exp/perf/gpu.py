@@ -85,6 +85,7 @@ from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
 from titan_exp.perf.profile import Kernels
+from titan_exp.perf.shapes import float8_gathered
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
 HBM_SHARE = 0.9  # [hbm]
@@ -269,10 +270,11 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
               [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
     recipe = pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
     fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
+    gathered8 = float8_gathered(job)[0] > 0  # FSDP gathers these weights cast already (priced with the gather)
     for group in groups:
         fwd_s = 0.0
         for k, n in group:
-            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, compiled)
+            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, compiled, weight_cast=not gathered8)
             fwd_gemms.append(fwd)
             fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
@@ -302,7 +304,8 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     if low == "float8" and not compiled:
-        host += len(fwd_gemms) * 6 * kern.host_eager_s  # amax and cast ops of each linear's three tensors
+        # amax and cast ops of each linear's three tensors (two, where FSDP gathered the weight cast)
+        host += len(fwd_gemms) * (4 if gathered8 else 6) * kern.host_eager_s
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
@@ -317,15 +320,17 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
 
 def linear_s(kern: Kernels, rows: float, k: float, n: float, dtype: str, high: str, recipe: str | None,
-             compiled: bool, groups: float | None = None) -> tuple[float, float, float]:
+             compiled: bool, groups: float | None = None, weight_cast: bool = True) -> tuple[float, float, float]:
     """A linear layer (in k, out n) on `rows` rows, or `groups` of them in one grouped kernel,
     `rows` each: forward seconds, backward seconds (input gradient, and weight gradient: in `high`
-    under rowwise_with_gw_hp) and, in float8, its casts' bytes."""
+    under rowwise_with_gw_hp) and, in float8, its casts' bytes (the weight's forward cast not
+    among them where FSDP gathers it in float8: `weight_cast`)."""
     g = groups or 1
     fwd = gemm_s(kern, rows, n, k, dtype, groups)
     bwd = gemm_s(kern, rows, k, n, dtype, groups) + gemm_s(
         kern, k, n, rows, high if recipe == "rowwise_with_gw_hp" else dtype, groups)
-    casts = _cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, compiled) if dtype == "float8" else 0.0
+    casts = (_cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, compiled, weight_cast)
+             if dtype == "float8" else 0.0)
     return fwd, bwd, casts
 
 
@@ -364,14 +369,15 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
 
 
-def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool) -> float:
+def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool, weight_cast: bool = True) -> float:
     """HBM bytes of torchao's casts for one linear of x input, w weight and grad output-gradient
     elements: scaling (an amax read, folded into the producing kernel when compiled) and casting
-    (read bf16, write a byte) each tensor; for the backward, each again transposed: from the float8
-    copy (tensorwise: read and write a byte) or from bf16 along the other axis."""
+    (read bf16, write a byte) each tensor, the weight only if `weight_cast` (else FSDP gathered it
+    in float8); for the backward, each again transposed: from the float8 copy (tensorwise: read and
+    write a byte) or from bf16 along the other axis."""
     scale_and_cast = 3 if compiled else 5
     transposed = 2 if recipe == "tensorwise" else scale_and_cast
-    return (x + w + grad) * scale_and_cast + (x + w + grad) * transposed
+    return (x + (w if weight_cast else 0.0) + grad) * scale_and_cast + (x + w + grad) * transposed
 
 
 def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, bwd_s: float, blocks: int,

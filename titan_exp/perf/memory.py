@@ -7,7 +7,8 @@
     block, or the embedding or output layer where those are larger) and the next block,
     prefetched (all of the stage's parameters when they stay gathered:
     reshard_after_forward=never, or default under PP; with their unsharded fp32 gradients where
-    a pipeline accumulates them over several microbatches); under TP at least the embedding's
+    a pipeline accumulates them over several microbatches; float8 linears a byte an element under
+    float8 all-gather); under TP at least the embedding's
     whole gradient, which DTensor computes on every rank; DDP's gradient buckets, a second copy
     of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
-from titan_exp.perf.shapes import fsdp_rounds
+from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
@@ -134,12 +135,14 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # after the last microbatch: before it, the unsharded gradients accumulate (fp32, the reduce
     # dtype) beside the gathered parameters.
     accumulates = fsdp and pp > 1 and n_mb > 1
+    # Under float8 all-gather a block's float8 linears arrive a byte an element (shapes.float8_gathered).
+    saved = float8_gathered(job)[0] * (gathered - 1)
     if accumulates:
-        working = params * (gathered + 4) + block * gathered
+        working = params * (gathered + 4) + block * gathered - (worst.blocks + 1) * saved
     elif fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
-        working = (params + block) * gathered
+        working = (params + block) * gathered - (worst.blocks + 1) * saved
     elif fsdp:  # the unit at work, its unsharded gradient, and the next unit (prefetched)
-        working = (2 * unit + block) * gathered
+        working = (2 * unit + block) * gathered - (2 if unit == block else 1) * saved
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params * 4
     else:

@@ -22,8 +22,9 @@ model reads it for plans on CUDA (predict_memory(..., cuda=True)).
                one fp32 each (a 512-byte block); rowwise, one fp32 a row; MXFP8, one byte per 32
                elements. rowwise_with_gw_hp runs the weight gradient's GEMM in bf16, on the
                tensors themselves. Assumed: torch.compile keeps the same tensors (its partitioner
-               may save a float8 copy instead of the bf16 input; that is not counted); FSDP's
-               float8 all-gather is not priced.
+               may save a float8 copy instead of the bf16 input; that is not counted). Under
+               FSDP's float8 all-gather the gathered weight is the forward's float8 copy (the
+               working set, perf.memory); the backward's transposed copy is as here.
   nccl         NCCL's buffers [nccl], which NCCL allocates itself, outside PyTorch's allocator: not
                in the reserved peak that TorchTitan reports and the planner compares with a
                GPU's memory, but in what nvidia-smi shows. Per communicator, per channel, one

@@ -1,5 +1,6 @@
 """What the cost models count a model in: the TP degrees its block splits into, a block's weight
-tensors on one TP rank, and how often FSDP gathers and reduces a unit per step."""
+tensors on one TP rank, how often FSDP gathers and reduces a unit per step, and what of a block
+it gathers in float8."""
 
 from __future__ import annotations
 
@@ -13,6 +14,24 @@ def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     mode = job.parallelism.fsdp_reshard_after_forward
     per_step = job.parallelism.pipeline_parallel_degree > 1 and mode == "default"  # PP stages keep parameters gathered
     return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
+
+
+def float8_gathered(job: JobConfig) -> tuple[float, float]:
+    """(parameters, weights) of the mean block, on one TP rank, that FSDP all-gathers in float8 (a
+    byte each) under torchao's float8 all-gather (tensorwise float8 and
+    precision.float8_enable_fsdp_all_gather, with FSDP sharding): the float8 linears', that is the
+    attention's, the dense SwiGLU's and the shared experts'; not the norms, the router or the
+    routed experts (not linears: precision.apply_converter). (0, 0) otherwise. Each is cast from
+    its shard before the gather, so the linear does not cast its weight in the forward."""
+    pr, m, p = job.precision, job.model, job.parallelism
+    fsdp = p.data_parallel_shard_degree * p.context_parallel_degree > 1
+    if not (fsdp and pr.converter == "float8" and pr.float8_recipe == "tensorwise"
+            and pr.float8_enable_fsdp_all_gather):
+        return 0.0, 0.0
+    shared = m.n_moe_layers / m.n_layers * 3 * (m.n_shared_experts > 0)
+    linears = block_tensors(job)[:3] + [(m.n_shared_experts * m.dim * m.expert_hidden_dim / p.tensor_parallel_degree,
+                                         shared)]
+    return sum(n * k for n, k in linears), sum(k for _, k in linears)
 
 
 def block_tensors(job: JobConfig) -> Sizes:

@@ -31,7 +31,8 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          separate stream; on a CPU there is none). Where calibration measured a real FSDP block
          at the shard degree (tp 1), a block costs what it added (its copies, fresh buffers and
          waits for other ranks as well), scaled from two fp32 all-gathers and a reduce-scatter
-         to the job's gathers and dtype by the collectives' lines.
+         to the job's gathers and dtype by the collectives' lines. Under float8 all-gather the
+         blocks' float8 linears travel a byte each, cast from the shard first (shapes.float8_gathered).
   HSDP   + an all-reduce of each block's gradient shard over the replicas.
   DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
   TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
@@ -81,7 +82,7 @@ from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed, hbm
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
-from titan_exp.perf.shapes import fsdp_rounds
+from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
 
 # Extra bubble a schedule leaves, as a share of 1F1B's.
@@ -287,10 +288,24 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
         ag, rs = line("all_gather", shard, ("dp_shard", "cp")), line("reduce_scatter", shard, ("dp_shard", "cp"))
         rounds, gathers = fsdp_rounds(job, accumulation)
-        comm = rounds * sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units)
+        # Bytes each unit gathers: the blocks' float8 linears a byte each under float8 all-gather,
+        # after their amax (one all-reduce per weight unless precomputed once a step) and their
+        # cast from the shard (fp32 read, a byte written; on a GPU priced at HBM speed).
+        f8, f8_weights = float8_gathered(job)
+        sent = [u * param_bytes - (f8 * (param_bytes - 1) if i < worst.blocks else 0.0)
+                for i, u in enumerate(units)]
+        block_ag = ag(sent[0]) if worst.blocks else 0.0
+        precomputed = pr.float8_precompute_dynamic_scale_for_fsdp
+        amax = line("all_reduce", shard, ("dp_shard", "cp"))
+        read_s = f8 / shard * 4 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0  # the shard, fp32
+        scales_s = worst.blocks * read_s + amax(4 * f8_weights * worst.blocks) if f8 and precomputed else 0.0
+        if f8:  # per gather: the amax (unless precomputed) and the cast, reading the shard and writing it a byte
+            block_ag += (read_s * 5 / 4 if precomputed else read_s * 9 / 4 + f8_weights * amax(4))
+        gather_s = [block_ag if i < worst.blocks else ag(b) for i, b in enumerate(sent)]
+        comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
         if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
             block_u = units[0]
-            lines = gathers * ag(block_u * param_bytes) + rs(block_u * 4)
+            lines = gathers * block_ag + rs(block_u * 4)
             comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / (2 * ag(block_u * 4) + rs(block_u * 4)) - lines)
         efsdp = shard // ep
         if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
@@ -298,15 +313,16 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
         if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
             per_round = accumulation * n_mb / rounds
-            gather = ag(units[0] * param_bytes) if worst.blocks else 0.0
+            gather = block_ag
             reduce = rs(units[0] * 4) if worst.blocks else 0.0
             if ep > 1 and efsdp > 1 and worst.blocks:
                 gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
-            ends = sum(gathers * ag(u * param_bytes) + rs(u * 4) for u in units[worst.blocks:])
+            ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[worst.blocks:])
             parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, gathers, per_round * fwd,
                                                   per_round * (block - fwd + recompute), worst.blocks, ends)
         else:
             parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
+        parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
         if rep > 1:
             ar = line("all_reduce", rep, ("dp_replicate",))
             parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
