@@ -35,9 +35,8 @@ Sources (checked 2026-11):
           below (H100 80.3 % bf16, 70.9 % float8; "H200 is the same" in bf16). No GB300 row: its
           shares are B300's times GB200's over B200's (an NVL72 Blackwell against its HGX one, as
           measured: 73.9 % and 70.6 %), an assumption.
-  [nccl]  Latencies are not on spec sheets: the small-message times of nccl-tests' all_reduce
-          on NVLink (~10 us) and over InfiniBand (~20 us per hop), as NVIDIA's published
-          nccl-tests runs show; rounded, and the same for every GPU of a generation.
+  [nccl]  Latencies are not on spec sheets: NCCL's own tuning model's (perf.nccl), the same for
+          every GPU; a hardware file may give the per-step ones of large messages.
 Bandwidths are per GPU and per direction (NVLink's datasheet figure is both directions added:
 900 GB/s on Hopper is 450 each way); the network is one NIC per GPU.
 """
@@ -49,6 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.perf.nccl import BASE_S, NET_STEP_S, NVLINK_STEP_S, NcclModel
 from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, machine_key
 
 GIB = 2**30
@@ -114,29 +114,31 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
 @dataclass(frozen=True)
 class Efficiency:
     """What a spec sheet does not say. The links' terms are assumptions (NCCL's bus bandwidth ~80 %
-    of NVLink's and ~90 % of the NIC's; [nccl]'s latencies). `compute_scale` is the one fitted
-    term: a block's time over the sum of its parts as perf.gpu prices them (what they leave out:
-    kernels slowing each other and NCCL's, the framework's own work), fitted by
+    of NVLink's and ~90 % of the NIC's); the latencies, a ring step's under NCCL's Simple
+    protocol (large messages), are [nccl]'s. `compute_scale` is the one fitted term: a block's
+    time over the sum of its parts as perf.gpu prices them (what they leave out: kernels slowing
+    each other and NCCL's, the framework's own work), fitted by
     benchmarks/bench_published.py on its fitting set, each source weighing the same (239 rows:
     7 declared, one per source and precision, and 232 moved there after the model was changed for
     them or their layouts were derived, LLM Foundry's every row among them; BENCHMARKS.md)."""
 
-    compute_scale: float = 1.260
+    compute_scale: float = 1.263
     nvlink: float = 0.8
     network: float = 0.9
-    latency_nvlink_s: float = 10e-6
-    latency_network_s: float = 20e-6  # per ring hop between nodes
+    latency_nvlink_s: float = NVLINK_STEP_S["ring"][2]  # per ring step inside a node
+    latency_network_s: float = NET_STEP_S["ring"][2]  # per ring step between nodes
 
 
 def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
-    """Ring algorithms, as NCCL runs them, in seconds by the bytes of the full buffer: all-gather
-    and reduce-scatter move (g-1)/g of it over each link, all-reduce twice that; send/recv all
-    of it once."""
+    """Ring algorithms, as NCCL runs them with its Simple protocol, in seconds by the bytes of the
+    full buffer: all-gather and reduce-scatter move (g-1)/g of it over each link, all-reduce twice
+    that; send/recv all of it once; NCCL's base latency and `hop_s` a step (perf.nccl)."""
+    base = BASE_S["ring"][2]
     if op == "send_recv":
-        return Line(hop_s, 1 / bandwidth)
+        return Line(base + hop_s, 1 / bandwidth)
     factor = 2 * (g - 1) / g if op == "all_reduce" else (g - 1) / g
     steps = 2 * (g - 1) if op == "all_reduce" else g - 1
-    return Line(hop_s * steps, factor / bandwidth)
+    return Line(base + hop_s * steps, factor / bandwidth)
 
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),
@@ -162,6 +164,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
         concurrency=float(world), gemm=gemm, collectives=intra, inter_node=inter,
         optimizer_s_per_param=adam_bytes / hbm(kernels), step_overhead_s=5e-3,
         corrections=Corrections(compute=eff.compute_scale), kernels=kernels,
+        nccl=NcclModel(eff.latency_nvlink_s, eff.latency_network_s),
         notes=[f"from the spec sheet of {spec.name}: {spec.source}", f"efficiency {dataclasses.asdict(eff)}"],
     )
 
@@ -198,8 +201,9 @@ HARDWARE_KEYS = {
     "gpus_per_node": "GPUs per node (an integer > 0)",
     "nvlink_gb_s": "GB/s per GPU and direction inside a node",
     "network_gb_s": "GB/s per GPU and direction between nodes",
-    "latency_nvlink_us": "a collective step's latency inside a node, microseconds",
-    "latency_network_us": "a ring hop's latency between nodes, microseconds",
+    "latency_nvlink_us": "a ring step's latency inside a node for large messages (NCCL's Simple protocol; "
+                         "3.4), microseconds",
+    "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
     "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.gpu.clock_ratio)",
 }
 

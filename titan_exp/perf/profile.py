@@ -55,6 +55,7 @@ from typing import Any, Iterable, Optional, Sequence
 from titan_exp.cache import cache_dir
 from titan_exp.config import JobConfig
 from titan_exp.files import atomic_write
+from titan_exp.perf.nccl import NcclModel
 
 FORMAT = 1
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
@@ -93,6 +94,17 @@ class Line:
     @classmethod
     def of(cls, value: Sequence[float]) -> "Line":
         return cls(float(value[0]), float(value[1]))
+
+
+@dataclass
+class Envelope(Line):
+    """The lowest of several lines at each size (the protocols NCCL chooses among: perf.nccl); its
+    own terms, which a reader of latency_s or per_unit_s gets, are the first line's."""
+
+    others: tuple[Line, ...] = ()
+
+    def __call__(self, size: float) -> float:
+        return min([Line.__call__(self, size), *(line(size) for line in self.others)])
 
 
 @dataclass
@@ -230,6 +242,9 @@ class MachineProfile:
     # What a GPU's kernels achieve, which perf.gpu prices unmeasured blocks at: a spec sheet's
     # (perf.devices.spec_profile) or measured on it (perf.measure_kernels).
     kernels: Optional[Kernels] = None
+    # A spec sheet's collectives: NCCL's latencies over the tables' bandwidths (perf.nccl; not
+    # kept in the file, whose tables hold Simple's ring lines).
+    nccl: Optional[NcclModel] = None
 
     # -- the file -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -313,6 +328,17 @@ class MachineProfile:
         return out
 
     def collective(self, op: str, group: int, across_nodes: bool = False, ranks_per_node: int = 1) -> Line:
+        """`op` on groups of `group` ranks (`ranks_per_node` of them in each node when
+        `across_nodes`): the table's line (`table_line`), or where the profile has NCCL's latency
+        model (a spec sheet's), the lowest of NCCL's lines for it, over the table's bandwidth."""
+        line = self.table_line(op, group, across_nodes, ranks_per_node)
+        if self.nccl is None:
+            return line
+        nodes = -(-group // ranks_per_node) if across_nodes and self.inter_node else 1
+        (latency, per_unit), *others = self.nccl.lines(op, group, nodes, line.per_unit_s)
+        return Envelope(latency, per_unit, tuple(Line(a, b) for a, b in others))
+
+    def table_line(self, op: str, group: int, across_nodes: bool = False, ranks_per_node: int = 1) -> Line:
         """The measured line for `op` on groups of `group` ranks (`across_nodes`: a group that
         spans nodes, where the profile measured them); a group size that was not measured takes
         the nearest measured one, scaled by the ring factor (g-1)/g.
@@ -326,11 +352,11 @@ class MachineProfile:
         nodes, (n - 1) / n of them, as the measured group of n ranks one to a node sends, while the
         bytes for its node's other ranks go over NVLink at the same time."""
         if across_nodes and self.inter_node and ranks_per_node > 1 and op in ("all_gather", "reduce_scatter", "all_reduce"):
-            line, inside = self.collective(op, group, True), self.collective(op, group, False)
+            line, inside = self.table_line(op, group, True), self.table_line(op, group, False)
             return Line(line.latency_s, max(line.per_unit_s / ranks_per_node, inside.per_unit_s))
         if across_nodes and self.inter_node and 1 < ranks_per_node < group and op == "all_to_all":
             nodes = -(-group // ranks_per_node)
-            line, inside = self.collective(op, nodes, True), self.collective(op, ranks_per_node, False)
+            line, inside = self.table_line(op, nodes, True), self.table_line(op, ranks_per_node, False)
             return Line(max(line.latency_s, inside.latency_s), max(line.per_unit_s, inside.per_unit_s / nodes))
         table = self.inter_node if across_nodes and self.inter_node else self.collectives
         by_g = table.get(op) or table.get("all_reduce") or {}

@@ -1,0 +1,97 @@
+"""A collective's latency as NCCL's own tuner models it, for GPUs priced from a spec sheet [tune].
+
+NCCL times every (algorithm, protocol) it could run a collective with as latency + bytes /
+bandwidth and runs the fastest. Latency, in its model:
+  ring  base + (steps - inter) x intra + inter x net, where steps is n - 1 for an all-gather or
+        a reduce-scatter of n ranks, 2 (n - 1) for an all-reduce, and inter those of them that
+        cross between N nodes (N - 1; 2N for an all-reduce);
+  tree  (all-reduce across nodes) base + 2 ((n/N - 1) x intra + floor(log2 N) x net);
+with a base and a per-step latency for each protocol, NVLink's or the network's (a ring over
+several nodes pays at least NCCL's per-step network overhead on its NVLink steps). Simple moves
+bytes at the links' bus bandwidth; LL (small messages) at a quarter of it, 8-byte flags with
+every 4 bytes of data, at most llMaxBw; LL128 at 0.92 of it (0.7 with one rank a node). A tree
+moves twice the buffer at 0.92 of the bus bandwidth (LL: a 3.8th of it; LL128: 120/128).
+
+Sends are peer-to-peer: one step, Simple's or, small, LL's (NCCL's sends take LL below
+NCCL_P2P_LL_THRESHOLD). An all-to-all, which NCCL's tuner does not model (grouped sends and
+receives, as torch runs it), is taken as one such step a peer, as a ring's steps (NCCL's
+channels serve several peers at once: an upper bound).
+
+Where this model is in a profile (`MachineProfile.nccl`: spec sheets), a collective costs the
+lowest of its lines at each size (`lines`); the bandwidth term, Simple's, stays perf.devices'
+(the links' rate times NCCL's efficiency on them).
+
+Not modelled: NVLink SHARP (NVLS) and CollNet, which need switches that reduce in the network;
+the tuner's per-size corrections for trees; the number of channels (LL128's and trees' caps).
+
+Source (checked 2026-11):
+  [tune] NVIDIA/nccl src/graph/tuning.cc at b6475625 (ncclTopoTuneModel, ncclTopoGetAlgoTime):
+         baseLat, hwLat (NVLink and network rows), llMaxBws (Hopper; Blackwell, which that
+         version's table lacks, taken as Hopper), the per-step network overhead (1 us on an x86
+         host, x 3 for Simple) and the bus bandwidths' protocol factors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+BASE_S = {"ring": (6.6e-6, 14.0e-6, 8.4e-6), "tree": (6.8e-6, 14.0e-6, 0.0)}  # baseLat
+NVLINK_STEP_S = {"ring": (0.6e-6, 1.9e-6, 3.4e-6), "tree": (0.6e-6, 1.25e-6, 28e-6)}  # hwLat[NVLINK]
+NET_STEP_S = {"ring": (2.7e-6, 4.0e-6, 14.0e-6), "tree": (5.0e-6, 8.5e-6, 28e-6)}  # hwLat[NET]
+NET_OVERHEAD_S = 1e-6  # per step of a ring over several nodes (x 3 for Simple)
+LL_MAX_BUS = (87.7e9, 39.0e9, 20.4e9)  # LL's bus bandwidth cap: one node, two nodes, more
+
+
+@dataclass(frozen=True)
+class NcclModel:
+    """NCCL's latencies, with Simple's per-step ones those of the machine (perf.devices'
+    Efficiency: NCCL's unless a hardware file gave others); LL's and LL128's stay NCCL's."""
+
+    nvlink_step_s: float = NVLINK_STEP_S["ring"][2]
+    net_step_s: float = NET_STEP_S["ring"][2]
+
+    def _step(self, algo: str, proto: int, net: bool) -> float:
+        table, own = (NET_STEP_S, self.net_step_s) if net else (NVLINK_STEP_S, self.nvlink_step_s)
+        return own if (algo, proto) == ("ring", 2) else table[algo][proto]
+
+    def lines(self, op: str, ranks: int, nodes: int, per_unit_s: float) -> list[tuple[float, float]]:
+        """(latency s, seconds per byte) of each way NCCL could run `op` over `ranks` ranks on
+        `nodes` nodes, Simple's ring first; `per_unit_s` is Simple's seconds per byte of the
+        collective's buffer (its bus bandwidth and the ring's share of the buffer)."""
+        if op in ("send_recv", "all_to_all"):  # peer to peer: a step a peer, Simple's, or LL's when small
+            near, far = (0, 1) if op == "send_recv" and nodes > 1 else (1, 0) if op == "send_recv" else (
+                ranks // nodes - 1, ranks - ranks // nodes)
+            return [(BASE_S["ring"][proto] + near * self._step("ring", proto, False)
+                     + far * self._step("ring", proto, True), per_unit_s * (4 if proto == 0 else 1))
+                    for proto in (2, 0)]
+        reduce_all = op == "all_reduce"
+        steps = 2 * (ranks - 1) if reduce_all else ranks - 1
+        inter = (2 * nodes if nodes > 1 else 0) if reduce_all else nodes - 1
+        share = steps / ranks  # of the buffer each rank's link carries, per byte of it
+        out = []
+        for proto in (2, 0, 1):  # Simple first: the line a caller reads terms of
+            intra = self._step("ring", proto, False)
+            if nodes > 1:
+                intra = max(intra, NET_OVERHEAD_S * (3 if proto == 2 else 1))
+            latency = BASE_S["ring"][proto] + (steps - inter) * intra + inter * self._step("ring", proto, True)
+            if PROTOCOLS[proto] == "LL":
+                quarter = 1 / 4 if nodes > 1 or reduce_all else 1 / 3
+                cap = LL_MAX_BUS[min(nodes, 3) - 1]
+                out.append((latency, max(per_unit_s / quarter, share / cap)))
+            elif PROTOCOLS[proto] == "LL128":  # 0.7 where each node has one rank, its NIC both ways
+                out.append((latency, per_unit_s / (0.92 if ranks >= 2 * nodes else 0.7)))
+            else:
+                out.append((latency, per_unit_s))
+        if reduce_all and nodes > 1:  # a tree: log latency, at 0.92 of the bus bandwidth, halved
+            per_rank, bus_s = ranks // nodes, per_unit_s / share  # seconds per byte at the bus bandwidth
+            for proto in range(3):
+                latency = BASE_S["tree"][proto] + 2 * ((per_rank - 1) * self._step("tree", proto, False)
+                                                       + (nodes.bit_length() - 1) * self._step("tree", proto, True))
+                tree_s = 2 * bus_s / 0.92
+                if PROTOCOLS[proto] == "LL":
+                    tree_s = max(tree_s * 3.8, 2 / LL_MAX_BUS[min(nodes, 3) - 1])
+                elif PROTOCOLS[proto] == "LL128":
+                    tree_s /= 120 / 128
+                out.append((latency, tree_s))
+        return out
