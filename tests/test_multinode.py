@@ -78,6 +78,8 @@ def test_two_node_array_fsdp_and_hsdp_match_one_process(nodes, tmp_path, referen
         assert f"titan_exp from {sweep / 'code' / 'titan_exp'}" in log and mesh in log  # the snapshot, on node 2
 
 
+# Preemption (test_slurm) across two nodes: the heaviest composition here, run with `-m slow`.
+@pytest.mark.slow
 def test_two_node_preemption_requeues_onto_other_nodes_and_resumes(nodes, tmp_path):
     """Preempt a 2-node job with one of its nodes drained: it checkpoints at a step boundary,
     requeues, lands on a different pair of nodes (a new rendezvous address), resumes from the

@@ -369,7 +369,8 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
 
 
-def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool, weight_cast: bool = True) -> float:
+def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool,
+                weight_cast: bool = True) -> float:
     """HBM bytes of torchao's casts for one linear of x input, w weight and grad output-gradient
     elements: scaling (an amax read, folded into the producing kernel when compiled) and casting
     (read bf16, write a byte) each tensor, the weight only if `weight_cast` (else FSDP gathered it

@@ -8,9 +8,8 @@
     prefetched (all of the stage's parameters when they stay gathered:
     reshard_after_forward=never, or default under PP; with their unsharded fp32 gradients where
     a pipeline accumulates them over several microbatches; float8 linears a byte an element under
-    float8 all-gather); under TP at least the embedding's
-    whole gradient, which DTensor computes on every rank; DDP's gradient buckets, a second copy
-    of the gradients;
+    float8 all-gather); under TP at least the embedding's whole gradient, which DTensor computes
+    on every rank; DDP's gradient buckets, a second copy of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
     the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
     none), a share of it (selective per op), or, under AC, the one block being recomputed;

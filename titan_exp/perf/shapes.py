@@ -28,9 +28,8 @@ def float8_gathered(job: JobConfig) -> tuple[float, float]:
     if not (fsdp and pr.converter == "float8" and pr.float8_recipe == "tensorwise"
             and pr.float8_enable_fsdp_all_gather):
         return 0.0, 0.0
-    shared = m.n_moe_layers / m.n_layers * 3 * (m.n_shared_experts > 0)
-    linears = block_tensors(job)[:3] + [(m.n_shared_experts * m.dim * m.expert_hidden_dim / p.tensor_parallel_degree,
-                                         shared)]
+    shared = m.n_shared_experts * m.dim * m.expert_hidden_dim / p.tensor_parallel_degree
+    linears = block_tensors(job)[:3] + [(shared, m.n_moe_layers / m.n_layers * 3 * (m.n_shared_experts > 0))]
     return sum(n * k for n, k in linears), sum(k for _, k in linears)
 
 
