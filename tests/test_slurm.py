@@ -162,6 +162,17 @@ def test_cancelled_job_says_so(slurm, tmp_path):
     assert "run cancelled" in output and "resume" in output
 
 
+def test_the_rendezvous_port_is_the_jobs_own_and_never_an_ephemeral_one():
+    """Every task of a job draws the same port from its job id, below Linux's ephemeral range
+    (32768-60999), which submitit's own draw (20000-60000) overlaps: an outgoing connection on the
+    node then held the port, and rank 0 failed with EADDRINUSE (seen in CI, 2026-11-26)."""
+    from titan_exp.cluster.slurm.submit import rendezvous_port
+
+    ports = [rendezvous_port(str(job)) for job in range(1, 2001)] + [rendezvous_port("138_1")]
+    assert 20000 <= min(ports) and max(ports) < 32768 and len(set(ports)) > 1500
+    assert rendezvous_port("146") == rendezvous_port("146")
+
+
 BAD_CLUSTER = [
     (["cluster.partition=gpu"], "cluster.partition = 'gpu': no such partition; this cluster has debug"),
     (["parallelism=fsdp", "cluster.nproc_per_node=4"], "cluster.nproc_per_node = 4: no node of partition 'debug' has 4 tasks"),

@@ -49,6 +49,7 @@ class TrainTask(submitit.helpers.Checkpointable):
 
         rank = importlib.import_module(self.entry)
 
+        os.environ.setdefault("MASTER_PORT", str(rendezvous_port(submitit.JobEnvironment().job_id)))
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         with signals.catch_stop_signals():  # kept on after training, until the requeue below
             rank.main(self.run_dir)
@@ -67,6 +68,16 @@ class TrainTask(submitit.helpers.Checkpointable):
                 submitit_handler = signals.previous_handler(signal.SIGUSR2)
                 submitit_handler(signal.SIGUSR2, None)
         return summary.to_dict() if summary else None
+
+
+def rendezvous_port(job_id: str) -> int:
+    """Rank 0's rendezvous port, the same on every task of the job: drawn from the job id, as
+    submitit draws it, but below Linux's ephemeral ports (32768 and up), where submitit's range
+    (20000-60000) lets an outgoing connection of any process on the node already hold it (its
+    TCPStore then fails with EADDRINUSE, and the other ranks wait out their init timeout)."""
+    import random
+
+    return random.Random(job_id).randint(20000, 32767)
 
 
 def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
