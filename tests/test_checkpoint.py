@@ -204,6 +204,7 @@ def test_export_loads_without_titan_exp(fsdp2_run, tmp_path):
             assert torch.equal(again[key], value.to(getattr(torch, dtype))), key
 
 
+@pytest.mark.slow  # HSDP x the save policies: two 4-rank runs, ~40 s
 def test_hsdp_save_policies_load_identically(tmp_path):
     """HSDP 2x2: every rank writes (DCP de-duplicates replicated shards) or only the first
     replica group does (half the files, each twice as big); the weights are the same."""

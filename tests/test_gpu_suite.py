@@ -1,5 +1,6 @@
-"""The GPU suite's smoke mode: the same configurations, collection and report on CPU, so the suite
-cannot rot between the sessions that have a GPU to run it on."""
+"""The GPU tools' smoke modes: the same configurations, collection and report on CPU, so they
+cannot rot between the sessions that have a GPU to run them on. The grid's runs by default; the
+suite's is `slow` (`python -m pytest -m slow tests/test_gpu_suite.py` before a GPU session)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO
 
 
+# The suite has run on a GPU (benchmarks/data/gpu_h200_suite.json): its smoke run, ~75 s, is slow.
+# The grid's, below, shares the suite's calibration and spec-sheet code and is what the next GPU
+# session runs first.
+@pytest.mark.slow
 def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", "--out", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=900)
