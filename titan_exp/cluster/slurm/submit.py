@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shlex
 import shutil
 import signal
@@ -75,8 +76,6 @@ def rendezvous_port(job_id: str) -> int:
     submitit draws it, but below Linux's ephemeral ports (32768 and up), where submitit's range
     (20000-60000) lets an outgoing connection of any process on the node already hold it (its
     TCPStore then fails with EADDRINUSE, and the other ranks wait out their init timeout)."""
-    import random
-
     return random.Random(job_id).randint(20000, 32767)
 
 
