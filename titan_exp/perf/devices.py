@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.perf.nccl import BASE_S, NET_STEP_S, NVLINK_STEP_S, NcclModel
+from titan_exp.perf.nccl import NET_STEP_S, NVLINK_STEP_S, SIMPLE, NcclModel
 from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, machine_key
 
 GIB = 2**30
@@ -125,20 +125,17 @@ class Efficiency:
     compute_scale: float = 1.263
     nvlink: float = 0.8
     network: float = 0.9
-    latency_nvlink_s: float = NVLINK_STEP_S["ring"][2]  # per ring step inside a node
-    latency_network_s: float = NET_STEP_S["ring"][2]  # per ring step between nodes
+    latency_nvlink_s: float = NVLINK_STEP_S["ring"][SIMPLE]  # per ring step inside a node
+    latency_network_s: float = NET_STEP_S["ring"][SIMPLE]  # per ring step between nodes
 
 
-def _collective(op: str, g: int, bandwidth: float, hop_s: float) -> Line:
+def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int = 1) -> Line:
     """Ring algorithms, as NCCL runs them with its Simple protocol, in seconds by the bytes of the
     full buffer: all-gather and reduce-scatter move (g-1)/g of it over each link, all-reduce twice
-    that; send/recv all of it once; NCCL's base latency and `hop_s` a step (perf.nccl)."""
-    base = BASE_S["ring"][2]
-    if op == "send_recv":
-        return Line(base + hop_s, 1 / bandwidth)
-    factor = 2 * (g - 1) / g if op == "all_reduce" else (g - 1) / g
-    steps = 2 * (g - 1) if op == "all_reduce" else g - 1
-    return Line(base + hop_s * steps, factor / bandwidth)
+    that; send/recv all of it once; at `model`'s latency for g ranks over `nodes` nodes."""
+    factor = 1.0 if op == "send_recv" else 2 * (g - 1) / g if op == "all_reduce" else (g - 1) / g
+    latency, per_unit = model.lines(op, g, nodes, factor / bandwidth)[0]
+    return Line(latency, per_unit)
 
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),
@@ -152,11 +149,12 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
     nodes = max(1, world // gpus_per_node)
     kernels = spec_kernels(spec, attention)
     gemm = {dtype: Line(10e-6, 1 / (tflops * 1e12)) for dtype, tflops in kernels.matmul_tflops.items()}
+    nccl = NcclModel(eff.latency_nvlink_s, eff.latency_network_s)
     sizes = sorted({g for g in range(2, world + 1) if world % g == 0 and g <= gpus_per_node} | {2})
-    intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, eff.latency_nvlink_s) for g in sizes}
+    intra = {op: {g: _collective(op, g, spec.nvlink_gb_s * 1e9 * eff.nvlink, nccl) for g in sizes}
              for op in COLLECTIVES}
     node_sizes = sorted({g for g in range(2, nodes + 1) if nodes % g == 0} | {2})
-    inter = {op: {g: _collective(op, g, spec.network_gb_s * 1e9 * eff.network, eff.latency_network_s)
+    inter = {op: {g: _collective(op, g, spec.network_gb_s * 1e9 * eff.network, nccl, g)  # one rank a node
                   for g in node_sizes} for op in COLLECTIVES} if nodes > 1 else {}
     adam_bytes = 4 * 7  # AdamW on fp32: param, grad and two moments read, param and moments written
     return MachineProfile(
@@ -164,7 +162,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
         concurrency=float(world), gemm=gemm, collectives=intra, inter_node=inter,
         optimizer_s_per_param=adam_bytes / hbm(kernels), step_overhead_s=5e-3,
         corrections=Corrections(compute=eff.compute_scale), kernels=kernels,
-        nccl=NcclModel(eff.latency_nvlink_s, eff.latency_network_s),
+        nccl=nccl,
         notes=[f"from the spec sheet of {spec.name}: {spec.source}", f"efficiency {dataclasses.asdict(eff)}"],
     )
 

@@ -135,13 +135,13 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # dtype) beside the gathered parameters.
     accumulates = fsdp and pp > 1 and n_mb > 1
     # Under float8 all-gather a block's float8 linears arrive a byte an element (shapes.float8_gathered).
-    saved = float8_gathered(job)[0] * (gathered - 1)
+    f8_less = float8_gathered(job)[0] * (gathered - 1)  # bytes fewer in each gathered block
     if accumulates:
-        working = params * (gathered + 4) + block * gathered - (worst.blocks + 1) * saved
+        working = params * (gathered + 4) + block * gathered - (worst.blocks + 1) * f8_less
     elif fsdp and keeps_gathered:  # the stage's parameters stay gathered from forward to backward
-        working = (params + block) * gathered - (worst.blocks + 1) * saved
+        working = (params + block) * gathered - (worst.blocks + 1) * f8_less
     elif fsdp:  # the unit at work, its unsharded gradient, and the next unit (prefetched)
-        working = (2 * unit + block) * gathered - (2 if unit == block else 1) * saved
+        working = (2 * unit + block) * gathered - (2 if unit == block else 1) * f8_less
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params * 4
     else:

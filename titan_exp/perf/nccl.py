@@ -35,12 +35,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PROTOCOLS = ("LL", "LL128", "Simple")
+LL, LL128, SIMPLE = 0, 1, 2  # NCCL's protocols, the index of each in the tables below
 BASE_S = {"ring": (6.6e-6, 14.0e-6, 8.4e-6), "tree": (6.8e-6, 14.0e-6, 0.0)}  # baseLat
 NVLINK_STEP_S = {"ring": (0.6e-6, 1.9e-6, 3.4e-6), "tree": (0.6e-6, 1.25e-6, 28e-6)}  # hwLat[NVLINK]
 NET_STEP_S = {"ring": (2.7e-6, 4.0e-6, 14.0e-6), "tree": (5.0e-6, 8.5e-6, 28e-6)}  # hwLat[NET]
 NET_OVERHEAD_S = 1e-6  # per step of a ring over several nodes (x 3 for Simple)
 LL_MAX_BUS = (87.7e9, 39.0e9, 20.4e9)  # LL's bus bandwidth cap: one node, two nodes, more
+LL_SHARE = 1 / 4  # LL's bus bandwidth, of Simple's (1/3 for an all-gather or reduce-scatter in a node)
+LL128_SHARE = 0.92  # LL128's ring, of Simple's (0.7 with one rank a node)
+TREE_SHARE = 0.92  # a tree's bus bandwidth, of Simple's; LL's a 3.8th of it, LL128's 120/128
+TREE_LL, TREE_LL128 = 1 / 3.8, 120 / 128
 
 
 @dataclass(frozen=True)
@@ -48,50 +52,49 @@ class NcclModel:
     """NCCL's latencies, with Simple's per-step ones those of the machine (perf.devices'
     Efficiency: NCCL's unless a hardware file gave others); LL's and LL128's stay NCCL's."""
 
-    nvlink_step_s: float = NVLINK_STEP_S["ring"][2]
-    net_step_s: float = NET_STEP_S["ring"][2]
+    nvlink_step_s: float = NVLINK_STEP_S["ring"][SIMPLE]
+    net_step_s: float = NET_STEP_S["ring"][SIMPLE]
 
     def _step(self, algo: str, proto: int, net: bool) -> float:
-        table, own = (NET_STEP_S, self.net_step_s) if net else (NVLINK_STEP_S, self.nvlink_step_s)
-        return own if (algo, proto) == ("ring", 2) else table[algo][proto]
+        if (algo, proto) == ("ring", SIMPLE):
+            return self.net_step_s if net else self.nvlink_step_s
+        return (NET_STEP_S if net else NVLINK_STEP_S)[algo][proto]
 
     def lines(self, op: str, ranks: int, nodes: int, per_unit_s: float) -> list[tuple[float, float]]:
         """(latency s, seconds per byte) of each way NCCL could run `op` over `ranks` ranks on
         `nodes` nodes, Simple's ring first; `per_unit_s` is Simple's seconds per byte of the
         collective's buffer (its bus bandwidth and the ring's share of the buffer)."""
         if op in ("send_recv", "all_to_all"):  # peer to peer: a step a peer, Simple's, or LL's when small
-            near, far = (0, 1) if op == "send_recv" and nodes > 1 else (1, 0) if op == "send_recv" else (
-                ranks // nodes - 1, ranks - ranks // nodes)
+            if op == "send_recv":
+                near, far = (0, 1) if nodes > 1 else (1, 0)
+            else:
+                near, far = ranks // nodes - 1, ranks - ranks // nodes
             return [(BASE_S["ring"][proto] + near * self._step("ring", proto, False)
-                     + far * self._step("ring", proto, True), per_unit_s * (4 if proto == 0 else 1))
-                    for proto in (2, 0)]
+                     + far * self._step("ring", proto, True), per_unit_s / (LL_SHARE if proto == LL else 1))
+                    for proto in (SIMPLE, LL)]
         reduce_all = op == "all_reduce"
         steps = 2 * (ranks - 1) if reduce_all else ranks - 1
         inter = (2 * nodes if nodes > 1 else 0) if reduce_all else nodes - 1
         share = steps / ranks  # of the buffer each rank's link carries, per byte of it
+        ll_cap = LL_MAX_BUS[min(nodes, 3) - 1]
         out = []
-        for proto in (2, 0, 1):  # Simple first: the line a caller reads terms of
+        for proto in (SIMPLE, LL, LL128):  # Simple first: the line a caller reads terms of
             intra = self._step("ring", proto, False)
             if nodes > 1:
-                intra = max(intra, NET_OVERHEAD_S * (3 if proto == 2 else 1))
+                intra = max(intra, NET_OVERHEAD_S * (3 if proto == SIMPLE else 1))
             latency = BASE_S["ring"][proto] + (steps - inter) * intra + inter * self._step("ring", proto, True)
-            if PROTOCOLS[proto] == "LL":
-                quarter = 1 / 4 if nodes > 1 or reduce_all else 1 / 3
-                cap = LL_MAX_BUS[min(nodes, 3) - 1]
-                out.append((latency, max(per_unit_s / quarter, share / cap)))
-            elif PROTOCOLS[proto] == "LL128":  # 0.7 where each node has one rank, its NIC both ways
-                out.append((latency, per_unit_s / (0.92 if ranks >= 2 * nodes else 0.7)))
+            if proto == LL:
+                ll = LL_SHARE if nodes > 1 or reduce_all else 1 / 3
+                out.append((latency, max(per_unit_s / ll, share / ll_cap)))
+            elif proto == LL128:
+                out.append((latency, per_unit_s / (LL128_SHARE if ranks >= 2 * nodes else 0.7)))
             else:
                 out.append((latency, per_unit_s))
-        if reduce_all and nodes > 1:  # a tree: log latency, at 0.92 of the bus bandwidth, halved
-            per_rank, bus_s = ranks // nodes, per_unit_s / share  # seconds per byte at the bus bandwidth
-            for proto in range(3):
+        if reduce_all and nodes > 1:  # a tree: log latency; twice the buffer at the tree's bandwidth
+            per_rank, tree_s = ranks // nodes, 2 * per_unit_s / share / TREE_SHARE
+            for proto, per_byte in ((SIMPLE, tree_s), (LL, max(tree_s / TREE_LL, 2 / ll_cap)),
+                                    (LL128, tree_s / TREE_LL128)):
                 latency = BASE_S["tree"][proto] + 2 * ((per_rank - 1) * self._step("tree", proto, False)
                                                        + (nodes.bit_length() - 1) * self._step("tree", proto, True))
-                tree_s = 2 * bus_s / 0.92
-                if PROTOCOLS[proto] == "LL":
-                    tree_s = max(tree_s * 3.8, 2 / LL_MAX_BUS[min(nodes, 3) - 1])
-                elif PROTOCOLS[proto] == "LL128":
-                    tree_s /= 120 / 128
-                out.append((latency, tree_s))
+                out.append((latency, per_byte))
         return out

@@ -297,10 +297,14 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         block_ag = ag(sent[0]) if worst.blocks else 0.0
         precomputed = pr.float8_precompute_dynamic_scale_for_fsdp
         amax = line("all_reduce", shard, ("dp_shard", "cp"))
-        read_s = f8 / shard * 4 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0  # the shard, fp32
-        scales_s = worst.blocks * read_s + amax(4 * f8_weights * worst.blocks) if f8 and precomputed else 0.0
-        if f8:  # per gather: the amax (unless precomputed) and the cast, reading the shard and writing it a byte
-            block_ag += (read_s * 5 / 4 if precomputed else read_s * 9 / 4 + f8_weights * amax(4))
+        per_byte = 1 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0
+        shard_f8 = f8 / shard  # elements of the block's float8 weights on this rank, fp32
+        scales_s = 0.0  # once a step when precomputed: every block's amax (a read of its shard), one all-reduce
+        if f8 and precomputed:
+            scales_s = worst.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * worst.blocks)
+        elif f8:  # per gather: the amax (a read of the shard) and one all-reduce a weight
+            block_ag += shard_f8 * 4 * per_byte + f8_weights * amax(4)
+        block_ag += shard_f8 * 5 * per_byte  # per gather: the cast, reading 4 bytes and writing 1
         gather_s = [block_ag if i < worst.blocks else ag(b) for i, b in enumerate(sent)]
         comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
         if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
