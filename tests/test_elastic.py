@@ -139,7 +139,7 @@ def test_min_nodes_rules():
     job = job_config([*SMALL, *slurm, "cluster.min_nodes=2", "cluster.elastic=true"])
     params = sbatch_parameters(job.cluster)
     assert params["additional_parameters"] == {"nodes": "2-3", "mincpus": 2} and "ntasks_per_node" not in params
-    assert params["srun_args"] == ["--ntasks-per-node=2"] and not validate(job)
+    assert params["srun_args"] == ["--kill-on-bad-exit=1", "--ntasks-per-node=2"] and not validate(job)
     assert any("cluster.min_nodes = 2: a job on fewer nodes needs a layout for them; set cluster.elastic=true" in e
                for e in validate(job_config([*SMALL, *slurm, "cluster.min_nodes=2"])))
     assert any("cluster.min_nodes = 4: must be 1..cluster.nnodes = 3" in e

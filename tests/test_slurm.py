@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,6 +163,26 @@ def test_cancelled_job_says_so(slurm, tmp_path):
     assert "run cancelled" in output and "resume" in output
 
 
+def test_a_rank_lost_before_the_rendezvous_ends_the_job(slurm, tmp_path):
+    """Rank 0 dies before it opens the rendezvous (as when its port is taken): srun ends the job's
+    other task, which would otherwise wait out comm.init_timeout_seconds (15 minutes here) for it,
+    and the summary names the rank the job lost."""
+    run_dir = tmp_path / "run"
+    try:
+        proc = subprocess.run(
+            [sys.executable, "launch.py", "cluster=slurm", "cluster.wait=true", *TWO_RANKS,
+             "comm.init_timeout_seconds=900", "+cluster.env.TITAN_EXP_FAULT='init@0:0'", f"hydra.run.dir={run_dir}"],
+            cwd=REPO, capture_output=True, text=True, timeout=240)
+    finally:
+        if (run_dir / "slurm_job.json").exists():
+            subprocess.run(["scancel", job_info(run_dir)["job_id"]])
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["slurm_state"].startswith("FAILED")
+    # rank 0 alone: rank 1, which srun then ended, is not named
+    assert re.search(r"before training finished: it lost rank\(s\) 0 on node \S+ \(killed\); stderr:", summary["error"])
+
+
 def test_the_rendezvous_port_is_the_jobs_own_and_never_an_ephemeral_one():
     """Every task of a job draws the same port from its job id, below Linux's ephemeral range
     (32768-60999), which submitit's own draw (20000-60000) overlaps: an outgoing connection on the
@@ -227,10 +248,12 @@ def test_sbatch_parameters_from_the_cluster_config():
     assert sbatch_parameters(job.cluster) == {
         "job_name": "llama", "nodes": 2, "ntasks_per_node": 4, "cpus_per_task": 8, "time": 240,
         "signal_delay_s": 120, "array_parallelism": 256, "additional_parameters": {"reservation": "big"},
-        "srun_args": ["--cpu-bind=none"], "partition": "gpu", "account": "lab", "qos": "high",
+        "srun_args": ["--cpu-bind=none", "--kill-on-bad-exit=1"], "partition": "gpu", "account": "lab", "qos": "high",
         "constraint": "a100", "exclude": "node3", "mail_user": "me@lab.org", "mail_type": "END,FAIL",
         "mem": "400G", "gpus_per_node": 4,
     }
+    kept = resolve(job_config(["cluster=slurm", "cluster.srun_args=['--kill-on-bad-exit=0']"]))
+    assert sbatch_parameters(kept.cluster)["srun_args"] == ["--kill-on-bad-exit=0"]  # the user's own choice
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -9,6 +9,7 @@ acts on the rank (default: every rank) when it reaches `point` at `step`:
   hang  sleep forever at the start of the step (a rank stuck outside any collective)
   nan   make the step's loss NaN (so its gradients are too)
   exit  abort (SIGABRT, as gloo sometimes does in teardown) after the rank finished; step 0
+  init  SIGKILL before the rendezvous (as when rank 0's port is taken); step 0
 
 The variable is read where the faults would happen, so a relaunch without it runs normally.
 """

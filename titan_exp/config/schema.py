@@ -380,7 +380,8 @@ class ClusterConfig:
     additional_parameters: Dict[str, Any] = doc({}, "slurm: any other sbatch option, e.g. +cluster.additional_parameters.reservation=x")
     setup: List[str] = doc([], "slurm: shell lines run before the ranks start (module load, conda activate, ...)")
     env: Dict[str, str] = doc({}, "slurm: environment of the ranks, e.g. +cluster.env.HF_HOME=/scratch/hf; keep secrets in the submitting shell's environment (sbatch passes it on), not here")
-    srun_args: List[str] = doc([], "slurm: extra srun arguments, e.g. [--cpu-bind=none]")
+    srun_args: List[str] = doc([], "slurm: extra srun arguments, e.g. [--cpu-bind=none]; --kill-on-bad-exit=1 (a "
+                               "task that dies ends the others) unless one is given")
     signal_delay_s: int = doc(120, "slurm: SIGUSR2 this many seconds before the time limit: checkpoint and requeue")
     max_num_timeout: int = doc(3, "slurm: requeues after a time limit before the job gives up (preemptions do not count)")
     array_parallelism: int = doc(256, "slurm: members of a multirun job array that may run at once")

@@ -73,6 +73,7 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
     cache = use_compile_cache(job) if job.compile.enable else {}  # before anything compiles
     # Under SLURM: the run dir's snapshot, and the node this rank landed on.
     logger.info("titan_exp from %s, on host %s", Path(__file__).parent, socket.gethostname())
+    faults.inject("init", 0)
     device = init_distributed(job.comm.init_timeout_seconds)
     result = targets.build(job, "training", job, run_dir, device).train()  # a Trainer, or the user's subclass
     if job.compile.enable:

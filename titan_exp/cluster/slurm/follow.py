@@ -61,16 +61,23 @@ def _tail(path: str, lines: int = 5) -> str:
 #   srun: error: tnode2: tasks 2-3: Killed
 #   srun: error: tnode1: task 0: Exited with exit code 1
 SRUN_TASKS = re.compile(r"^srun: error: (?P<node>\S+): tasks? (?P<tasks>[\d,\-]+): (?P<how>.+)$", re.M)
+# srun's line when it ends the step's other tasks (--kill-on-bad-exit, submit.sbatch_parameters):
+#   srun: launch/slurm: _step_signal: Terminating StepId=183.0
+# the tasks named after it were ended by srun: followers too.
+SRUN_ENDS_STEP = re.compile(r"^srun: .*Terminat\w* StepId", re.M)
 
 
 def lost_tasks(stderr: str) -> Optional[str]:
     """Which ranks, on which node, a job lost, from srun's lines: those that died of a signal or
     vanished with their node (a rank that raised, e.g. because a peer vanished, exits 1 and is a
-    follower, not the cause). None when srun names no such task."""
+    follower, not the cause; so is a rank srun ended once another had died). None when srun
+    names no such task."""
     try:
         text = Path(stderr).read_text(errors="replace")
     except OSError:
         return None
+    ended = SRUN_ENDS_STEP.search(text)
+    text = text[:ended.start()] if ended else text
     lost = [f"rank(s) {m['tasks']} on node {m['node']} ({m['how'].strip().lower()})"
             for m in SRUN_TASKS.finditer(text) if not m["how"].startswith("Exited with exit code")]
     return "; ".join(lost) or None

@@ -100,6 +100,11 @@ def sbatch_parameters(c: ClusterConfig) -> dict[str, Any]:
         "srun_args": list(c.srun_args),
         **{k: v for k, v in given.items() if v is not None},
     }
+    if not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in c.srun_args):
+        # A task that dies ends the job's other tasks (SIGTERM, then SIGKILL after KillWait), as
+        # torchrun's agent does: a rank 0 lost before it opens the rendezvous would leave the
+        # others waiting out comm.init_timeout_seconds for it.
+        params["srun_args"].append("--kill-on-bad-exit=1")
     if c.min_nodes is not None and c.min_nodes < c.nnodes:
         # sbatch's --nodes=min-max (submitit's own `nodes` must be a number: it multiplies it into
         # the task count), each node with its ranks' CPUs, and srun, not sbatch, starting
