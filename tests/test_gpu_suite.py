@@ -1,6 +1,7 @@
 """The GPU tools' smoke modes: the same configurations, collection and report on CPU, so they
-cannot rot between the sessions that have a GPU to run them on. The grid's runs by default; the
-suite's is `slow` (`python -m pytest -m slow tests/test_gpu_suite.py` before a GPU session)."""
+cannot rot between the sessions that have a GPU to run them on. Both are `slow` (75-80 s each):
+run `python -m pytest -m slow tests/test_gpu_suite.py` before a GPU session. Their calibration
+and spec-sheet code is tested by default elsewhere (tests/test_gpu_model.py, test_perf.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,6 @@ import pytest
 from conftest import REPO
 
 
-# The suite has run on a GPU (benchmarks/data/gpu_h200_suite.json): its smoke run, ~75 s, is slow.
-# The grid's, below, shares the suite's calibration and spec-sheet code and is what the next GPU
-# session runs first.
 @pytest.mark.slow
 def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     out = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", "--out", str(tmp_path)], cwd=REPO,
@@ -38,6 +36,7 @@ def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     assert "planner step time (calibrated profile)" in table and "reading the loss only on log steps" in table
 
 
+@pytest.mark.slow
 def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     """benchmarks/gpu_grid.py (issue 38) on CPU: autotune's candidate set measured member by
     member beside its predictions, scored, then the autotune sweep over the same axes scored

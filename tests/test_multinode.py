@@ -153,6 +153,8 @@ def test_preflight_refuses_more_nodes_than_the_partition_has(nodes, tmp_path):
         "(2 CPUs, 0 GPUs); lower cluster.min_nodes"]
 
 
+# Calibration (test_slurm runs it as a 1-node job) across two nodes: a composition, run with `-m slow`.
+@pytest.mark.slow
 def test_calibration_on_two_nodes_measures_both_links(nodes, tmp_path):
     """Calibration as a 2-node job: the profile (keyed by its node count) has every collective over
     groups inside a node and over groups of one rank per node, and the planner, given it, costs
