@@ -3,7 +3,7 @@ the grid, in one command:
 
     python benchmarks/gpu_grid.py --model llama3_1b [--autotune] [--out DIR]
     python benchmarks/gpu_grid.py --model llama3_8b --layers 8 --global-batch 2   # 8B cut to fit
-    python benchmarks/gpu_grid.py --smoke --autotune --out DIR   # the same code on CPU, tiny (CI)
+    python benchmarks/gpu_grid.py --smoke --autotune --out DIR   # the same code on CPU, tiny (tests, -m slow)
 
 1. Calibrates the GPU for the model (`python -m titan_exp.perf.calibrate ... --world 1 --compile`),
    unless --no-calibrate (then the profile in TITAN_EXP_CACHE, if any).

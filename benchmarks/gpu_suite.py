@@ -3,7 +3,7 @@
 
     python benchmarks/gpu_suite.py [--models llama3_1b llama3_3b] [--out DIR]
     python benchmarks/gpu_suite.py --models llama3_3b --configs "bf16 + compile" --budget-minutes 8
-    python benchmarks/gpu_suite.py --smoke --out DIR     # the same code on CPU, a tiny model (CI)
+    python benchmarks/gpu_suite.py --smoke --out DIR     # the same code on CPU, a tiny model (tests, -m slow)
 
 1. the CUDA-only tests (`pytest -m cuda`);
 2. per model: tokens/s, MFU and peak memory for bf16 eager and + compile, float8 tensorwise and
