@@ -169,10 +169,8 @@ def test_a_rank_lost_before_the_rendezvous_ends_the_job(slurm, tmp_path):
     and the summary names the rank the job lost."""
     run_dir = tmp_path / "run"
     try:
-        proc = subprocess.run(
-            [sys.executable, "launch.py", "cluster=slurm", "cluster.wait=true", *TWO_RANKS,
-             "comm.init_timeout_seconds=900", "+cluster.env.TITAN_EXP_FAULT='init@0:0'", f"hydra.run.dir={run_dir}"],
-            cwd=REPO, capture_output=True, text=True, timeout=240)
+        proc = submit(["cluster.wait=true", *TWO_RANKS, "comm.init_timeout_seconds=900",
+                       "+cluster.env.TITAN_EXP_FAULT='init@0:0'"], run_dir)
     finally:
         if (run_dir / "slurm_job.json").exists():
             subprocess.run(["scancel", job_info(run_dir)["job_id"]])
@@ -180,7 +178,8 @@ def test_a_rank_lost_before_the_rendezvous_ends_the_job(slurm, tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "failed" and summary["slurm_state"].startswith("FAILED")
     # rank 0 alone: rank 1, which srun then ended, is not named
-    assert re.search(r"before training finished: it lost rank\(s\) 0 on node \S+ \(killed\); stderr:", summary["error"])
+    lost = r"before training finished: it lost rank\(s\) 0 on node \S+ \(killed\); stderr:"
+    assert re.search(lost, summary["error"]), summary["error"]
 
 
 def test_the_rendezvous_port_is_the_jobs_own_and_never_an_ephemeral_one():

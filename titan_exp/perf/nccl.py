@@ -41,8 +41,8 @@ NVLINK_STEP_S = {"ring": (0.6e-6, 1.9e-6, 3.4e-6), "tree": (0.6e-6, 1.25e-6, 28e
 NET_STEP_S = {"ring": (2.7e-6, 4.0e-6, 14.0e-6), "tree": (5.0e-6, 8.5e-6, 28e-6)}  # hwLat[NET]
 NET_OVERHEAD_S = 1e-6  # per step of a ring over several nodes (x 3 for Simple)
 LL_MAX_BUS = (87.7e9, 39.0e9, 20.4e9)  # LL's bus bandwidth cap: one node, two nodes, more
-LL_SHARE = 1 / 4  # LL's bus bandwidth, of Simple's (1/3 for an all-gather or reduce-scatter in a node)
-LL128_SHARE = 0.92  # LL128's ring, of Simple's (0.7 with one rank a node)
+LL_SHARE, LL_SHARE_IN_NODE = 1 / 4, 1 / 3  # LL's bus bandwidth, of Simple's (in a node: all-gather, reduce-scatter)
+LL128_SHARE, LL128_SHARE_ONE_A_NODE = 0.92, 0.7  # LL128's ring, of Simple's (one rank a node: its NIC both ways)
 TREE_SHARE = 0.92  # a tree's bus bandwidth, of Simple's; LL's a 3.8th of it, LL128's 120/128
 TREE_LL, TREE_LL128 = 1 / 3.8, 120 / 128
 
@@ -84,10 +84,10 @@ class NcclModel:
                 intra = max(intra, NET_OVERHEAD_S * (3 if proto == SIMPLE else 1))
             latency = BASE_S["ring"][proto] + (steps - inter) * intra + inter * self._step("ring", proto, True)
             if proto == LL:
-                ll = LL_SHARE if nodes > 1 or reduce_all else 1 / 3
+                ll = LL_SHARE if nodes > 1 or reduce_all else LL_SHARE_IN_NODE
                 out.append((latency, max(per_unit_s / ll, share / ll_cap)))
             elif proto == LL128:
-                out.append((latency, per_unit_s / (LL128_SHARE if ranks >= 2 * nodes else 0.7)))
+                out.append((latency, per_unit_s / (LL128_SHARE if ranks >= 2 * nodes else LL128_SHARE_ONE_A_NODE)))
             else:
                 out.append((latency, per_unit_s))
         if reduce_all and nodes > 1:  # a tree: log latency; twice the buffer at the tree's bandwidth
