@@ -17,6 +17,8 @@ from gpu_suite import CONFIGS, overrides_for  # noqa: E402
 
 from titan_exp.perf.devices import SPECS, spec_profile  # noqa: E402
 from titan_exp.perf.fit import spearman  # noqa: E402
+from titan_exp.config import ACMode  # noqa: E402
+from titan_exp.perf import memory_gpu as mg  # noqa: E402
 from titan_exp.perf.memory import predict_memory  # noqa: E402
 from titan_exp.perf.profile import MachineProfile, model_shape, rank_key  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
@@ -85,75 +87,86 @@ def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():
     assert statistics.median(spec_errors) > statistics.median(errors)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 37: memory within 10 % of the reserved peak on every run; the GPU "
-                   "constants were fitted on TorchTitan's 8-GPU FSDP rows (float8 + compile +22-36 %, AC +11-36 %, "
-                   "eager -13-15 % here). The eager rows are the sum of their parts (the test below); the compiled "
-                   "rows' loss and blocks, selective AC and float8 + compile are not yet counted")
 def test_the_planner_predicts_one_h200s_peak_memory():
+    """Issue 37's memory target on every run with the default optimizer (fused AdamW): within 10 %
+    of the allocator's reserved peak; and the tensors the planner counts (perf.memory_gpu's one
+    replica under autocast: the states at the peak's moment, autocast's weight copies, what each
+    block saves, the loss) within 4 % of the allocated peak. In sample: the account was written
+    after these rows were measured, and two of its values were inferred from the bf16 + compile rows
+    (memory_gpu.CUDA_COMPILED_EXTRA); its held-out check is the next GPU's grid, named in
+    BENCHMARKS.md before it runs. The MoE row takes the fitted model (memory_gpu.autocast_replica
+    counts dense blocks)."""
     for r in rows():
-        memory = predicted(r, PROFILE)[1]
-        assert abs(memory / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], memory, r["peak_memory_gib"])
+        parts = predicted_memory(r)
+        allocated = parts["total"] - parts["rounding"] - parts["workspaces"]
+        assert abs(parts["total"] / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], parts["total"])
+        if "MoE" not in r["config"]:
+            assert abs(allocated / r["peak_allocated_gib"] - 1) <= 0.04, (r["model"], r["config"], allocated)
 
 
-def saved_by_one_block(job, seq: int = 64) -> tuple[float, float]:
-    """(bytes a token, bytes of weight copies) that one of this toolkit's blocks of `job`'s shape
-    saves for backward under bf16 autocast, eager, counted here with autograd's saved-tensor
-    hooks on a short sequence (a token's share does not depend on the sequence's length). The
-    block's input and parameters, saved as they are, take no new memory; a saved tensor shaped as
-    one of its weights is autocast's bf16 copy of it."""
+def predicted_memory(row: dict) -> dict[str, float]:
+    name = row["config"].replace(", traced", "").replace(", warm cache", "").replace(", read every step", "")
+    return predict_memory(resolve(job_config([*overrides_for(row["model"], SUITE["shape"]["steps"], False),
+                                              *CONFIGS[name]])), cuda=True)
+
+
+def saved_by_one_block(job, compiled: bool = False, seq: int = 64) -> float:
+    """Bytes a token that one of this toolkit's blocks of `job`'s shape, precision, compile and AC
+    saves for backward under bf16 autocast, counted here with autograd's saved-tensor hooks on a
+    short sequence (a token's share does not depend on its length), compiled by Inductor for this
+    CPU where `compiled`. The block's input and parameters, saved as they are, take no new memory;
+    nor do autocast's bf16 copies of its weights (shaped as one), which perf.memory_gpu counts
+    apart."""
     import torch
+    from torch import nn
 
     from titan_exp.models.llama import TransformerBlock, rope_tables
+    from titan_exp.parallel.activation_checkpoint import apply_ac
+    from titan_exp.parallel.compile import apply_compile
+    from titan_exp.precision import apply_converter
 
     m = job.model
-    block = TransformerBlock(m)
+    holder = nn.Module()
+    holder.layers = nn.ModuleDict({"0": TransformerBlock(m)})
+    params = list(holder.parameters())
+    apply_converter(holder, job.precision)
+    if job.activation_checkpoint.mode != ACMode.none:
+        apply_ac(holder, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
+    if compiled:
+        apply_compile(holder, "inductor", fullgraph=False)
     cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
-    weights = {tuple(p.shape) for p in block.parameters()} | {tuple(p.shape[::-1]) for p in block.parameters()}
-    saved: dict[int, tuple[int, bool]] = {}
+    weights = {tuple(p.shape) for p in params} | {tuple(p.shape[::-1]) for p in params}
+    saved: dict[int, int] = {}
 
     def pack(t):
-        saved[t.untyped_storage().data_ptr()] = (t.untyped_storage().nbytes(), tuple(t.shape) in weights)
+        if tuple(t.shape) not in weights:
+            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     x = torch.randn(1, seq, m.dim, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        block(x, cos, sin)
-    held = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *block.parameters())}  # saved, not made
-    made = [(n, copy) for ptr, (n, copy) in saved.items() if ptr not in held]
-    return sum(n for n, copy in made if not copy) / seq, sum(n for n, copy in made if copy)
+        holder.layers["0"](x, cos, sin)
+    held = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *params)}  # saved, not made
+    return sum(n for ptr, n in saved.items() if ptr not in held) / seq
 
 
-def test_one_h200s_eager_peak_memory_is_the_sum_of_its_parts():
-    """Issue 37's memory target, diagnosed (2026-11-25): the H200's seven eager runs (bf16 and
-    float8, 1B and 3B, either optimizer: the peak is in the backward; no FSDP, so bf16 is
-    autocast's) allocated, at their peak, what these parts hold, to within 1 %, nothing fitted:
-      - the parameters (fp32) and AdamW's two moments: 12 bytes a parameter (the gradients, set to
-        None before the step, do not exist yet when the backward starts);
-      - autocast's bf16 copies of the weights it casts, which its cache keeps from the forward
-        through the backward (the backward runs inside autocast): every linear under bf16; under
-        float8 the output layer's only, as torchao's linears cast their fp32 weights themselves;
-      - what every block saves, counted here on this toolkit's own block (`saved_by_one_block`);
-      - the eager loss at its gradient: the bf16 logits, their fp32 copy, log-softmax's saved fp32
-        output and its fp32 gradient (7 units of bf16 logits).
-    The memory model does not yet add them up so (the xfail above)."""
-    vocab_units = 7
-    eager = [r for r in SUITE["rows"] if r["config"] in ("bf16 eager", "float8 tensorwise", "float8 rowwise")]
-    assert len(eager) == 7
-    counted = {}
-    for r in eager:
-        job = resolve(job_config(overrides_for(r["model"], SUITE["shape"]["steps"], False)))
-        m, tokens = job.model, SUITE["shape"]["seq_len"]
-        if r["model"] not in counted:
-            counted[r["model"]] = saved_by_one_block(job)
-        per_token, block_copies = counted[r["model"]]
-        assert block_copies == 2 * (m.block_params - 2 * m.dim)  # bf16 copies of every linear of the block
-        states = 12 * m.num_params
-        output_copy = 2 * m.vocab_size * m.dim  # the output layer's weight (the embedding's, where tied)
-        copies = output_copy + (m.n_layers * block_copies if r["config"] == "bf16 eager" else 0)
-        loss = vocab_units * tokens * m.vocab_size * 2
-        parts = (states + copies + m.n_layers * tokens * per_token + loss) / 2**30
-        measured = r["peak_allocated_gib"]
-        assert abs(parts / measured - 1) < 0.01, (r["model"], r["config"], parts, measured)
+@pytest.mark.parametrize("model, precision, compiled, ac", [
+    ("llama3_1b", "bf16", False, "none"), ("llama3_3b", "bf16", False, "none"), ("llama3_1b", "float8", False, "none"),
+    ("llama3_1b", "bf16", True, "none"),
+    pytest.param("llama3_3b", "float8", True, "none", marks=pytest.mark.slow),
+    pytest.param("llama3_1b", "bf16", True, "selective", marks=pytest.mark.slow),
+    pytest.param("llama3_3b", "float8_rowwise", True, "selective", marks=pytest.mark.slow),
+])
+def test_what_a_block_saves_is_counted_on_the_block(model, precision, compiled, ac):
+    """perf.memory_gpu.AUTOCAST_SAVED is what this toolkit's block saves, recounted here on the
+    block itself (less the CUDA-only CUDA_COMPILED_EXTRA); the 8B's shape, on which the counts were
+    checked when written, takes a minute a mode. Within a byte: float8's scales, a few fp32
+    scalars a block, are no bytes a token."""
+    job = resolve(job_config(overrides_for(model, SUITE["shape"]["steps"], False) + [
+        f"precision={precision}", f"activation_checkpoint.mode={ac}"]))
+    mode = "selective" if ac == "selective" else "compiled" if compiled else "eager"
+    extra = mg.CUDA_COMPILED_EXTRA * job.model.dim if mode == "compiled" else 0
+    assert saved_by_one_block(job, compiled) == pytest.approx(mg.autocast_saved(job, mode) - extra, abs=1)
 
 
 def test_the_gpu_trace_reads_as_it_did_on_the_gpu(tmp_path):

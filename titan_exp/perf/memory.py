@@ -30,6 +30,10 @@
     peak TorchTitan reports and a job's memory is checked against. What the allocator reserves
     beyond these, its fragmentation, is fitted (GpuMemory, on TorchTitan's published 8B rows), as
     are the share of the CPU-fitted activation count a GPU's kernels keep and what compile keeps;
+  * on a GPU, one replica under bf16 autocast (no FSDP, TP, PP or CP; a dense model: a single GPU,
+    or DDP) is counted instead, part by part at the moments its peak can be, with nothing fitted
+    on TorchTitan's rows (perf.memory_gpu.autocast_peak): its fp32 parameters, autocast's bf16
+    weight copies, what this toolkit's block saves, counted;
   * the allocator's slack on a CPU: glibc's heap holds freed FSDP per-block buffers that are under
     the mmap threshold, and under TP each block's freed sequence-sharded outputs; a CPU's measured
     peak is the resident set, which counts them (perf.memory_cpu, which only CPU plans read).
@@ -68,7 +72,8 @@ class GpuMemory:
     as a share of what comes and goes every step (activations, checkpoints, logits, float8
     copies; the states, allocated once, do not fragment); the share of the CPU-fitted activation
     count a GPU's eager blocks keep; and what compile keeps of that. `architecture` (not fitted)
-    picks cuBLAS's workspace size."""
+    picks cuBLAS's workspace size. One replica under autocast reads none of the fitted three
+    (perf.memory_gpu.autocast_peak)."""
 
     fragmentation: float = 0.299  # reserved beyond counted and rounded, over what comes and goes (fitted)
     activation_scale: float = 0.533  # a GPU's eager blocks over the CPU-fitted count (fitted)
@@ -98,6 +103,11 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
+    if cuda:
+        from titan_exp.perf import memory_gpu
+
+        if memory_gpu.autocast_replica(job):  # counted part by part, nothing fitted here
+            return _in_gib(memory_gpu.autocast_peak(job, gpu.architecture))
     p, t, m = job.parallelism, job.training, job.model
     pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
                        p.tensor_parallel_degree)
@@ -212,19 +222,20 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         per_block_fsdp = fsdp and not keeps_gathered and not accumulates
         slack = memory_cpu.heap_slack(job, worst.blocks) if per_block_fsdp else 0.0
         slack += memory_cpu.sp_heap_slack(job, worst.blocks, tokens, act_bytes)
-    gib = 2**30
-    parts = {
-        "states": states / gib,
-        "fsdp_working_set": working / gib,
-        "activations": activations / gib,
-        "checkpoints": checkpoints / gib,
-        "logits": logits / gib,
-        "float8": float8 / gib,
-        "rounding": rounding / gib,
-        "allocator": slack / gib,
-        "workspaces": workspaces / gib,
-        "runtime": 0.0 if cuda else RUNTIME_GIB_CPU,
-    }
-    parts["total"] = sum(parts.values())
-    parts["nccl"] = nccl / gib  # OUTSIDE_ALLOCATOR: beside the total
-    return parts
+    return _in_gib({"states": states, "fsdp_working_set": working, "activations": activations,
+                    "checkpoints": checkpoints, "logits": logits, "float8": float8, "rounding": rounding,
+                    "allocator": slack, "workspaces": workspaces, "nccl": nccl},
+                   runtime_gib=0.0 if cuda else RUNTIME_GIB_CPU)
+
+
+PARTS = ("states", "fsdp_working_set", "weight_copies", "activations", "checkpoints", "logits", "float8",
+         "optimizer_step", "rounding", "allocator", "workspaces")
+
+
+def _in_gib(parts: dict[str, float], runtime_gib: float = 0.0) -> dict[str, float]:
+    """Bytes by part as GiB, every part of PARTS (0 where absent), the runtime, their total, and
+    NCCL's buffers beside it (OUTSIDE_ALLOCATOR)."""
+    out = {k: parts.get(k, 0.0) / 2**30 for k in PARTS} | {"runtime": runtime_gib}
+    out["total"] = sum(out.values())
+    out["nccl"] = parts.get("nccl", 0.0) / 2**30
+    return out

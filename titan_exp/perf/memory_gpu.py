@@ -37,6 +37,24 @@ model reads it for plans on CUDA (predict_memory(..., cuda=True)).
 The fragmentation the allocator adds beyond rounding, segments split and cached where a later
 request does not fit, is no part here: it is fitted (perf.memory.GpuMemory).
 
+One replica under autocast (`autocast_peak`): a job without FSDP, TP, PP or CP runs its forward
+and backward under bf16 autocast (titan_exp.precision.autocast_dtype) with fp32 parameters, and
+its memory is counted part by part at the three moments its peak can be, nothing fitted but what
+is named so:
+  backward's start  the parameters and AdamW's moments (12 bytes a parameter; the gradients, set
+                    to None after each step, exist only from a second microbatch on), autocast's
+                    bf16 copies of the weights it casts (its cache keeps them until the backward
+                    ends: every linear under bf16, the output layer alone under float8, whose
+                    linears cast their fp32 weights themselves), what every block saves
+                    (AUTOCAST_SAVED) or, under full AC, each block's fp32 input and one block
+                    recomputed, and the loss (LOSS_UNITS);
+  backward's end    16 bytes a parameter with the gradients, and the copies;
+  the update        16 bytes a parameter, and the foreach AdamW's temporaries (FOREACH_UPDATE).
+The allocator's cache beyond these tensors (0.3-7 % of the reserved peak on the H200's rows,
+BENCHMARKS.md) is not priced here. The account was written after those rows were measured (two of
+its values were inferred from them: CUDA_COMPILED_EXTRA); its held-out check is the next GPU's
+grid (benchmarks/gpu_grid.py), named so in BENCHMARKS.md on 2026-11-26.
+
 Sources (checked 2026-11):
   [cca]    c10/core/AllocatorConfig.h (kMinBlockSize 512, kSmallSize 1 MiB, kSmallBuffer 2 MiB,
            kMinLargeAlloc 10 MiB, kRoundLarge 2 MiB; the large segment kLargeBuffer, 20 MiB, is
@@ -61,7 +79,7 @@ from __future__ import annotations
 
 import math
 
-from titan_exp.config import JobConfig
+from titan_exp.config import ACMode, JobConfig
 from titan_exp.perf.shapes import Sizes, block_tensors
 
 MIB = 2**20
@@ -175,3 +193,100 @@ def step_tensors(job: JobConfig, *, tokens: float, act_bytes: int, gathered: int
         vocab = m.vocab_size / (1 if p.disable_loss_parallel else tp)
         out += [(tokens * vocab * act_bytes, 1.0), (tokens * vocab * 4, 2.0)]
     return out + float8
+
+
+# What one of this toolkit's blocks (titan_exp.models.llama) saves for backward under bf16 autocast,
+# bytes a token, eager, compiled, or under selective AC per op, in bf16 or float8: coefficients of
+# dim d, the SwiGLU width f, the query heads' width q (n_heads x head_dim), the KV heads' width kv,
+# the heads h, and bytes. Counted with autograd's saved-tensor hooks on the block at Llama 3's 1B
+# and 3B shapes on CPU, and checked to the byte at the 8B's (tests/test_gpu_h200.py recounts them).
+# The block's fp32 input is not among them (the block before made it). Llama 3's q is its dim, so a
+# model whose heads are wider or narrower may take a q term for a d term. Selective AC is counted
+# compiled; eager, the policy keeps the same outputs (an assumption: the hooks cannot see inside it).
+AUTOCAST_SAVED = {  # (mode, float8) -> (d, f, q, kv, h, bytes)
+    ("eager", False): (30, 8, 0, 0, 4, 8),
+    ("eager", True): (28, 8, 0, 0, 4, 8),
+    ("compiled", False): (6, 6, 8, 0, 4, 8),
+    ("compiled", True): (2, 4, 8, 0, 4, 8),
+    ("selective", False): (2, 2, 2, 2, 4, 0),
+    ("selective", True): (10, 2, 2, 2, 4, 0),
+}
+# A compiled block on CUDA keeps 8 bytes a token per unit of dim more than the same block compiled
+# on CPU (two fp32 tensors of the residual stream, it seems: Inductor on CPU recomputes them), and
+# the compiled loss holds 3 units of the bf16 logits (its saved logits, counted, and a gradient):
+# the two values that fit the H200's bf16 + compile rows of the 1B and the 3B (2026-11-25,
+# benchmarks/data/gpu_h200_suite.json); its float8 + compile rows, counted after, agree within 1 %.
+CUDA_COMPILED_EXTRA = 8
+# The loss at its peak, in units of the bf16 logits (tokens x vocab x 2 bytes): eager, the logits,
+# their fp32 copy, log-softmax's saved fp32 output and its fp32 gradient (7; with it the H200's
+# eager rows are their parts' sum within 1.2 %); compiled, 3 (inferred with CUDA_COMPILED_EXTRA).
+LOSS_UNITS = {"eager": 7, "compiled": 3}
+FOREACH_UPDATE = 4  # bytes a parameter: torch's foreach AdamW's fp32 temporary (the square root of
+# the second moment, one list for all parameters: torch/optim/adam.py, _multi_tensor_adam); fused: 0
+
+
+def autocast_replica(job: JobConfig) -> bool:
+    """Whether a GPU rank of `job` is one replica under bf16 autocast that `autocast_peak` counts:
+    a dense model, no FSDP, TP, PP or CP (DDP's replicas are), bf16 autocast on."""
+    import torch
+
+    from titan_exp.precision import autocast_dtype
+
+    p = job.parallelism
+    alone = (p.data_parallel_shard_degree * p.context_parallel_degree == 1 and p.tensor_parallel_degree == 1
+             and p.pipeline_parallel_degree == 1)
+    return alone and job.model.n_moe_layers == 0 and autocast_dtype(job.precision, False) == torch.bfloat16
+
+
+def autocast_saved(job: JobConfig, mode: str) -> float:
+    """Bytes a token one block keeps for backward under bf16 autocast on CUDA, `mode` eager,
+    compiled or selective (AC per op): AUTOCAST_SAVED, and CUDA_COMPILED_EXTRA when compiled."""
+    m = job.model
+    d, f, q, kv, h, c = AUTOCAST_SAVED[(mode, job.precision.converter != "none")]
+    d += CUDA_COMPILED_EXTRA if mode == "compiled" else 0
+    heads = q * m.n_heads * m.head_size + kv * m.kv_heads * m.head_size + h * m.n_heads
+    return d * m.dim + f * m.ffn_hidden_dim + heads + c
+
+
+def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
+    """Peak bytes of one replica under bf16 autocast, by part, at the largest of its three moments
+    (the module docstring): the states, autocast's weight copies, activations, checkpoints (full
+    AC's fp32 block inputs), the loss (`logits`), float8's copies, the update's temporaries; beside
+    them DDP's buckets (`fsdp_working_set`, as perf.memory names the working set), the caching
+    allocator's rounding, cuBLAS's workspaces and NCCL's buffers (`nccl`)."""
+    from titan_exp.train.optim import kernels
+
+    m, t, p, ac = job.model, job.training, job.parallelism, job.activation_checkpoint
+    tokens = t.local_batch_size * t.seq_len
+    microbatches = t.global_batch_size // (t.local_batch_size * p.data_parallel_replicate_degree)
+    float8 = job.precision.converter != "none"
+    mode = "compiled" if job.compile.enable else "eager"
+    linears = m.n_layers * (m.block_params - 2 * m.dim)
+    copies = 2 * (m.vocab_size * m.dim + (0 if float8 else linears))
+    buckets = 4 * m.num_params if p.data_parallel_replicate_degree > 1 else 0.0  # DDP: a second copy of the grads
+    whole, inputs = autocast_saved(job, mode) * tokens, 4 * m.dim * tokens  # a block's saves; its fp32 input
+    checkpoints = 0.0
+    if ac.mode == ACMode.none:
+        activations = m.n_layers * whole
+    elif ac.mode == ACMode.full:
+        activations, checkpoints = whole, m.n_layers * inputs  # one block recomputed at a time
+    elif ac.selective_ac_option == "op":
+        activations = m.n_layers * autocast_saved(job, "selective") * tokens
+    else:  # every Nth block fully checkpointed, the others keep everything
+        kept = m.n_layers // int(ac.selective_ac_option)
+        activations, checkpoints = (m.n_layers - kept) * whole, kept * inputs
+    f8 = float8_tensors(job, tokens)
+    foreach = kernels(job.optimizer.implementation, on_gpu=True)["foreach"]
+    start = {"states": (12 if microbatches == 1 else 16) * m.num_params, "weight_copies": copies,
+             "activations": activations, "checkpoints": checkpoints,
+             "logits": LOSS_UNITS[mode] * tokens * m.vocab_size * 2, "float8": sum(b * k for b, k in f8)}
+    end = {"states": 16 * m.num_params, "weight_copies": copies}
+    update = {"states": 16 * m.num_params, "optimizer_step": FOREACH_UPDATE * m.num_params * foreach}
+    peak = max((start, end, update), key=lambda parts: sum(parts.values()))
+    saved = peak.get("activations", 0.0) * m.dim / (m.dim + m.ffn_hidden_dim)  # in tensors of dim, and of f
+    tensors = step_tensors(job, tokens=tokens, act_bytes=2, gathered=2, working=buckets, fsdp=False,
+                           saved=(saved, peak.get("activations", 0.0) - saved),
+                           checkpoints=peak.get("checkpoints", 0.0), logits=peak is start,
+                           float8=f8 if peak is start else [])
+    return {**peak, "fsdp_working_set": buckets, "rounding": rounding(tensors), "workspaces": workspaces(architecture),
+            "nccl": nccl(job)}
