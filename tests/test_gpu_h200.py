@@ -41,11 +41,15 @@ def rows(optimizer: str = "fused") -> list[dict]:
     return [r for r in SUITE["rows"] if r["optimizer"] == optimizer]
 
 
-def predicted(row: dict, profile: MachineProfile) -> tuple[float, float]:
-    """(step s, memory GiB) the planner predicts for one measured row."""
+def job_of(row: dict):
+    """The job one measured row ran (its configuration, less the suite's run-only suffixes)."""
     name = row["config"].replace(", traced", "").replace(", warm cache", "").replace(", read every step", "")
-    job = resolve(job_config([*overrides_for(row["model"], SUITE["shape"]["steps"], False), *CONFIGS[name]]))
-    return predict_step(job, profile, cuda=True).step_s, predict_memory(job, cuda=True)["total"]
+    return resolve(job_config([*overrides_for(row["model"], SUITE["shape"]["steps"], False), *CONFIGS[name]]))
+
+
+def predicted(row: dict, profile: MachineProfile) -> float:
+    """The step time (s) the planner predicts for one measured row."""
+    return predict_step(job_of(row), profile, cuda=True).step_s
 
 
 def test_the_calibrated_profile_is_filed_under_the_key_a_gpu_run_looks_up():
@@ -77,8 +81,8 @@ def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():
     modelled = [r for r in rows() if r["config"] not in NOT_MODELLED]
     assert len(modelled) == 13
     measured = [r["step_s"] for r in modelled]
-    calibrated = [predicted(r, PROFILE)[0] for r in modelled]
-    spec = [predicted(r, spec_profile(SPECS["h200"], 1, 1))[0] for r in modelled]
+    calibrated = [predicted(r, PROFILE) for r in modelled]
+    spec = [predicted(r, spec_profile(SPECS["h200"], 1, 1)) for r in modelled]
     errors = [abs(p / m - 1) for p, m in zip(calibrated, measured)]
     spec_errors = [abs(p / m - 1) for p, m in zip(spec, measured)]
     assert spearman([1 / s for s in calibrated], [1 / s for s in measured]) >= 0.9
@@ -97,17 +101,11 @@ def test_the_planner_predicts_one_h200s_peak_memory():
     BENCHMARKS.md before it runs. The MoE row takes the fitted model (memory_gpu.autocast_replica
     counts dense blocks)."""
     for r in rows():
-        parts = predicted_memory(r)
+        parts = predict_memory(job_of(r), cuda=True)
         allocated = parts["total"] - parts["rounding"] - parts["workspaces"]
         assert abs(parts["total"] / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], parts["total"])
         if "MoE" not in r["config"]:
             assert abs(allocated / r["peak_allocated_gib"] - 1) <= 0.04, (r["model"], r["config"], allocated)
-
-
-def predicted_memory(row: dict) -> dict[str, float]:
-    name = row["config"].replace(", traced", "").replace(", warm cache", "").replace(", read every step", "")
-    return predict_memory(resolve(job_config([*overrides_for(row["model"], SUITE["shape"]["steps"], False),
-                                              *CONFIGS[name]])), cuda=True)
 
 
 def saved_by_one_block(job, compiled: bool = False, seq: int = 64) -> float:

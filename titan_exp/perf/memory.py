@@ -104,7 +104,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     if cuda:
-        from titan_exp.perf import memory_gpu
+        from titan_exp.perf import memory_gpu  # only a GPU's terms read it
 
         if memory_gpu.autocast_replica(job):  # counted part by part, nothing fitted here
             return _in_gib(memory_gpu.autocast_peak(job, gpu.architecture))
@@ -203,8 +203,6 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     activations = saved + recompute
     float8 = rounding = workspaces = nccl = 0.0
     if cuda:
-        from titan_exp.perf import memory_gpu
-
         activations *= gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
         f8 = memory_gpu.float8_tensors(job, tokens)
         float8 = sum(b * k for b, k in f8)
