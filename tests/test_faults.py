@@ -43,6 +43,19 @@ def test_dead_rank_is_reported(tmp_path, monkeypatch):
     assert summary["error"].startswith("rank 1 was killed by SIGKILL; rank 0 then: ")
 
 
+def test_a_rank_lost_before_the_rendezvous_stops_the_one_waiting_there(tmp_path, monkeypatch):
+    """Rank 1 dies before it joins: the agent's SIGTERM ends rank 0's wait at the rendezvous (which
+    runs in C++, where Python runs no signal handler), so rank 0 exits and writes the summary
+    itself, instead of being SIGKILLed 30 s later with the summary left to the launcher."""
+    monkeypatch.setenv("TITAN_EXP_FAULT", "init@0:1")
+    code, summary = run_job([*TWO, "comm.init_timeout_seconds=300"], tmp_path)
+    assert code == 1 and summary["status"] == "failed"
+    assert summary["error"].startswith("rank 1 was killed by SIGKILL; rank 0 then: Stopped: SIGTERM arrived while "
+                                       "this rank was waiting for the other ranks at the rendezvous")
+    assert "rank 0 exited with code 1" in summary["rank_failures"]
+    assert summary["model"] == "debugmodel"  # rank 0's summary, not the launcher's stand-in
+
+
 def test_abort_after_a_successful_run_is_not_a_failure(tmp_path, monkeypatch):
     """gloo sometimes aborts a rank in teardown after training finished; the run is ok."""
     monkeypatch.setenv("TITAN_EXP_FAULT", "exit@0:1")

@@ -56,3 +56,23 @@ def test_signal_to_launcher_stops_at_a_step_boundary_and_resumes(tmp_path, unint
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "ok" and summary["start_step"] == stopped + 1
     assert losses_by_step(run_dir) == pytest.approx(uninterrupted, abs=1e-6)
+
+
+@pytest.mark.quick
+def test_a_stop_signal_ends_a_wait_that_holds_the_main_thread():
+    """stoppable: a stop signal during the wait raises Stopped at once; without one, the wait's
+    result or its exception comes back as if called directly."""
+    import os
+    import threading
+
+    from titan_exp.signals import Stopped, catch_stop_signals, stoppable
+
+    with catch_stop_signals():
+        assert stoppable(lambda: 7, "adding") == 7
+        with pytest.raises(ZeroDivisionError):
+            stoppable(lambda: 1 / 0, "dividing")
+        never = threading.Event()
+        threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM)).start()
+        # Stopped comes only while the wait is still on (a finished wait returns its result)
+        with pytest.raises(Stopped, match="SIGTERM arrived while this rank was waiting for nothing"):
+            stoppable(lambda: never.wait(60), "waiting for nothing")

@@ -140,6 +140,29 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
 
 
 @pytest.mark.slurm
+def test_preemption_at_the_rendezvous_requeues(slurm, tmp_path):
+    """Rank 1 never joins (it hangs before the rendezvous) and the job is preempted while rank 0
+    waits there: rank 0 stops waiting and requeues the job, as a preemption at a step boundary
+    does, rather than holding its allocation until the init timeout."""
+    run_dir = tmp_path / "run"
+    out = submit([*TWO_RANKS, "comm.init_timeout_seconds=900", "+cluster.env.TITAN_EXP_FAULT='hang@0:1'"],
+                 run_dir)
+    assert out.returncode == 0, out.stderr[-3000:]
+    try:
+        rank0 = run_dir / "logs" / "rank-0.log"
+        wait_until(lambda: rank0.exists() and "titan_exp from" in rank0.read_text(), 120, "rank 0 at the rendezvous")
+        time.sleep(2)  # into torch's wait for rank 1
+        sjob(run_dir)._interrupt()
+        wait_until(lambda: state(run_dir).startswith("PENDING"), 90, "the requeued job")
+    finally:
+        subprocess.run(["scancel", job_info(run_dir)["job_id"]])
+    log = rank0.read_text()
+    assert "arrived while this rank was waiting for the other ranks at the rendezvous" in log, log[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] in ("interrupted", "cancelled") and "SIGUSR2" in summary["interrupted_by"], summary
+
+
+@pytest.mark.slurm
 def test_cancelled_job_says_so(slurm, tmp_path):
     """scancel while waiting: SIGTERM stops the ranks at a step boundary with a checkpoint, and the
     summary and exit code say the job was cancelled and how to resume it."""

@@ -6,7 +6,8 @@ acts on the rank (default: every rank) when it reaches `point` at `step`:
   step  SIGKILL after the step's optimizer update, before its checkpoint
   save  SIGKILL once this rank's share of the step's checkpoint is written (a synchronous save)
         or handed to the background writer (async), and before the checkpoint is marked complete
-  hang  sleep forever at the start of the step (a rank stuck outside any collective)
+  hang  sleep forever at the start of the step (a rank stuck outside any collective); step 0:
+        before the rendezvous (a rank that never joins)
   nan   make the step's loss NaN (so its gradients are too)
   exit  abort (SIGABRT, as gloo sometimes does in teardown) after the rank finished; step 0
   init  SIGKILL before the rendezvous (as when rank 0's port is taken); step 0

@@ -6,6 +6,10 @@ A handler only records the signal (it does not even log: a handler that writes t
 interrupted code is writing to can fail with a reentrant-call error); the training loop asks
 `stop_requested()` once per step, and the ranks agree through one all-reduce, because a signal reaches each rank at a slightly
 different moment (SLURM signals every task; Ctrl-C the whole process group; `kill` one rank).
+Before the first step there is no step boundary to stop at while a rank waits at the rendezvous
+for the others (one lost before it joined, a node slow to start): `stoppable` ends that wait when
+a stop signal arrives, with `Stopped`, instead of after comm.init_timeout_seconds or the
+process manager's SIGKILL.
 
     SIGUSR2  SLURM's warning before a time limit or preemption (`--signal=USR2@...`, what
              submitit asks for); under SLURM the job requeues itself afterwards
@@ -18,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
@@ -62,6 +69,40 @@ def wait_for(sig: int, timeout_s: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+class Stopped(Exception):
+    """A stop signal arrived while the rank waited where it cannot stop at a step boundary."""
+
+    def __init__(self, names: list[str], what: str):
+        super().__init__(f"{' and '.join(names)} arrived while this rank was {what}; it stopped there, "
+                         "before training started")
+        self.names = names
+
+
+def stoppable(wait: Callable[[], T], what: str, poll_s: float = 0.1) -> T:
+    """`wait()`'s result, or Stopped as soon as catch_stop_signals records a stop signal while it
+    waits (`what`: the wait, as a user reads it). A call blocked in C++ (torch's TCPStore waiting
+    for the other ranks) holds the main thread where Python runs no signal handler: it runs on a
+    daemon thread instead, which the rank leaves behind when it stops. Its exception is raised
+    here."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["result"] = wait()
+        except BaseException as exc:  # noqa: BLE001 - raised again on the caller's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="stoppable wait", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(poll_s)
+        if thread.is_alive() and _received:
+            raise Stopped([signal.Signals(s).name for s in dict.fromkeys(_received)], what)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def stop_requested(group=None) -> list[str]:

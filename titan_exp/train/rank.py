@@ -22,7 +22,7 @@ from titan_exp import faults, targets
 from titan_exp.config import JobConfig, load_job_config
 from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, RunSummary, Status
-from titan_exp.signals import catch_stop_signals
+from titan_exp.signals import Stopped, catch_stop_signals, stoppable
 from titan_exp.validation import ConfigError, validate
 
 logger = logging.getLogger("titan_exp")
@@ -43,14 +43,17 @@ def setup_logging(run_dir: RunDir, rank: int) -> None:
 
 def init_distributed(init_timeout_seconds: int) -> torch.device:
     """CUDA + NCCL when there is a GPU, else CPU + gloo; rendezvous from the launcher's env.
-    Collectives time out after comm.init_timeout_seconds until the first step (titan_exp.watchdog)."""
+    Collectives time out after comm.init_timeout_seconds until the first step (titan_exp.watchdog).
+    A stop signal ends the wait for the other ranks at once (signals.Stopped)."""
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
         backend = "cuda:nccl,cpu:gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds))
+    where = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '?')}"
+    stoppable(lambda: dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds)),
+              f"waiting for the other ranks at the rendezvous ({where}, {os.environ.get('WORLD_SIZE', '?')} ranks)")
     return device
 
 
@@ -74,6 +77,7 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
     # Under SLURM: the run dir's snapshot, and the node this rank landed on.
     logger.info("titan_exp from %s, on host %s", Path(__file__).parent, socket.gethostname())
     faults.inject("init", 0)
+    faults.inject("hang", 0)
     device = init_distributed(job.comm.init_timeout_seconds)
     result = targets.build(job, "training", job, run_dir, device).train()  # a Trainer, or the user's subclass
     if job.compile.enable:
@@ -119,7 +123,10 @@ def main(path: str) -> int:
             return 0
         except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
             summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")
-            logger.exception("rank %d failed", rank)
+            if isinstance(exc, Stopped):  # a stop signal, not a fault: no traceback
+                logger.warning("rank %d: %s", rank, exc)
+            else:
+                logger.exception("rank %d failed", rank)
             raise
         finally:
             summary = summary.replace(wall_time_s=time.time() - start)

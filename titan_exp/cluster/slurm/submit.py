@@ -53,19 +53,33 @@ class TrainTask(submitit.helpers.Checkpointable):
         os.environ.setdefault("MASTER_PORT", str(rendezvous_port(submitit.JobEnvironment().job_id)))
         dist_env = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         with signals.catch_stop_signals():  # kept on after training, until the requeue below
-            rank.main(self.run_dir)
-            summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
-            stopped_by = (summary.interrupted_by or []) if summary else []
+            try:
+                rank.main(self.run_dir)
+                summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
+                stopped_by = (summary.interrupted_by or []) if summary else []
+            except signals.Stopped as stopped:  # at the rendezvous: a preemption requeues, a cancel fails
+                summary, stopped_by, before_training = None, stopped.names, stopped
+            else:
+                before_training = None
             # A preemption sends SIGTERM, then SIGUSR2 (submitit's simulation does the same, as
             # two scancel calls): a step boundary between them stops the run on SIGTERM alone.
             # A stop on SIGTERM therefore waits a moment for SIGUSR2 before calling it a cancel.
             preempted = "SIGUSR2" in stopped_by or (
                 "SIGTERM" in stopped_by and signals.wait_for(signal.SIGUSR2, PREEMPTION_GRACE_S))
-            if preempted:
-                # Checkpointed at a step boundary; submitit's handler now requeues and exits.
-                if not summary.checkpoint_at_stop:
+            if before_training is not None and not preempted:
+                raise before_training
+            if preempted and dist_env.rank == 0:
+                # Checkpointed at a step boundary, or stopped before training; submitit's handler
+                # now requeues and exits.
+                if summary is not None and not summary.checkpoint_at_stop:
                     logger.warning("checkpoint.enable=false: nothing was saved, so the requeued job trains "
                                    "again from step 1")
+                if before_training is not None:  # rank 0 wrote `failed`; the requeued job goes on
+                    run_dir = RunDir(self.run_dir)
+                    stopped_summary = run_dir.read_summary()
+                    by = list(dict.fromkeys([*stopped_by, "SIGUSR2"]))  # SIGUSR2 may have come after
+                    if stopped_summary is not None:
+                        run_dir.write_summary(stopped_summary.replace(status=Status.interrupted, interrupted_by=by))
                 submitit_handler = signals.previous_handler(signal.SIGUSR2)
                 submitit_handler(signal.SIGUSR2, None)
         return summary.to_dict() if summary else None
