@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-from conftest import SMALL, launch_cli, read_summary, run_job
+from conftest import REPO, SMALL, launch_cli, read_summary, run_job
 from titan_exp.record import RunDir
 
 RUN_FILES = ("config.yaml", "tokenizer.json", "metrics.jsonl", "summary.json", "logs")
@@ -102,6 +105,22 @@ def test_a_sharding_preset_on_one_cpu_process_says_so(tmp_path, caplog):
     code, summary = run_job([*SMALL, "parallelism=fsdp", "training.steps=3"], tmp_path)
     assert code == 0 and summary["world_size"] == 1
     assert "runs ONE process on this CPU and dp_shard = -1 shards over nothing; set cluster.nproc_per_node=N" in caplog.text
+
+
+def test_a_checkout_launched_from_another_directory_runs_its_own_code_in_the_ranks(tmp_path):
+    """`python path/to/launch.py` from elsewhere: the ranks (`python -m titan_exp.train.rank`)
+    import the checkout's titan_exp, the one the launcher validated, and not what their working
+    directory's sys.path finds (here the editable install of this repository)."""
+    checkout, elsewhere, run_dir = tmp_path / "checkout", tmp_path / "elsewhere", tmp_path / "run"
+    for name in ("titan_exp", "conf", "sweeps", "hydra_plugins"):
+        shutil.copytree(REPO / name, checkout / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("launch.py", "pyproject.toml"):
+        shutil.copy(REPO / name, checkout / name)
+    elsewhere.mkdir()
+    out = subprocess.run([sys.executable, str(checkout / "launch.py"), *SMALL, "training.steps=2",
+                          f"hydra.run.dir={run_dir}"], cwd=elsewhere, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"titan_exp from {checkout / 'titan_exp' / 'train'}," in (run_dir / "logs" / "rank-0.log").read_text()
 
 
 def test_unset_ranks_take_every_visible_gpu(tmp_path, monkeypatch):

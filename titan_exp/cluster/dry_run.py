@@ -31,13 +31,12 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
+from titan_exp.cluster.env import checkout_path
 from titan_exp.config.cluster import rank_env
 from titan_exp.config import JobConfig, OnNonfinite, layout_label, load_job_config
 from titan_exp.record import RunDir, RunSummary, Status
 
 logger = logging.getLogger("titan_exp")
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding this titan_exp
 
 
 def run_dry(job: JobConfig, run_dir: RunDir) -> Optional[str]:
@@ -48,7 +47,7 @@ def run_dry(job: JobConfig, run_dir: RunDir) -> Optional[str]:
     rank = job.cluster.dry_run_rank
     env = {**os.environ, **rank_env(job.cluster, threads=torch.get_num_threads(), gpu=torch.cuda.is_available()),
            "RANK": str(rank), "LOCAL_RANK": "0", "WORLD_SIZE": str(job.world_size), "LOCAL_WORLD_SIZE": "1",
-           "PYTHONPATH": os.pathsep.join([str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+           **checkout_path()}
     done = subprocess.run([sys.executable, "-m", "titan_exp.cluster.dry_run", str(run_dir.path)], env=env)
     return None if done.returncode == 0 else f"rank {rank} (dry run): exit code {done.returncode}"
 

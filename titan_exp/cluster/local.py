@@ -8,7 +8,7 @@ import sys
 import uuid
 from typing import Optional
 
-from titan_exp.cluster.env import TRAIN, scoped_env
+from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.config.cluster import rank_env, threads_per_rank
 from titan_exp.record import RunDir
@@ -35,7 +35,8 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
         start_method="spawn",
     )
     try:
-        with scoped_env(**rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=torch.cuda.is_available())):
+        env = rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=torch.cuda.is_available())
+        with scoped_env(**env, **checkout_path()):
             elastic_launch(config, entrypoint=sys.executable)("-m", entry, str(run_dir.path))
     except SignalException as exc:
         # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
