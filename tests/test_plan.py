@@ -254,9 +254,13 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert moved and all((p in fitting) != bench.is_moe(p.row) for p in moved)
     assert all(any(rows(p.row) for p in planned) for _, rows in bench.MOVED_TO_FIT)  # each names rows that exist
     derived = [p for p in planned if p.row["derived"] == "true"]  # layouts the sources do not state as run
-    assert len(derived) == 3 and all(p.job is not None and p in fitting for p in derived)
+    assert len(derived) == 4 and all(p.job is not None and bench.moved(p.row) for p in derived)
     assert {(p.job.parallelism.tensor_parallel_degree, p.job.parallelism.pipeline_parallel_degree,
-             p.job.parallelism.pipeline_parallel_stages_per_rank) for p in derived} == {(8, 6, 1), (1, 4, 5)}
+             p.job.parallelism.pipeline_parallel_stages_per_rank, p.job.parallelism.expert_parallel_degree)
+            for p in derived} == {(8, 6, 1, 1), (1, 4, 5, 1), (1, 1, None, 16)}  # None: no pipeline
+    # Rows a table footnotes as a known performance regression are scored nowhere and repeat nothing.
+    regressed = [p for p in planned if bench.known_regression(p.row)]
+    assert len(regressed) == 2 and all(p.job is not None and bench.moved(p.row) for p in regressed)
     assert bench.fit(fitting).compute_scale == pytest.approx(Efficiency().compute_scale, abs=1e-3)  # the planner's is the fit's
     # One configuration published in two tables, 3x apart: no prediction is within 50 % of both.
     first = bench.read_rows()[0]
@@ -265,6 +269,9 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert "1 configurations, 2 rows" in bench.repeats([first, again]) and "within 50 % of both" in bench.repeats(
         [first, again])
     assert bench.repeats([first]) == "no configuration is published twice"
+    footnoted = bench.Row(again.source, again.table, again.label,
+                          {**again.cells, "note": "source footnote: a known performance regression"})
+    assert bench.repeats([first, footnoted]) == "no configuration is published twice"
     # Pairs of one table on one machine: ordered as published, or not; another machine's row is no pair.
     faster = bench.Row(first.source, first.table, "faster", {**first.cells, "tokens_per_s_per_gpu": str(
         2 * first.num("tokens_per_s_per_gpu"))})
