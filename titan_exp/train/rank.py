@@ -51,9 +51,15 @@ def init_distributed(init_timeout_seconds: int) -> torch.device:
         backend = "cuda:nccl,cpu:gloo"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    where = f"{os.environ.get('MASTER_ADDR', 'localhost')}:{os.environ.get('MASTER_PORT', '?')}"
-    stoppable(lambda: dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds)),
-              f"waiting for the other ranks at the rendezvous ({where}, {os.environ.get('WORLD_SIZE', '?')} ranks)")
+
+    def join() -> None:  # on stoppable's thread, whose current CUDA device is its own
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, timeout=timedelta(seconds=init_timeout_seconds))
+
+    env = os.environ
+    where = f"{env.get('MASTER_ADDR', 'localhost')}:{env.get('MASTER_PORT', '?')}, {env.get('WORLD_SIZE', '?')} ranks"
+    stoppable(join, f"waiting for the other ranks at the rendezvous ({where})")
     return device
 
 
