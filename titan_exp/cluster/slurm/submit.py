@@ -18,6 +18,7 @@ from typing import Any, Optional
 import submitit
 from hydra.experimental.callback import Callback
 
+from titan_exp import signals
 from titan_exp.cluster.env import TRAIN
 from titan_exp.cluster.slurm.follow import refresh
 from titan_exp.cluster.slurm.follow import wait as wait_for
@@ -46,8 +47,6 @@ class TrainTask(submitit.helpers.Checkpointable):
     def __call__(self) -> Optional[dict[str, Any]]:
         import importlib
 
-        from titan_exp import signals
-
         rank = importlib.import_module(self.entry)
 
         os.environ.setdefault("MASTER_PORT", str(rendezvous_port(submitit.JobEnvironment().job_id)))
@@ -55,34 +54,39 @@ class TrainTask(submitit.helpers.Checkpointable):
         with signals.catch_stop_signals():  # kept on after training, until the requeue below
             try:
                 rank.main(self.run_dir)
-                summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
-                stopped_by = (summary.interrupted_by or []) if summary else []
             except signals.Stopped as stopped:  # at the rendezvous: a preemption requeues, a cancel fails
-                summary, stopped_by, before_training = None, stopped.names, stopped
-            else:
-                before_training = None
-            # A preemption sends SIGTERM, then SIGUSR2 (submitit's simulation does the same, as
-            # two scancel calls): a step boundary between them stops the run on SIGTERM alone.
-            # A stop on SIGTERM therefore waits a moment for SIGUSR2 before calling it a cancel.
-            preempted = "SIGUSR2" in stopped_by or (
-                "SIGTERM" in stopped_by and signals.wait_for(signal.SIGUSR2, PREEMPTION_GRACE_S))
-            if before_training is not None and not preempted:
-                raise before_training
-            if preempted and dist_env.rank == 0:
-                # Checkpointed at a step boundary, or stopped before training; submitit's handler
-                # now requeues and exits.
-                if summary is not None and not summary.checkpoint_at_stop:
+                if not preempted(stopped.names):
+                    raise
+                if dist_env.rank == 0:  # it wrote `failed`; the requeued job goes on
+                    run_dir = RunDir(self.run_dir)
+                    by = list(dict.fromkeys([*stopped.names, "SIGUSR2"]))  # SIGUSR2 may have come after
+                    if (summary := run_dir.read_summary()) is not None:
+                        run_dir.write_summary(summary.replace(status=Status.interrupted, interrupted_by=by))
+                    requeue()
+                return None
+            summary = RunDir(self.run_dir).read_summary() if dist_env.rank == 0 else None
+            if summary is not None and preempted(summary.interrupted_by or []):
+                # Checkpointed at a step boundary.
+                if not summary.checkpoint_at_stop:
                     logger.warning("checkpoint.enable=false: nothing was saved, so the requeued job trains "
                                    "again from step 1")
-                if before_training is not None:  # rank 0 wrote `failed`; the requeued job goes on
-                    run_dir = RunDir(self.run_dir)
-                    stopped_summary = run_dir.read_summary()
-                    by = list(dict.fromkeys([*stopped_by, "SIGUSR2"]))  # SIGUSR2 may have come after
-                    if stopped_summary is not None:
-                        run_dir.write_summary(stopped_summary.replace(status=Status.interrupted, interrupted_by=by))
-                submitit_handler = signals.previous_handler(signal.SIGUSR2)
-                submitit_handler(signal.SIGUSR2, None)
+                requeue()
         return summary.to_dict() if summary else None
+
+
+def preempted(stopped_by: list[str]) -> bool:
+    """Whether a run stopped by these signals was preempted (requeue) rather than cancelled. A
+    preemption sends SIGTERM, then SIGUSR2 (submitit's simulation does the same, as two scancel
+    calls): a stop between them saw SIGTERM alone, so a stop on SIGTERM waits a moment for
+    SIGUSR2 before calling it a cancel."""
+    return "SIGUSR2" in stopped_by or (
+        "SIGTERM" in stopped_by and signals.wait_for(signal.SIGUSR2, PREEMPTION_GRACE_S))
+
+
+def requeue() -> None:
+    """submitit's own SIGUSR2 handler (which catch_stop_signals set aside): it requeues the job
+    and exits."""
+    signals.previous_handler(signal.SIGUSR2)(signal.SIGUSR2, None)
 
 
 def rendezvous_port(job_id: str) -> int:
