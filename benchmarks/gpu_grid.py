@@ -3,6 +3,8 @@ the grid, in one command:
 
     python benchmarks/gpu_grid.py --model llama3_1b [--autotune] [--out DIR]
     python benchmarks/gpu_grid.py --model llama3_8b --layers 8 --global-batch 2   # 8B cut to fit
+    python benchmarks/gpu_grid.py --model llama3_1b --budget-minutes 8 --out A   # then, in a second call:
+    python benchmarks/gpu_grid.py --model llama3_1b --resume A/gpu_grid.json --autotune --out B
     python benchmarks/gpu_grid.py --smoke --autotune --out DIR   # the same code on CPU, tiny (tests, -m slow)
 
 1. Calibrates the GPU for the model (`python -m titan_exp.perf.calibrate ... --world 1 --compile`),
@@ -22,7 +24,9 @@ the grid, in one command:
 Targets (issue 38): calibrated Spearman >= 0.9 and median |error| <= 10 % on tokens/s; memory
 within 10 % of the reserved peak on every member; autotune within 3 % of the grid's best in at
 most 25 % of its time. Rows are written as they finish (DIR/gpu_grid.json); --budget-minutes
-starts no member after that time.
+starts no member after that time, and `--resume DIR/gpu_grid.json` (same model, shape and batch)
+keeps what an earlier call measured and runs the rest, then the autotune: one grid over several
+time-limited calls.
 """
 
 from __future__ import annotations
@@ -76,6 +80,15 @@ def free_device(cuda: bool) -> None:
         torch.cuda.reset_peak_memory_stats()
 
 
+def predicted(c, cuda: bool) -> dict:
+    """A member's predictions: step time from this call's calibrated profile and from the spec
+    sheet, and memory (a resumed grid's rows take this call's, so one profile scores them all)."""
+    spec = spec_sheet(cuda)
+    return {"predicted_step_s": c.predicted_step_s,
+            "spec_step_s": predict_step(c.job, spec, cuda=cuda).step_s if spec else None,
+            "predicted_memory_gib": c.memory_gib, "predicted_fits": c.fits}
+
+
 def run_member(c, base: list[str], args: argparse.Namespace, run_dir: Path, cuda: bool) -> dict:
     free_device(cuda)
     start = time.perf_counter()
@@ -85,14 +98,23 @@ def run_member(c, base: list[str], args: argparse.Namespace, run_dir: Path, cuda
     summary = summary or {"status": "failed", "error": "no summary"}
     tps = summary.get("tokens_per_second_per_device")
     tokens = c.job.training.global_batch_size * c.job.training.seq_len
-    spec = spec_sheet(cuda)
     return {"name": c.name, "layout": c.layout, "split": c.split, "overrides": c.overrides,
             "status": summary["status"], "reason": (summary.get("error") or "")[:300],
             "tokens_per_second": tps, "step_s": tokens / tps if tps else None,
             "peak_memory_gib": summary.get("peak_memory_gib"),
-            "peak_allocated_gib": summary.get("peak_memory_allocated_gib"),
-            "predicted_step_s": c.predicted_step_s, "spec_step_s": predict_step(c.job, spec, cuda=cuda).step_s if spec else None,
-            "predicted_memory_gib": c.memory_gib, "predicted_fits": c.fits, "wall_s": wall}
+            "peak_allocated_gib": summary.get("peak_memory_allocated_gib"), **predicted(c, cuda), "wall_s": wall}
+
+
+def measured_before(path: Path | None, base: list[str]) -> dict[str, dict]:
+    """The members an earlier call of this grid measured (--resume: a GPU session's calls are
+    limited in time, so one grid may take several), by name; those it skipped run again."""
+    if path is None:
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier["base"] != " ".join(base):
+        raise SystemExit(f"--resume {path}: that grid ran {earlier['base']!r}, this one {' '.join(base)!r}; "
+                         "resume it with the same --model, --layers, --seq and --global-batch")
+    return {r["name"]: r for r in earlier["rows"] if r["status"] != "skipped"}
 
 
 def scores(rows: list[dict]) -> dict:
@@ -149,7 +171,7 @@ def checks(results: dict) -> list[str]:
                      f"{TARGETS['autotune_of_best']:.0%}) in {a['time_share']:.0%} of its time (<= "
                      f"{TARGETS['autotune_time_share']:.0%})")
     elif a:
-        lines.append(f"autotune failed: {a['error'][-300:]}")
+        lines.append(f"autotune {a['status']}: {a['error'][-300:]}")
     return lines
 
 
@@ -180,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-minutes", type=float, default=None, help="start no member after this")
     parser.add_argument("--autotune", action="store_true", help="then autotune over the same axes")
     parser.add_argument("--autotune-minutes", type=float, default=5.0, help="autotune.budget_minutes")
+    parser.add_argument("--resume", type=Path, default=None, metavar="JSON",
+                        help="an earlier call's gpu_grid.json: keep the members it measured, run the rest")
     parser.add_argument("--no-calibrate", action="store_true")
     parser.add_argument("--smoke", action="store_true", help="the same code on CPU with a tiny model")
     parser.add_argument("--out", type=Path, default=REPO / "gpu_grid")
@@ -189,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no CUDA device here; run with --smoke to exercise the grid on CPU")
     args.out.mkdir(parents=True, exist_ok=True)
     base = base_overrides(args)
+    before = measured_before(args.resume, base)
     deadline = time.monotonic() + 60 * args.budget_minutes if args.budget_minutes else float("inf")
     results = {"device": torch.cuda.get_device_name() if cuda else "CPU", "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d %H:%M"), "base": " ".join(base), "rows": [],
@@ -198,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     grid = candidates(job_config(base), 1, cuda=cuda, profile=this_machine(1, cuda=cuda), memory_gib=memory)
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(grid):
+            if c.name in before:
+                results["rows"].append({**before[c.name], **predicted(c, cuda), "resumed": True})
+                continue
             if time.monotonic() > deadline:
                 results["rows"].append({"name": c.name, "status": "skipped", "reason": "over --budget-minutes",
                                         "wall_s": 0.0, "step_s": None})
@@ -206,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             results["scores"] = scores(results["rows"])
             (args.out / "gpu_grid.json").write_text(json.dumps(results, indent=1))
         results["scores"] = scores(results["rows"])
-        if args.autotune:
+        skipped = sum(r["status"] == "skipped" for r in results["rows"])
+        if args.autotune and skipped:  # its score needs the whole grid's best and time
+            results["autotune"] = {"status": "not run", "wall_s": 0.0,
+                                   "error": f"{skipped} members not measured; --resume this grid to finish it"}
+        elif args.autotune:
             free_device(cuda)
             results["autotune"] = run_autotune(base, args, Path(tmp) / "autotune", results["rows"],
                                                results["scores"]["grid_s"])

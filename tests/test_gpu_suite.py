@@ -39,18 +39,30 @@ def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
 @pytest.mark.slow
 def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     """benchmarks/gpu_grid.py (issue 38) on CPU: autotune's candidate set measured member by
-    member beside its predictions, scored, then the autotune sweep over the same axes scored
-    against it: the same code a GPU session runs."""
-    out = subprocess.run([sys.executable, "benchmarks/gpu_grid.py", "--smoke", "--global-batch", "1", "--steps", "2",
-                          "--warmup", "1", "--autotune", "--autotune-minutes", "0.5", "--out", str(tmp_path)],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    member beside its predictions, scored, then (in a second call that resumes the first, as a GPU
+    session's time-limited calls do) the members it did not reach and the autotune sweep over the
+    same axes, scored against the grid: the same code a GPU session runs."""
+    grid = [sys.executable, "benchmarks/gpu_grid.py", "--smoke", "--global-batch", "1", "--steps", "2", "--warmup", "1"]
+    first = subprocess.run([*grid, "--out", str(tmp_path / "a")], cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    earlier = json.loads((tmp_path / "a" / "gpu_grid.json").read_text())
+    for row in earlier["rows"][8:]:  # as a call cut short by --budget-minutes leaves them
+        row.update(status="skipped", reason="over --budget-minutes", tokens_per_second=None, step_s=None)
+    (tmp_path / "a" / "gpu_grid.json").write_text(json.dumps(earlier))
+    out = subprocess.run([*grid, "--resume", str(tmp_path / "a" / "gpu_grid.json"), "--autotune", "--autotune-minutes",
+                          "0.5", "--out", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    results = json.loads((tmp_path / "gpu_grid.json").read_text())
+    results = json.loads((tmp_path / "b" / "gpu_grid.json").read_text())
     rows = results["rows"]
     assert len(rows) == 3 * 2 * 2  # AC modes x compile x (fp32, bf16) at local batch 1
+    assert [bool(r.get("resumed")) for r in rows] == [True] * 8 + [False] * 4
+    assert [r["wall_s"] for r in rows[:8]] == [r["wall_s"] for r in earlier["rows"][:8]]
     assert all(r["status"] == "ok" and r["step_s"] > 0 and r["predicted_step_s"] > 0 for r in rows), rows
     assert results["scores"]["measured"] == 12 and "spearman" in results["scores"]["calibrated"]
     tune = results["autotune"]
     assert tune["status"] == "ok", tune
     assert tune["winner"] in {r["name"] for r in rows} and tune["winner_of_grid_best"] > 0
-    assert "autotune:" in (tmp_path / "gpu_grid.md").read_text()
+    assert "autotune:" in (tmp_path / "b" / "gpu_grid.md").read_text()
+    other = subprocess.run([*grid[:-6], "--global-batch", "2", "--resume", str(tmp_path / "a" / "gpu_grid.json"),
+                            "--no-calibrate", "--out", str(tmp_path / "c")], cwd=REPO, capture_output=True, text=True)
+    assert other.returncode and "resume it with the same" in other.stderr, other.stderr[-2000:]
