@@ -94,3 +94,12 @@ def reference(tmp_path_factory):
     code, summary = run_job([*SMALL, *VALIDATION], tmp_path_factory.mktemp("reference"))
     assert code == 0, summary
     return summary
+
+
+@pytest.fixture(scope="session")
+def bf16_reference(tmp_path_factory):
+    """The bf16 (autocast) single-process run of SMALL, compared with fp32 (test_parallel) and with
+    the low precisions (test_precision): run once, since bf16 is slow on CPUs without AVX512-BF16."""
+    code, summary = run_job([*SMALL, "precision=bf16"], tmp_path_factory.mktemp("bf16"))
+    assert code == 0, summary
+    return summary

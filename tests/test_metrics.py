@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from titan_exp.config import LRSchedulerConfig
@@ -57,9 +59,14 @@ def test_cpu_peak_is_measured_and_the_best_is_kept(monkeypatch, tmp_path):
     # take 100 s at every job's start; the size shrinks to fit 3 s, and stays 2048 where it is fast.
     assert peak_matrix_size(1e9, budget_s=3.0, reps=5) == 576 and peak_matrix_size(2e11, 3.0, 5) == 2048
     assert peak_matrix_size(1e6, 3.0, 5) == 256
-    for measured, kept in ((0.5, 0.5), (0.2, 0.5), (0.7, 0.7)):
+    # The best of the first PEAK_SAMPLES (3) is kept; later launches measure nothing, until a day
+    # has passed since the last measurement.
+    for measured, kept in ((0.5, 0.5), (0.2, 0.5), (0.7, 0.7), (0.9, 0.7), (0.9, 0.7)):
         monkeypatch.setattr(metrics, "measure_cpu_peak_tflops", lambda dtype, m=measured: m)
         assert metrics.best_cpu_peak_tflops(torch.float32) == kept
+    now = time.time()
+    monkeypatch.setattr(metrics.time, "time", lambda: now + metrics.PEAK_REFRESH_S + 1)
+    assert metrics.best_cpu_peak_tflops(torch.float32) == 0.9
 
 
 def test_warmup_stable_decay():

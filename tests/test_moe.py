@@ -34,7 +34,7 @@ EP = {  # name -> overrides; every one must equal the single process
     "ep2_compile_full_ac": ["parallelism=ep", "compile.enable=true", "activation_checkpoint.mode=full", *W2],
     "3d_ep": ["parallelism=3d_ep", "cluster.nproc_per_node=8", "training.local_batch_size=4"],
 }
-FAST = ("dp_shard4_ep2", "tp2_ep2", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below
+FAST = ("dp_shard4_ep2", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below
 
 
 def ok(code, summary):

@@ -18,20 +18,12 @@ LAYOUTS = {
     "pp2": ["parallelism=pp"],
 }
 LOW_PRECISION = ["float8", "float8_rowwise", "mxfp8"]
-SIX_STEPS = [*SMALL, "training.steps=6"]
 
-
-@pytest.fixture(scope="module")
-def bf16_reference(tmp_path_factory):
-    code, summary = run_job([*SIX_STEPS, "precision=bf16"], tmp_path_factory.mktemp("bf16"))
-    assert code == 0, summary
-    return summary
-
-
-# float8 (the headline's precision) runs in every layout by default, the others on one process;
-# the rest of the matrix is marked slow.
+# Every precision runs on one process by default, and float8 (the headline's) under FSDP too, as
+# TorchTitan trains it; the rest of the matrix (with TP, with PP) is marked slow.
 MATRIX = [
-    pytest.param(precision, layout, marks=() if precision == "float8" or layout == "single" else slow)
+    pytest.param(precision, layout,
+                 marks=() if layout == "single" or (precision, layout) == ("float8", "fsdp2") else slow)
     for precision in ["bf16", "full_bf16", *LOW_PRECISION]
     for layout in LAYOUTS
 ]
@@ -42,14 +34,14 @@ def test_precision_trains_in_every_layout(precision, layout, bf16_reference, tmp
     if (precision, layout) == ("bf16", "single"):
         summary = bf16_reference  # that very run: not run twice (bf16 is slow on CPUs without AVX512-BF16)
     else:
-        code, summary = run_job([*SIX_STEPS, f"precision={precision}", *LAYOUTS[layout]], tmp_path)
+        code, summary = run_job([*SMALL, f"precision={precision}", *LAYOUTS[layout]], tmp_path)
         assert code == 0, summary.get("error")
     assert summary["status"] == "ok", summary.get("error")
     assert summary["precision"] == precision
     losses = summary["losses"]
     assert all(math.isfinite(x) for x in losses)
-    assert sum(losses[3:]) < sum(losses[:3])  # decreasing on average
-    # Low precision tracks bf16: measured <= 7e-3 over these 6 steps on the debug model.
+    assert sum(losses[-2:]) < sum(losses[:2])  # decreasing on average
+    # Low precision tracks bf16: measured <= 3.2e-3 over these 5 steps of the debug model (full_bf16 the most).
     assert losses == pytest.approx(bf16_reference["losses"], abs=2e-2)
     if precision in LOW_PRECISION:
         assert losses != bf16_reference["losses"]  # the converted linears really ran
@@ -110,7 +102,7 @@ def test_compiled_graphs_are_per_config_and_kernels_shared(tmp_path):
 def test_everything_at_once(bf16_reference, tmp_path):
     """float8 with FSDP float8 all-gather and precomputed scales, selective AC, compile, FSDP 2."""
     code, summary = run_job(
-        [*SIX_STEPS, "precision=float8", "precision.float8_enable_fsdp_all_gather=true",
+        [*SMALL, "precision=float8", "precision.float8_enable_fsdp_all_gather=true",
          "precision.float8_precompute_dynamic_scale_for_fsdp=true", "activation_checkpoint.mode=selective",
          "compile.enable=true", *LAYOUTS["fsdp2"]],
         tmp_path,

@@ -140,6 +140,7 @@ def test_preemption_requeues_and_resumes(slurm, tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # the two halves run by default: test_faults (the rendezvous), above (the requeue)
 def test_preemption_at_the_rendezvous_requeues(slurm, tmp_path):
     """Rank 1 never joins (it hangs before the rendezvous) and the job is preempted while rank 0
     waits there: rank 0 stops waiting and requeues the job, as a preemption at a step boundary
