@@ -56,9 +56,9 @@ slow = pytest.mark.slow
 
 
 @pytest.mark.parametrize("layout", [
-    pytest.param(["parallelism=tp"], marks=slow, id="tp2"),
+    pytest.param(["parallelism=tp"], id="tp2"),  # by default: 2 ranks, where the 2D and 3D runs take 4 and 8
     pytest.param(TWO_D, marks=slow, id="2d_compile"),
-    pytest.param(TWO_D + SELECTIVE, id="2d_compile_selective_ac"),
+    pytest.param(TWO_D + SELECTIVE, marks=slow, id="2d_compile_selective_ac"),
     pytest.param(THREE_D, marks=slow, id="3d_compile"),
     pytest.param(THREE_D + SELECTIVE, marks=slow, id="3d_compile_selective_ac"),
 ])

@@ -296,8 +296,8 @@ def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
     same_run(ok(*run_job([*aux, *EP["pp2_ep2"]], tmp_path / "pp2_ep2")), single)
 
 
-@pytest.mark.parametrize("target", [["parallelism=ep", "parallelism.data_parallel_shard_degree=4",
-                                     "parallelism.expert_parallel_degree=4", *W4], []],
+@pytest.mark.parametrize("target", [pytest.param(["parallelism=ep", "parallelism.data_parallel_shard_degree=4",
+                                                  "parallelism.expert_parallel_degree=4", *W4], marks=slow), []],
                          ids=["ep4", "single"])
 def test_ep2_checkpoint_continues_in_another_expert_layout(target, ep2_run, moe_reference, tmp_path):
     """The full state of EP 2's step 2 (the experts split in two, the load-balancing bias) loads

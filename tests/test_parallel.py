@@ -51,14 +51,16 @@ LAYOUTS = {
 }
 
 
-# Every 2-rank layout, and FSDP 4, HSDP 2x2 and the 8-rank 3D run by default; the other 4+ rank
-# compositions are marked slow.
+# Every 2-rank layout but FSDP's other reshard policies (they move no math), and FSDP 4, HSDP 2x2
+# and the 8-rank 3D run by default; the other 4+ rank compositions are marked slow.
 DEFAULT = {"fsdp4", "hsdp2x2", "pp2_fsdp2_tp2"}
+SLOW = {"fsdp2_always", "fsdp2_never"}
 QUICK = {"fsdp2", "tp2", "pp2_1F1B", "cp2"}  # one of each technique: `python -m pytest -m quick`
 
 
 def marks(name: str, world: int) -> list:
-    return [pytest.mark.slow] * (world >= 4 and name not in DEFAULT) + [pytest.mark.quick] * (name in QUICK)
+    slow = (world >= 4 and name not in DEFAULT) or name in SLOW
+    return [pytest.mark.slow] * slow + [pytest.mark.quick] * (name in QUICK)
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n, w)) for n, (_, w) in LAYOUTS.items()])
