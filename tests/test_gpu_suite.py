@@ -42,7 +42,8 @@ def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     member beside its predictions, scored, then (in a second call that resumes the first, as a GPU
     session's time-limited calls do) the members it did not reach and the autotune sweep over the
     same axes, scored against the grid: the same code a GPU session runs."""
-    grid = [sys.executable, "benchmarks/gpu_grid.py", "--smoke", "--global-batch", "1", "--steps", "2", "--warmup", "1"]
+    smoke = [sys.executable, "benchmarks/gpu_grid.py", "--smoke"]
+    grid = [*smoke, "--global-batch", "1", "--steps", "2", "--warmup", "1"]
     first = subprocess.run([*grid, "--out", str(tmp_path / "a")], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     earlier = json.loads((tmp_path / "a" / "gpu_grid.json").read_text())
@@ -63,6 +64,6 @@ def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     assert tune["status"] == "ok", tune
     assert tune["winner"] in {r["name"] for r in rows} and tune["winner_of_grid_best"] > 0
     assert "autotune:" in (tmp_path / "b" / "gpu_grid.md").read_text()
-    other = subprocess.run([*grid[:-6], "--global-batch", "2", "--resume", str(tmp_path / "a" / "gpu_grid.json"),
+    other = subprocess.run([*smoke, "--global-batch", "2", "--resume", str(tmp_path / "a" / "gpu_grid.json"),
                             "--no-calibrate", "--out", str(tmp_path / "c")], cwd=REPO, capture_output=True, text=True)
     assert other.returncode and "resume it with the same" in other.stderr, other.stderr[-2000:]
