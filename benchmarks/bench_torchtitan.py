@@ -130,7 +130,8 @@ def _compose(row: Row):
 
 
 def predict_tps(row: Row, eff: Efficiency) -> float:
-    profile = spec_profile(SPECS[DEVICE], row.world, min(8, row.world), eff)
+    # SDPA's flash backend, first in torch's order when the tables ran (December 2024; ENGINES["torchtitan"])
+    profile = spec_profile(SPECS[DEVICE], row.world, min(8, row.world), eff, "flash")
     return predict_step(job_for(row), profile, cuda=True, elementwise=TORCHTITAN_LLAMA).tokens_per_s_per_device
 
 

@@ -24,8 +24,9 @@ class Engine:
 
 
 ENGINES = {
-    "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention, as this toolkit; its Llama's memory-bound "
-                         "kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
+    "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention (flash first in torch's order in December "
+                         "2024; torch 2.11 on, this toolkit's SDPA runs cuDNN's on Hopper: perf.gpu.SDPA_KERNEL); its "
+                         "Llama's memory-bound kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
     "megatron_bridge": Engine(
         {"hopper": "cudnn", "blackwell": "cudnn"}, True, "userbuffers",
         "Transformer Engine: src/megatron/bridge/recipes/llama/h100/llama3.py sets transformer_impl "

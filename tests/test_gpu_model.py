@@ -18,7 +18,7 @@ from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
 H100 = SPECS["h100"]
-K100 = gpu.spec_kernels(H100)
+K100 = gpu.spec_kernels(H100, "flash")
 
 
 def llama8b(*overrides: str):
@@ -68,6 +68,11 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
     assert gpu.attention_tflops(triton.attention_fwd, 8192) == pytest.approx(333 / gpu.TRITON_SLOWDOWN)
     with pytest.raises(ValueError, match="'fa9'.*flash, cudnn, triton"):
         gpu.spec_kernels(H100, "fa9")
+    # unnamed, the kernel is the one torch's SDPA runs there [sdpa]: cuDNN's on Hopper and Blackwell
+    assert gpu.spec_kernels(H100).attention_fwd == cudnn.attention_fwd
+    assert {name: gpu.spec_kernels(SPECS[name]).attention_kernel for name in ("h200", "gb200", "a100")} == {
+        "h200": "cudnn", "gb200": "cudnn", "a100": "flash"}
+    assert spec_profile(SPECS["h100_500w"], 8, 8).kernels.attention_kernel == "cudnn"
     assert Kernels.of(cudnn.to_dict()).attention_kernel == "cudnn"  # a profile file says whose curves
     older = {k: v for k, v in K100.to_dict().items() if k != "attention_kernel"}
     assert Kernels.of(older).attention_kernel == "flash"  # a profile written before the field: SDPA's flash
@@ -85,6 +90,27 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
     assert attention_s(triton) == pytest.approx(flash * gpu.TRITON_SLOWDOWN, rel=1e-6)
     heads_64 = ["model.n_heads=64", "model.n_kv_heads=16"]  # the same FLOPs at head dim 64
     assert attention_s(K100, *heads_64) == pytest.approx(flash * 333 / 295, rel=0.02)
+
+
+def test_a_blackwell_gpu_takes_its_own_measured_attention_curves():
+    """[cudnn-fe]: each Blackwell GPU's cuDNN and SDPA-flash curves as measured on it, not Hopper's
+    shares of its peak (which would price FlashAttention-2 there at twice what it reaches)."""
+    rate = lambda spec, kernel, seq, bwd=False: gpu.attention_tflops(  # noqa: E731
+        getattr(gpu.spec_kernels(spec, kernel), "attention_bwd" if bwd else "attention_fwd"), seq)
+    gb200, gb300, b200 = SPECS["gb200"], SPECS["gb300"], SPECS["b200"]
+    assert rate(gb200, "cudnn", 8192) == pytest.approx(1646) and rate(gb300, "cudnn", 8192) == pytest.approx(1991)
+    assert rate(gb200, "cudnn", 16384, bwd=True) == pytest.approx(1327)
+    assert rate(gb300, "cudnn", 3 * 1024) == pytest.approx(1467 + (1813 - 1467) * math.log2(1.5), rel=1e-6)
+    assert rate(b200, "cudnn", 8192) == pytest.approx(1646 * 2250 / 2500)  # GB200's at B200's peak
+    assert rate(gb200, "flash", 8192) == pytest.approx(414)  # not 333/989.4 of 2,500 (841)
+    assert rate(b200, "flash", 8192, bwd=True) == pytest.approx(299)
+    assert rate(gb200, "triton", 8192) == pytest.approx(414 / gpu.TRITON_SLOWDOWN)
+    capped = dataclasses.replace(gb200, power_limit_w=900.0)
+    assert rate(capped, "cudnn", 8192) == pytest.approx(1646 * gpu.clock_ratio(capped))
+    # a GPU the benchmark did not measure keeps [fa3]'s shares of its peak: H100's own, a custom one's
+    custom = dataclasses.replace(gb200, name="custom")
+    assert rate(custom, "cudnn", 8192) == pytest.approx(529 / gpu.H100_BF16 * 2500)
+    assert rate(H100, "cudnn", 8192) == pytest.approx(529)
 
 
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
@@ -244,7 +270,7 @@ def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):
 def test_a_calibrated_gpus_measured_kernels_drive_the_same_model():
     """Issue 36, part 5: a profile calibrated on a GPU keeps its kernels' measured rates, and a
     block it has not measured is priced from its parts at those rates, as a spec sheet's is."""
-    spec = spec_profile(H100, 8, 8)
+    spec = spec_profile(H100, 8, 8, attention="flash")  # K100's kernel
     measured = dataclasses.replace(K100, source="calibrated", measured=("matmul_tflops",))
     assert Kernels.of(json.loads(json.dumps(measured.to_dict()))) == measured  # as the profile's file keeps it
     calibrated = MachineProfile.from_dict({**spec.to_dict(), "source": "calibrated", "kernels": measured.to_dict()})

@@ -122,7 +122,7 @@ class Efficiency:
     7 declared, one per source and precision, and 232 moved there after the model was changed for
     them or their layouts were derived, LLM Foundry's every row among them; BENCHMARKS.md)."""
 
-    compute_scale: float = 1.263
+    compute_scale: float = 1.265
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = NVLINK_STEP_S["ring"][SIMPLE]  # per ring step inside a node
@@ -139,10 +139,11 @@ def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int 
 
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),
-                 attention: str = "flash") -> MachineProfile:
+                 attention: str | None = None) -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
     blocks are priced from their parts (perf.gpu) at the spec's kernel rates (`kernels`, attention
-    by the kernel named: perf.gpu.ATTENTION); its matmul lines are the same rates, for what reads
+    by the kernel named, perf.gpu.ATTENTION, or else the one PyTorch SDPA runs on it,
+    perf.gpu.SDPA_KERNEL); its matmul lines are the same rates, for what reads
     them directly."""
     from titan_exp.perf.gpu import hbm, spec_kernels
 

@@ -12,10 +12,11 @@ degree tp, forward and backward:
             over the SMs, the last wave partly idle), and its bytes at HBM speed (a skinny GEMM
             is memory-bound).
   attention causal flash attention, its FLOPs at the rate its kernel reaches at that sequence length
-            and head dim [fa3], forward, and backward at 2.5 x the forward's FLOPs. A spec sheet's
-            plan takes the kernel to be PyTorch SDPA's flash backend (FlashAttention-2); newer torch
-            builds may pick cuDNN's on Hopper and Blackwell, and a calibrated profile measures and
-            names the one SDPA runs. ATTENTION also holds cuDNN's fused attention (Transformer
+            and head dim [fa3] (a Blackwell GPU's own measured curves [cudnn-fe]), forward, and
+            backward at 2.5 x the forward's FLOPs. A spec sheet's
+            plan takes the kernel to be the one PyTorch SDPA picks [sdpa]: cuDNN's on Hopper and
+            Blackwell, FlashAttention-2 on Ampere; a calibrated profile measures and names the one
+            SDPA runs. ATTENTION also holds cuDNN's fused attention (Transformer
             Engine's on Hopper) and the Triton FlashAttention of 2023 [fa2].
   memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
@@ -62,6 +63,23 @@ Sources (checked 2026-11):
          465, 499, 518, 516; and FlashAttention-2's causal forward at head dim 64, 180, 229, 262,
          284, 295, 299, taken as head dim 64's share of head dim 128's for every kernel and for
          the backward too (an assumption: no backward at head dim 64 is read here).
+  [cudnn-fe] NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training, bf16, causal, head dim 128,
+         forward and backward TFLOP/s (its backward FLOPs 2.5 x the forward's, as here), each
+         Blackwell GPU measured on its own (BLACKWELL_ATTENTION): cuDNN's fused attention from
+         results/llama3.1/{gb200,gb300}/llama3.1_20260724_*.csv (commit e99b0d0b, cuDNN 9.26, Llama
+         3.1 70B's heads, batch 2, top-left causal mask, non-deterministic backward), sequence 2k-32k;
+         PyTorch SDPA's flash backend from artifacts/sdpa_bf16_benchmark_results_NVIDIA_{GB200,GB300,
+         B200}.csv (commits d48a60eb and bb37575d; 128 query heads, batch 1), sequence 512-32k. B200's
+         cuDNN curve, not measured there, is GB200's at B200's bf16 peak over GB200's (2,250 over
+         2,500: the same die at a lower clock, as their flash curves differ, 0.90 at 8k; an assumption).
+         Hopper's and Ampere's curves stay [fa3]'s; a Blackwell GPU without its own curves takes them
+         (as shares of its peak), which overstates FlashAttention-2 there about twice.
+  [sdpa] Which kernel this toolkit's attention runs: PyTorch SDPA's first eligible backend in its
+         priority order, which puts cuDNN's attention first on Hopper and Blackwell (sm90, sm100)
+         with a recent cuDNN (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
+         check_prefer_cudnn_attention; this project's H200 calibration, torch 2.11, found cuDNN's
+         running) and FlashAttention-2 first elsewhere (SDPA_KERNEL). A torch build
+         with an older cuDNN keeps FlashAttention-2 first; calibrate measures whichever runs.
   [fa2]  Dao, FlashAttention-2 (arXiv:2307.08691), Section 4.1: FlashAttention-2 is 1.3-2.5x
          faster than FlashAttention in Triton on A100; the Triton kernel is priced at
          FlashAttention-2's rate over 1.8, the range's geometric middle (an assumption).
@@ -104,6 +122,21 @@ ATTENTION = {
     "cudnn": (tuple(t / H100_BF16 for t in (315, 410, 484, 518, 529, 539)),
               tuple(t / H100_BF16 for t in (305, 408, 465, 499, 518, 516))),
     "triton": (tuple(x / TRITON_SLOWDOWN for x in FA2_FWD), tuple(x / TRITON_SLOWDOWN for x in FA2_BWD)),
+}
+# The kernel PyTorch SDPA runs by GPU architecture [sdpa]: what a spec sheet's plan prices.
+SDPA_KERNEL = {"ampere": "flash", "hopper": "cudnn", "blackwell": "cudnn"}
+# Blackwell GPUs' own attention curves [cudnn-fe]: kernel -> (forward, backward) as (sequence, TFLOP/s),
+# at the GPU's TDP clock (a power cap scales them by perf.gpu.clock_ratio).
+_CUDNN_SEQ = (2048, 4096, 8192, 16384, 32768)
+_FLASH_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768)
+_GB200_CUDNN = ((1098, 1407, 1646, 1728, 1569), (899, 1172, 1344, 1327, 1202))
+BLACKWELL_ATTENTION = {
+    "gb200": {"cudnn": _GB200_CUDNN,
+              "flash": ((163, 255, 336, 387, 414, 430, 438), (146, 207, 268, 311, 338, 352, 360))},
+    "gb300": {"cudnn": ((1467, 1813, 1991, 2065, 2105), (971, 1254, 1448, 1516, 1416)),
+              "flash": ((58.6, 154, 271, 366, 411, 431, 440), (76.5, 149, 230, 292, 330, 351, 362))},
+    "b200": {"cudnn": tuple(tuple(t * 2250 / 2500 for t in curve) for curve in _GB200_CUDNN),
+             "flash": ((74.6, 166, 242, 325, 373, 394, 404), (83.0, 108, 186, 256, 299, 320, 331))},
 }
 # Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
 HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))
@@ -160,24 +193,40 @@ def clock_ratio(spec) -> float:
     return max(0.05, (limit - idle) / (spec.tdp_w - idle)) ** (1 / 3)
 
 
-def spec_kernels(spec, attention: str = "flash") -> Kernels:
+def spec_kernels(spec, attention: str | None = None) -> Kernels:
     """A spec sheet's GPU's kernel rates: each peak at the clock under its power limit, GEMMs at
     the best shape's share [mamf], attention on its kernel's curve (ATTENTION: "flash", SDPA's
-    FlashAttention-2; "cudnn"; "triton") [fa3], memory-bound kernels at HBM_SHARE of the
-    bandwidth [hbm], host times [host]."""
+    FlashAttention-2; "cudnn"; "triton"; by default the one SDPA runs on its architecture,
+    SDPA_KERNEL [sdpa]) [fa3] or the GPU's own [cudnn-fe], memory-bound kernels at HBM_SHARE of
+    the bandwidth [hbm], host times [host]."""
+    attention = attention or SDPA_KERNEL.get(spec.architecture, "flash")
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r}: no such kernel; choose from {', '.join(ATTENTION)}")
     clock = clock_ratio(spec)
     peaks = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, **({"float8": spec.fp8_tflops} if spec.fp8_tflops else {})}
-    peak = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
-    fwd, bwd = ATTENTION[attention]
     shares = {"float32": spec.matmul_share, "bfloat16": spec.matmul_share,
               "float8": spec.fp8_share or spec.matmul_share}  # TF32 at bf16's share [mamf]
+    fwd, bwd = attention_curves(spec, attention)
     return Kernels(matmul_tflops={k: v * shares[k] * clock for k, v in peaks.items()},
-                   attention_fwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, fwd)),
-                   attention_bwd=tuple((s, share * peak) for s, share in zip(FA2_SEQ, bwd)),
+                   attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
                    sms=spec.sms, architecture=spec.architecture, attention_kernel=attention, source="spec")
+
+
+def attention_curves(spec, attention: str) -> tuple[tuple[tuple[int, float], ...], ...]:
+    """The forward and backward (sequence, TFLOP/s) curves of `attention` on this GPU at the clock
+    under its power limit: the GPU's own where [cudnn-fe] measured it (BLACKWELL_ATTENTION; Triton's
+    FlashAttention-2 there at FlashAttention-2's over TRITON_SLOWDOWN), else [fa3]'s H100 shares of
+    its bf16 peak (Ampere's scaled to FlashAttention-2's A100 peak)."""
+    clock = clock_ratio(spec)
+    own = BLACKWELL_ATTENTION.get(spec.name, {})
+    kernel = "flash" if attention == "triton" else attention
+    if kernel in own:
+        slow = TRITON_SLOWDOWN if attention == "triton" else 1.0
+        seqs = _FLASH_SEQ if kernel == "flash" else _CUDNN_SEQ
+        return tuple(tuple((s, t * clock / slow) for s, t in zip(seqs, curve)) for curve in own[kernel])
+    peak = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
+    return tuple(tuple((s, share * peak) for s, share in zip(FA2_SEQ, curve)) for curve in ATTENTION[attention])
 
 
 def wave_utilization(m: float, n: float, sms: int, groups: float = 1) -> float:
