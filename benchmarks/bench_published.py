@@ -356,7 +356,7 @@ def predict(p: Planned, eff: Efficiency) -> float:
     gpus = int(row.num("gpus"))
     spec = SPECS[GPUS[row["gpu"]]]
     engine = ENGINES[row.source]
-    attention = engine.attention.get(spec.architecture, "flash")
+    attention = engine.kernel(spec.architecture)
     overlap = engine.tp_overlap or "micro_pipeline"  # else torch's async TP, as this toolkit's
     tps = predict_step(job, spec_profile(spec, gpus, gpus_per_node(row), eff, attention), cuda=True,
                        elementwise=elementwise(row), tp_overlap=overlap,

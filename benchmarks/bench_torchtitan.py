@@ -41,7 +41,7 @@ from titan_exp.perf.memory import AS_COUNTED, FITTED, GpuMemory, predict_memory 
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
-from published_engines import TORCHTITAN_LLAMA  # noqa: E402  (beside this file)
+from published_engines import ENGINES, TORCHTITAN_LLAMA  # noqa: E402  (beside this file)
 
 DEVICE = "h100_500w"
 
@@ -130,8 +130,8 @@ def _compose(row: Row):
 
 
 def predict_tps(row: Row, eff: Efficiency) -> float:
-    # SDPA's flash backend, first in torch's order when the tables ran (December 2024; ENGINES["torchtitan"])
-    profile = spec_profile(SPECS[DEVICE], row.world, min(8, row.world), eff, "flash")
+    spec = SPECS[DEVICE]
+    profile = spec_profile(spec, row.world, min(8, row.world), eff, ENGINES["torchtitan"].kernel(spec.architecture))
     return predict_step(job_for(row), profile, cuda=True, elementwise=TORCHTITAN_LLAMA).tokens_per_s_per_device
 
 

@@ -22,6 +22,10 @@ class Engine:
     why: str
     float8_experts: bool = False  # an MoE's routed experts take the float8 recipe (this toolkit's stay bf16)
 
+    def kernel(self, architecture: str) -> str:
+        """The attention kernel this engine ran on a GPU of `architecture`."""
+        return self.attention.get(architecture, "flash")
+
 
 ENGINES = {
     "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention (flash first in torch's order in December "

@@ -121,7 +121,7 @@ ATTENTION = {
     "flash": (FA2_FWD, FA2_BWD),
     "cudnn": (tuple(t / H100_BF16 for t in (315, 410, 484, 518, 529, 539)),
               tuple(t / H100_BF16 for t in (305, 408, 465, 499, 518, 516))),
-    "triton": (tuple(x / TRITON_SLOWDOWN for x in FA2_FWD), tuple(x / TRITON_SLOWDOWN for x in FA2_BWD)),
+    "triton": None,  # FlashAttention-2's curve over TRITON_SLOWDOWN [fa2] (attention_curves)
 }
 # The kernel PyTorch SDPA runs by GPU architecture [sdpa]: what a spec sheet's plan prices.
 SDPA_KERNEL = {"ampere": "flash", "hopper": "cudnn", "blackwell": "cudnn"}
@@ -215,16 +215,16 @@ def spec_kernels(spec, attention: str | None = None) -> Kernels:
 
 def attention_curves(spec, attention: str) -> tuple[tuple[tuple[int, float], ...], ...]:
     """The forward and backward (sequence, TFLOP/s) curves of `attention` on this GPU at the clock
-    under its power limit: the GPU's own where [cudnn-fe] measured it (BLACKWELL_ATTENTION; Triton's
-    FlashAttention-2 there at FlashAttention-2's over TRITON_SLOWDOWN), else [fa3]'s H100 shares of
-    its bf16 peak (Ampere's scaled to FlashAttention-2's A100 peak)."""
+    under its power limit: the GPU's own where [cudnn-fe] measured it (BLACKWELL_ATTENTION), else
+    [fa3]'s H100 shares of its bf16 peak (Ampere's scaled to FlashAttention-2's A100 peak); Triton's
+    FlashAttention at FlashAttention-2's over TRITON_SLOWDOWN [fa2]."""
+    if attention == "triton":  # [fa2]: FlashAttention-2's rate on this GPU over TRITON_SLOWDOWN
+        return tuple(tuple((s, t / TRITON_SLOWDOWN) for s, t in curve) for curve in attention_curves(spec, "flash"))
     clock = clock_ratio(spec)
     own = BLACKWELL_ATTENTION.get(spec.name, {})
-    kernel = "flash" if attention == "triton" else attention
-    if kernel in own:
-        slow = TRITON_SLOWDOWN if attention == "triton" else 1.0
-        seqs = _FLASH_SEQ if kernel == "flash" else _CUDNN_SEQ
-        return tuple(tuple((s, t * clock / slow) for s, t in zip(seqs, curve)) for curve in own[kernel])
+    if attention in own:
+        seqs = _FLASH_SEQ if attention == "flash" else _CUDNN_SEQ
+        return tuple(tuple((s, t * clock) for s, t in zip(seqs, curve)) for curve in own[attention])
     peak = spec.bf16_tflops * clock * (AMPERE_FA2_PEAK / FA2_FWD[-1] if spec.architecture == "ampere" else 1.0)
     return tuple(tuple((s, share * peak) for s, share in zip(FA2_SEQ, curve)) for curve in ATTENTION[attention])
 
