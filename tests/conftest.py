@@ -32,6 +32,15 @@ def titan_cache(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def rank_forkserver(titan_cache):
+    """The local ranks' forkserver (titan_exp.cluster.forkserver) started in the session's
+    environment: started by the first test to launch, it would keep what that test set (monkeypatch)."""
+    from titan_exp.cluster import forkserver
+
+    forkserver.ready()
+
+
 def compose(overrides: list[str], *, with_hydra: bool = False):
     """The config `python launch.py <overrides>` would get (with Hydra's own node if asked)."""
     from hydra import compose as hydra_compose

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -52,7 +53,6 @@ def test_a_rank_lost_before_the_rendezvous_stops_the_one_waiting_there(tmp_path,
     assert code == 1 and summary["status"] == "failed"
     assert summary["error"].startswith("rank 1 was killed by SIGKILL; rank 0 then: Stopped: SIGTERM arrived while "
                                        "this rank was waiting for the other ranks at the rendezvous")
-    assert "rank 0 exited with code 1" in summary["rank_failures"]
     assert summary["model"] == "debugmodel"  # rank 0's summary, not the launcher's stand-in
 
 
@@ -117,15 +117,13 @@ KILLS = 10
 
 
 def rank_pids(run_dir: Path) -> list[int]:
-    """The rank processes of the run in run_dir (`python -m titan_exp.train.rank <run dir>`)."""
+    """The live rank processes of the run in run_dir: each rank log's latest process (its "(pid N)"
+    line; forked from the launcher's forkserver, a rank's command line is the server's)."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except (OSError, ValueError):
-            continue
-        if b"titan_exp.train.rank" in cmdline and str(run_dir).encode() in cmdline:
-            pids.append(int(entry.name))
+    for log in (run_dir / "logs").glob("rank-*.log"):
+        found = re.findall(r"titan_exp from \S+, on host \S+ \(pid (\d+)\)", log.read_text())
+        if found and Path("/proc", found[-1]).exists():
+            pids.append(int(found[-1]))
     return pids
 
 

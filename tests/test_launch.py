@@ -138,3 +138,41 @@ def test_unset_ranks_take_every_visible_gpu(tmp_path, monkeypatch):
     assert not errors and pending.job.cluster.nproc_per_node == 4 and pending.job.world_size == 4
     errors = validate(job_config(["parallelism=fsdp", "cluster.nproc_per_node=8"]), cuda=True)
     assert any(e.startswith("cluster.nproc_per_node = 8: one rank per GPU, and this machine shows 4") for e in errors)
+
+
+def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_path, monkeypatch):
+    """Local CPU ranks fork from a server that imported them once (titan_exp.cluster.forkserver); a
+    rank forked so sees what a fresh `python -m` rank sees: its arguments, the launcher's environment
+    as it is now, its share of threads and the fixed malloc threshold (which a fresh process takes
+    from the environment at start). With cluster.fork_ranks=false, and once a variable that torch
+    reads on import differs from the server's, ranks start fresh."""
+    import os
+
+    from conftest import job_config
+    from titan_exp.cluster.local import run_local
+
+    monkeypatch.syspath_prepend(str(REPO))  # tests.rank_probe, for ranks forked from this process
+    two = [*SMALL, "parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=4"]
+
+    def probe(name: str, overrides=()) -> list[dict]:
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        assert run_local(job_config([*two, *overrides]), RunDir(run_dir), entry="tests.rank_probe") is None
+        return [json.loads((run_dir / f"probe-{rank}.json").read_text()) for rank in range(2)]
+
+    later = "set after the server started"
+    monkeypatch.setenv("TITAN_EXP_PROBE", later)
+    forked = probe("forked")
+    asked = probe("asked", ["cluster.fork_ranks=false"])
+    monkeypatch.setenv("PYTORCH_TITAN_EXP_PROBE", later)  # as torch's variables are named
+    fresh = probe("fresh")
+    for ranks, name, torch_variable in ((forked, "forked", None), (asked, "asked", None), (fresh, "fresh", later)):
+        for rank, seen in enumerate(ranks):
+            assert seen["argv"] == [str(tmp_path / name)] and seen["RANK"] == str(rank) and seen["WORLD_SIZE"] == "2"
+            assert seen["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
+            assert seen["MALLOC_MMAP_THRESHOLD_"] == str(16 << 20) and seen["mmaps_17_mib"]
+            assert seen["PYTHONPATH"].split(os.pathsep)[0] == str(REPO)
+            assert seen["TITAN_EXP_PROBE"] == later and seen["PYTORCH_TITAN_EXP_PROBE"] == torch_variable
+    assert os.getpid() not in {seen["parent"] for seen in forked}  # the server's children
+    assert [seen["name"] for seen in forked] == ["titan-rank-0", "titan-rank-1"]  # for ps and pgrep
+    assert {seen["parent"] for seen in asked + fresh} == {os.getpid()}  # this process's own (spawn)

@@ -1,13 +1,16 @@
-"""Local processes through torch's elastic launcher (what torchrun uses), gloo on CPU."""
+"""Local processes through torch's elastic launcher (what torchrun uses), gloo on CPU: on a CPU
+forked from a server that imported them once (titan_exp.cluster.forkserver), on GPUs started fresh."""
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import uuid
 from typing import Optional
 
+from titan_exp.cluster import forkserver
 from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.config.cluster import rank_env, threads_per_rank
@@ -23,6 +26,8 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     nproc = job.world_size
+    gpu = torch.cuda.is_available()
+    forked = job.cluster.fork_ranks and not gpu and forkserver.ready()
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -32,12 +37,15 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
         rdzv_endpoint="localhost:0",  # a free port, chosen by the OS: runs never collide
         max_restarts=0,
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method="forkserver" if forked else "spawn",
     )
     try:
-        env = rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=torch.cuda.is_available())
+        env = rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=gpu)
         with scoped_env(**env, **checkout_path()):
-            elastic_launch(config, entrypoint=sys.executable)("-m", entry, str(run_dir.path))
+            if forked:
+                elastic_launch(config, entrypoint=forkserver.start_rank)(entry, str(run_dir.path), dict(os.environ))
+            else:
+                elastic_launch(config, entrypoint=sys.executable)("-m", entry, str(run_dir.path))
     except SignalException as exc:
         # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
         # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).

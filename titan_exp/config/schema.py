@@ -355,6 +355,9 @@ class ClusterConfig:
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
         "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
     )
+    fork_ranks: bool = doc(True, "local CPU ranks fork from a server that imported them once (titan_exp.cluster.forkserver: "
+                                 "a launch's ranks start at once, a sweep's later members import nothing); "
+                                 "false = each rank a fresh `python -m` process, as GPU ranks always are")
     elastic: bool = doc(False, "a run resumed on a world size its layout cannot use continues in the planner's "
                                "fastest layout for that world (same global batch), from its checkpoint")
     hardware: Optional[str] = doc(None, "a YAML file describing the GPUs the ranks run on (device: a spec name or its "

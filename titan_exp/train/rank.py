@@ -81,7 +81,7 @@ def run(job: JobConfig, run_dir: RunDir) -> dict:
     torch.use_deterministic_algorithms(job.training.deterministic)
     cache = use_compile_cache(job) if job.compile.enable else {}  # before anything compiles
     # Under SLURM: the run dir's snapshot, and the node this rank landed on.
-    logger.info("titan_exp from %s, on host %s", Path(__file__).parent, socket.gethostname())
+    logger.info("titan_exp from %s, on host %s (pid %d)", Path(__file__).parent, socket.gethostname(), os.getpid())
     faults.inject("init", 0)
     faults.inject("hang", 0)
     device = init_distributed(job.comm.init_timeout_seconds)

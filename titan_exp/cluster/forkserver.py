@@ -1,0 +1,93 @@
+"""Local CPU ranks forked from a server that imported them once.
+
+A rank started as `python -m titan_exp.train.rank RUN_DIR` spends about 5 s of a 2-core machine
+importing torch, DTensor, DCP and dynamo before it does anything, and a launch of N ranks pays that
+N times at once. Here the launcher's process starts Python's forkserver once, with the rank's
+modules imported (`ready`), and each launch's ranks fork from it in a fraction of a second: every
+launch after the first in one process (a Hydra sweep, autotune's trials, a test session) pays no
+import at all. A forked rank is then made what the fresh process would have been (`start_rank`):
+the launcher's environment at this launch, its share of threads and its malloc threshold (which a
+fresh process takes from the environment at start), and ENTRY run as `__main__`.
+
+What a fork cannot give: the variables torch, the OpenMP runtime and glibc's malloc read when they
+are imported or loaded (IMPORT_TIME) hold their values from the server's start. A launch where one
+of them has changed since starts fresh processes, as does a launch on GPUs (run_local): a server
+that never touches CUDA is safe to fork from, and that has not been checked on a GPU yet.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import runpy
+import signal
+import sys
+import traceback
+from typing import Optional
+
+from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
+
+logger = logging.getLogger(__name__)
+
+# Read when a library is imported or loaded: torch's logging, dynamo's and inductor's configuration,
+# the OpenMP and MKL runtimes, glibc's malloc. TORCHINDUCTOR_CACHE_DIR is read when compiling
+# (titan_exp's compile cache sets it in the rank: titan_exp.parallel.compile).
+IMPORT_TIME = ("TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "OMP_", "MKL_", "GOMP_", "MALLOC_")
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: what MALLOC_MMAP_THRESHOLD_ sets at a process's start
+PR_SET_NAME = 15  # prctl's: the process's name (comm)
+
+# The environment this module was imported in: in the launcher, its own; in a forked rank, the
+# server's at its start (start_rank tells the elastic agent's variables from it).
+IMPORTED_IN = dict(os.environ)
+_server_env: Optional[dict[str, str]] = None  # the launcher's when it started the server
+
+
+def read_on_import(env) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in READ_WHEN_USED}
+
+
+def ready() -> bool:
+    """Whether this launch's ranks can fork from the server: started at this process's first call
+    (outside any launch's environment), and used while no IMPORT_TIME variable has changed since."""
+    global _server_env
+    if _server_env is None:
+        _server_env = dict(os.environ)
+        multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, TRAIN])
+    now, then = read_on_import(os.environ), read_on_import(_server_env)
+    changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
+    if changed:
+        logger.info("ranks start as fresh processes: %s changed since their forkserver started", ", ".join(changed))
+        return False
+    with scoped_env(**checkout_path()):  # the launcher's titan_exp: Python 3.11's server ignores its sys.path
+        multiprocessing.forkserver.ensure_running()
+    return True
+
+
+def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
+    """A rank forked from the server, made what `python -m ENTRY PATH` starts: in `env` (the
+    launcher's at this launch) with the variables torch's elastic agent set for this rank, then
+    ENTRY run as `__main__`, ending with the exit code, traceback or signal a fresh process would."""
+    agent = {k: v for k, v in os.environ.items() if IMPORTED_IN.get(k) != v}
+    os.environ.clear()
+    os.environ.update({**env, **agent})
+    import torch
+
+    # Its name in ps -o comm, top and pgrep: its command line is the server's.
+    ctypes.CDLL(None).prctl(PR_SET_NAME, f"titan-rank-{os.environ['RANK']}".encode()[:15])
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if "MALLOC_MMAP_THRESHOLD_" in env:
+        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, int(env["MALLOC_MMAP_THRESHOLD_"]))
+    sys.argv = [entry, path]
+    sys.modules.pop(entry, None)  # ENTRY runs as __main__ alone, as in a fresh process (runpy warns otherwise)
+    try:
+        runpy.run_module(entry, run_name="__main__", alter_sys=True)
+    except KeyboardInterrupt:  # as the interpreter ends on one: killed by SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except Exception:  # noqa: BLE001 - as the interpreter ends on one: its traceback, exit code 1
+        traceback.print_exc()
+        sys.exit(1)
