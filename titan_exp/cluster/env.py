@@ -28,11 +28,12 @@ def scoped_env(**values: str) -> Iterator[None]:
 
 
 def checkout_path() -> dict[str, str]:
-    """PYTHONPATH for local ranks, which start as `python -m <entry>` and import titan_exp from
-    their own sys.path: run from a checkout (`python path/to/launch.py` from another directory,
-    with no titan_exp installed, or another one: an older wheel, an editable install of another
-    checkout), they would fail to import it or run other code than the launcher validated. The
-    checkout goes first; an installed titan_exp (no pyproject.toml beside the package) needs none."""
+    """PYTHONPATH for local ranks started as `python -m <entry>`, and for the forkserver the forked
+    ones come from (cluster/forkserver.py), which import titan_exp from their own sys.path: run
+    from a checkout (`python path/to/launch.py` from another directory, with no titan_exp installed,
+    or another one: an older wheel, an editable install of another checkout), they would fail to
+    import it or run other code than the launcher validated. The checkout goes first; an installed
+    titan_exp (no pyproject.toml beside the package) needs none."""
     root = Path(__file__).resolve().parents[2]
     if not (root / "pyproject.toml").is_file():
         return {}
