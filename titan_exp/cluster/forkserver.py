@@ -25,6 +25,7 @@ import os
 import runpy
 import signal
 import sys
+import time
 import traceback
 from typing import Optional
 
@@ -39,25 +40,27 @@ IMPORT_TIME = ("TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "OMP_", "
 READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: what MALLOC_MMAP_THRESHOLD_ sets at a process's start
 PR_SET_NAME = 15  # prctl's: the process's name (comm)
+PEER_FIRST_S = 1.0  # a raising rank's wait before it exits (start_rank): 10 of the agent's 0.1 s polls
 
 # The environment this module was imported in: in the launcher, its own; in a forked rank, the
 # server's at its start (start_rank tells the elastic agent's variables from it).
 IMPORTED_IN = dict(os.environ)
-_server_env: Optional[dict[str, str]] = None  # the launcher's when it started the server
+_server_started_with: Optional[dict[str, str]] = None  # the launcher's read_on_import() when it started the server
 
 
 def read_on_import(env) -> dict[str, str]:
+    """The variables of `env` that a library reads on import or load (IMPORT_TIME)."""
     return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME) and k not in READ_WHEN_USED}
 
 
 def ready() -> bool:
     """Whether this launch's ranks can fork from the server: started at this process's first call
     (outside any launch's environment), and used while no IMPORT_TIME variable has changed since."""
-    global _server_env
-    if _server_env is None:
-        _server_env = dict(os.environ)
+    global _server_started_with
+    if _server_started_with is None:
+        _server_started_with = read_on_import(os.environ)
         multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, TRAIN])
-    now, then = read_on_import(os.environ), read_on_import(_server_env)
+    now, then = read_on_import(os.environ), _server_started_with
     changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
     if changed:
         logger.info("ranks start as fresh processes: %s changed since their forkserver started", ", ".join(changed))
@@ -76,11 +79,11 @@ def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
     os.environ.update({**env, **agent})
     import torch
 
-    # Its name in ps -o comm, top and pgrep: its command line is the server's.
-    ctypes.CDLL(None).prctl(PR_SET_NAME, f"titan-rank-{os.environ['RANK']}".encode()[:15])
+    libc = ctypes.CDLL(None)
+    libc.prctl(PR_SET_NAME, f"titan-rank-{os.environ['RANK']}".encode()[:15])  # for ps, top, pgrep: its command line is the server's
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     if "MALLOC_MMAP_THRESHOLD_" in env:
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, int(env["MALLOC_MMAP_THRESHOLD_"]))
+        libc.mallopt(M_MMAP_THRESHOLD, int(env["MALLOC_MMAP_THRESHOLD_"]))
     sys.argv = [entry, path]
     sys.modules.pop(entry, None)  # ENTRY runs as __main__ alone, as in a fresh process (runpy warns otherwise)
     try:
@@ -90,4 +93,7 @@ def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
         os.kill(os.getpid(), signal.SIGINT)
     except Exception:  # noqa: BLE001 - as the interpreter ends on one: its traceback, exit code 1
         traceback.print_exc()
+        # torch's agent reports only the first process of a function entry point to fail: a rank
+        # that raised because a peer died (a reset connection) waits, so that the peer is the one.
+        time.sleep(PEER_FIRST_S)
         sys.exit(1)
