@@ -80,9 +80,11 @@ TORCHTITAN_LLAMA = Elementwise(eager_bytes=(2 * 36 + 2 * 6 + 4, 20, 10), compile
 #   dropouts, two adds); compiled, each norm fused with the add before it, 8 kernels;
 #   the loss: flash-attn's fused cross-entropy (modeling_mpt.py's default loss_fn
 #   'fused_crossentropy'), reading the bf16 logits forward, reading and writing them backward: 6
-#   bytes per logit.
+#   bytes per logit;
+#   its FP8 rows' casts are Transformer Engine's (Composer's amp_fp8 runs te.Linear), not
+#   torchao's eager ones (perf.float8_casts.CASTS).
 MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 * 6, 0, 4 * 3 / 2), eager_ops=17,
-                  compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6)
+                  compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6, float8_casts="transformer_engine")
 
 
 def elementwise(row) -> Elementwise:

@@ -10,6 +10,7 @@ import math
 import pytest
 
 from titan_exp.config import compose_job
+from titan_exp.perf import float8_casts as f8c
 from titan_exp.perf import gpu
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, MachineProfile
@@ -200,6 +201,78 @@ def test_float8_recipes_pay_for_their_casts_and_their_gemms():
     assert tensorwise < rowwise < high_gw < bf16
     notes = gpu.block_times(llama8b("precision=float8"), 1, gpu.spec_kernels(SPECS["a100"])).notes
     assert notes == ["this GPU has no FP8 tensor cores: float8 at bfloat16"]
+
+
+@pytest.mark.parametrize("recipe", sorted(f8c.EAGER_CAST_KERNELS))
+def test_eager_float8_casts_are_what_torchaos_linear_runs(recipe):
+    """[torchao-eager] counted on torchao's own Float8Linear, forward and backward on CPU: every
+    op on plain tensors but views, by the bytes it reads and writes. Each cast of a bf16 tensor is
+    EAGER_CAST_KERNELS[recipe] kernels and EAGER_CAST_BYTES an element of it; the forward casts the
+    input and the weight; the backward the output gradient twice and the weight and the input
+    again (rowwise_with_gw_hp: the gradient once and the weight), as _cast_bytes prices them. The
+    matmuls (through torchao's tensor subclass, or plain in bf16) are GEMMs, not counted here."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    rows, k, n = 256, 512, 1024
+    linear = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(torch.bfloat16)
+    convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))
+    x = torch.randn(rows, k, dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(rows, n, dtype=torch.bfloat16)
+    kernels, moved = [0], [0]
+
+    def physical(t):
+        return math.prod(d for d, st in zip(t.shape, t.stride()) if st) * t.element_size()
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+            outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+            if any(type(t) is not torch.Tensor for t in ins + outs):  # torchao's subclass: its matmul, its views
+                return out
+            if outs and {o.untyped_storage().data_ptr() for o in outs} <= {a.untyped_storage().data_ptr() for a in ins}:
+                return out  # a view
+            if func.__name__.split(".")[0] in ("mm", "_scaled_mm"):  # a GEMM (gw_hp's weight gradient in bf16)
+                return out
+            kernels[0] += 1
+            if max(t.numel() for t in ins + outs) >= rows * k:  # a tensor's cast, not its scale's arithmetic
+                moved[0] += sum(physical(t) for t in ins + outs)
+            return out
+
+    def count(fn):
+        kernels[0] = moved[0] = 0
+        with Count():
+            fn()
+        return kernels[0], moved[0]
+
+    linear(x).backward(grad)  # once outside, so no first-call work is counted
+    out = []
+    fwd_kernels, fwd_bytes = count(lambda: out.append(linear(x)))
+    bwd_kernels, bwd_bytes = count(lambda: out[0].backward(grad))
+    per_cast, casts_back = f8c.EAGER_CAST_KERNELS[recipe], 2 if recipe == "rowwise_with_gw_hp" else 4
+    assert (fwd_kernels, bwd_kernels) == (2 * per_cast, casts_back * per_cast)
+    # within 1 %: the casts' reads of their scales (a scalar, or a row's or column's) are not priced
+    assert fwd_bytes == pytest.approx(f8c.EAGER_CAST_BYTES * (rows * k + k * n), rel=1e-2)
+    assert fwd_bytes + bwd_bytes == pytest.approx(f8c.cast_bytes(rows * k, k * n, rows * n, recipe, "torchao"), rel=1e-2)
+
+
+def test_an_eager_float8_block_pays_for_torchaos_casts_and_python_on_the_host():
+    """Without compile, each of a block's seven float8 linears adds its casts' kernels and
+    torchao's Python (HOST_FLOAT8_S, or what calibrate measured) to the block's host time; its
+    casts move EAGER_CAST_BYTES an element. So on a small model a float8 block is slower than a
+    bf16 one, where compiled it is faster [torchao-eager]."""
+    small = ("model=llama3_1b", "training.local_batch_size=1")
+    eager8, eager16 = (gpu.block_times(llama8b(*small, *o), 1, K100) for o in (["precision=float8"], []))
+    host = gpu.LLAMA.eager_ops * K100.host_eager_s + 7 * (2 * 11 * K100.host_eager_s + f8c.HOST_FLOAT8_S)
+    assert eager8.fwd == pytest.approx(host) and eager8.bwd == pytest.approx(2 * host)  # host-bound
+    assert eager8.fwd + eager8.bwd > 2 * (eager16.fwd + eager16.bwd)
+    measured = dataclasses.replace(K100, host_float8_s=0.0)
+    assert gpu.block_times(llama8b(*small, "precision=float8"), 1, measured).fwd < eager8.fwd
+    compiled8, compiled16 = (gpu.block_times(llama8b(*small, "compile.enable=true", *o), 1, K100)
+                             for o in (["precision=float8"], []))
+    assert compiled8.fwd + compiled8.bwd < compiled16.fwd + compiled16.bwd
 
 
 def test_float8_all_gather_sends_a_byte_a_weight_casts_the_shard_and_holds_less():
@@ -439,6 +512,6 @@ def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
     ep8, rows, toks = olmoe_job(8), 8192, 1024
     dispatch = 2048 * (rows * per_row + toks * per_token) / gpu.hbm(K100)
     assert gpu.block_times(ep8, 1, K100).fwd - gpu.block_times(ep8, 1, K100, plain).fwd == pytest.approx(dispatch)
-    with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, False, gpu.LLAMA)
+    with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, "torchao", gpu.LLAMA)
                         for job in (ep8, olmoe_job(1)))
     assert with_ep.dispatch_bytes - without.dispatch_bytes == 2048 * rows * gpu.EP_SORT_BYTES  # sorted and back

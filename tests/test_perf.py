@@ -324,6 +324,9 @@ def test_calibration_profile_file(tmp_path):
     assert kernels.attention_kernel in ("flash", "math") and f"attention ({kernels.attention_kernel})" in first.stdout
     assert "kernels: matmul TFLOP/s" in first.stdout and "compiled kernel not measured" in first.stdout
     assert "of the dense rate" in first.stdout
+    # torchao's Python around an eager float8 linear ([torchao-eager]): its float8 matmul runs on CPU
+    assert "host_float8_s" in kernels.measured and kernels.host_float8_s > 0
+    assert "ms/eager float8 linear" in first.stdout
     again = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and "reusing" in again.stdout and json.loads(path.read_text()) == data
     refreshed = subprocess.run([*args, "--refresh"], cwd=REPO, capture_output=True, text=True, timeout=300)

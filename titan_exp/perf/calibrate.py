@@ -119,12 +119,14 @@ def kernels_line(k: Kernels) -> str:
     compiled = (f", {k.host_compiled_s * 1e6:.1f} us/compiled kernel" if "host_compiled_s" in k.measured
                 else " (compiled kernel not measured: calibrate --compile)")
     grouped = f"{k.grouped_gemm_share:.2f} of the dense rate" if "grouped_gemm_share" in k.measured else "not measured"
+    float8 = (f", torchao's Python {k.host_float8_s * 1e3:.2f} ms/eager float8 linear" if "host_float8_s" in k.measured
+              else " (eager float8 linear not measured)")
     return ("kernels: matmul TFLOP/s (best shape, full waves) "
             + ", ".join(f"{d} {r:.3g}" for d, r in k.matmul_tflops.items())
             + f"; attention ({k.attention_kernel}) TFLOP/s by sequence (head dim {k.head_dim}) "
             f"forward {curve(k.attention_fwd)}, "
             f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s; "
-            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}; grouped GEMM {grouped}")
+            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}")
 
 
 def print_table(profile: MachineProfile, shape: str) -> None:

@@ -25,12 +25,14 @@ degree tp, forward and backward:
             twice the forward's bytes. What a model's kernels move is an Elementwise: LLAMA, this
             toolkit's, unless another model's is given (a published run of MPT, say).
   float8    torchao's casts: each linear's input, weight and output gradient scaled (an amax
-            pass and a cast) and cast again transposed for the backward GEMMs (tensorwise: from
-            the float8 copy; rowwise and MXFP8: from bf16 along the other axis); the GEMMs at the
-            FP8 peak (rowwise_with_gw_hp: the weight gradient's at bf16).
+            pass and a cast) and cast again transposed for the backward GEMMs (compiled,
+            tensorwise: from the float8 copy; rowwise and MXFP8: from bf16 along the other axis;
+            eager, every recipe: from bf16, as separate kernels [torchao-eager]); the GEMMs at the
+            FP8 peak (rowwise_with_gw_hp: the weight gradient's at bf16, its operands not cast).
   host      each op's Python and dispatch time (eager) or each compiled kernel's launch: a block
             takes the longer of its GPU time and its host time, so a small model is not
-            predicted at peak.
+            predicted at peak. An eager float8 linear adds its cast kernels and torchao's Python
+            around them (its tensor subclass and autograd functions) [torchao-eager].
   head      the output projection's three GEMMs and the cross-entropy's bytes per logit (fp32
             upcast, log-softmax and its gradient; fused when compiled).
   MoE       an MoE layer's router (an fp32 GEMM), its routed experts as one grouped GEMM over the
@@ -88,6 +90,7 @@ Sources (checked 2026-11):
   [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
          per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
          what `python -m titan_exp.perf.calibrate` measures on the GPU.
+  [torchao-eager] torchao's float8 casts without compile: perf.float8_casts.
   [grouped] A grouped GEMM (torch._grouped_mm; Transformer Engine's grouped linears) is taken to
          run its tiles at the dense GEMM's rate (an assumption: no microbenchmark of these kernels
          is read here); calibrate measures the share on the GPU (Kernels.grouped_gemm_share).
@@ -102,6 +105,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
+from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import float8_gathered
 
@@ -160,6 +164,9 @@ class Elementwise:
     # token), eager and compiled; this toolkit's MoE unless said (below LLAMA).
     dispatch_eager: tuple[float, float] = (26, 12)
     dispatch_compiled: tuple[float, float] = (6, 12)
+    # Whose float8 casts run without compile (float8_casts.CASTS): torchao's, as this toolkit's (separate
+    # kernels and Python, [torchao-eager]); or Transformer Engine's.
+    float8_casts: str = "torchao"
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -308,6 +315,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     low = "float8" if pr.converter != "none" and "float8" in kern.matmul_tflops else high
     notes = [f"this GPU has no FP8 tensor cores: float8 at {high}"] if pr.converter != "none" and low != "float8" else []
     compiled = job.compile.enable
+    cast_mode = "compiled" if compiled else elementwise.float8_casts
     act = 2 if high == "bfloat16" else 4
 
     # Linear layers (in, out) on one TP rank: the SwiGLU's width averaged over the blocks (dense
@@ -317,19 +325,19 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
     groups = [[(m.dim, heads * hd), (m.dim, kv * hd), (m.dim, kv * hd)], [(heads * hd, m.dim)],
               [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
-    recipe = pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
+    recipe = recipe_of(job)
     fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
     gathered8 = float8_gathered(job)[0] > 0  # FSDP gathers these weights cast already (priced with the gather)
     for group in groups:
         fwd_s = 0.0
         for k, n in group:
-            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, compiled, weight_cast=not gathered8)
+            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, cast_mode, weight_cast=not gathered8)
             fwd_gemms.append(fwd)
             fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
     routed = RoutedTimes()
     if moe:
-        routed = routed_experts(job, tokens, kern, low if float8_experts else high, high, recipe, compiled, elementwise)
+        routed = routed_experts(job, tokens, kern, low if float8_experts else high, high, recipe, cast_mode, elementwise)
         fwd_groups[2] += moe * routed.up
         fwd_groups[3] += moe * routed.down
         bwd_gemm += moe * routed.bwd
@@ -352,9 +360,8 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + mem_fwd + cast_s / 3
     bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
-    if low == "float8" and not compiled:
-        # amax and cast ops of each linear's three tensors (two, where FSDP gathered the weight cast)
-        host += len(fwd_gemms) * (4 if gathered8 else 6) * kern.host_eager_s
+    if low == "float8":
+        host += len(fwd_gemms) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
@@ -369,18 +376,18 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
 
 def linear_s(kern: Kernels, rows: float, k: float, n: float, dtype: str, high: str, recipe: str | None,
-             compiled: bool, groups: float | None = None, weight_cast: bool = True) -> tuple[float, float, float]:
+             casts: str, groups: float | None = None, weight_cast: bool = True) -> tuple[float, float, float]:
     """A linear layer (in k, out n) on `rows` rows, or `groups` of them in one grouped kernel,
     `rows` each: forward seconds, backward seconds (input gradient, and weight gradient: in `high`
-    under rowwise_with_gw_hp) and, in float8, its casts' bytes (the weight's forward cast not
-    among them where FSDP gathers it in float8: `weight_cast`)."""
+    under rowwise_with_gw_hp) and, in float8, its casts' bytes as `casts` runs them (float8_casts; the
+    weight's forward cast not among them where FSDP gathers it in float8: `weight_cast`)."""
     g = groups or 1
     fwd = gemm_s(kern, rows, n, k, dtype, groups)
     bwd = gemm_s(kern, rows, k, n, dtype, groups) + gemm_s(
         kern, k, n, rows, high if recipe == "rowwise_with_gw_hp" else dtype, groups)
-    casts = (_cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, compiled, weight_cast)
+    moved = (cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, casts, weight_cast)
              if dtype == "float8" else 0.0)
-    return fwd, bwd, casts
+    return fwd, bwd, moved
 
 
 @dataclass
@@ -398,7 +405,7 @@ class RoutedTimes:
 
 
 def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, high: str, recipe: str | None,
-                   compiled: bool, elementwise: Elementwise) -> RoutedTimes:
+                   casts: str, elementwise: Elementwise) -> RoutedTimes:
     """An MoE layer's router and routed experts on one rank, for a microbatch of `tokens` tokens
     (all of them on every TP rank: the experts run whole). Its tokens x top_k routed rows reach
     its n_experts / ep local experts, as many as it sends (balanced routing; an assumption), so
@@ -409,25 +416,13 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     m, ep = job.model, job.parallelism.expert_parallel_degree
     rows, local = tokens * m.top_k, m.n_experts / ep
     d, h = m.dim, m.expert_hidden_dim
-    up = linear_s(kern, rows / local, d, h, dtype, high, recipe, compiled, local)  # w1, and w3 alike
-    down = linear_s(kern, rows / local, h, d, dtype, high, recipe, compiled, local)
+    up = linear_s(kern, rows / local, d, h, dtype, high, recipe, casts, local)  # w1, and w3 alike
+    down = linear_s(kern, rows / local, h, d, dtype, high, recipe, casts, local)
     f32 = "float32" if "float32" in kern.matmul_tflops else high
     router = gemm_s(kern, tokens, m.n_experts, d, f32)
-    per_row, per_token = elementwise.dispatch_compiled if compiled else elementwise.dispatch_eager
+    per_row, per_token = elementwise.dispatch_compiled if casts == "compiled" else elementwise.dispatch_eager
     dispatch = d * (rows * (per_row + (EP_SORT_BYTES if ep > 1 else 0)) + tokens * per_token)
     return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
-
-
-def _cast_bytes(x: float, w: float, grad: float, recipe: str | None, compiled: bool,
-                weight_cast: bool = True) -> float:
-    """HBM bytes of torchao's casts for one linear of x input, w weight and grad output-gradient
-    elements: scaling (an amax read, folded into the producing kernel when compiled) and casting
-    (read bf16, write a byte) each tensor, the weight only if `weight_cast` (else FSDP gathered it
-    in float8); for the backward, each again transposed: from the float8 copy (tensorwise: read and
-    write a byte) or from bf16 along the other axis."""
-    scale_and_cast = 3 if compiled else 5
-    transposed = 2 if recipe == "tensorwise" else scale_and_cast
-    return (x + (w if weight_cast else 0.0) + grad) * scale_and_cast + (x + w + grad) * transposed
 
 
 def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, bwd_s: float, blocks: int,

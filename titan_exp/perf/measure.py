@@ -52,7 +52,7 @@ from titan_exp.perf.measure_comm import measure_collectives, measure_overlap
 from titan_exp.perf.measure_compute import (concurrency, measure_compile, measure_compute, measure_cp_blocks,
                                             measure_fresh_memory, measure_fsdp_blocks, measure_gemms,
                                             measure_optimizer)
-from titan_exp.perf.measure_kernels import host_compiled_s, measure_kernels
+from titan_exp.perf.measure_kernels import host_compiled_s, host_float8_s, measure_kernels
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, find, machine_key, model_shape, rank_key
 from titan_exp.perf.timing import Options
 from titan_exp.record import RunDir, RunSummary, Status
@@ -149,6 +149,12 @@ def calibrate(job: JobConfig, opts: Options, device: torch.device, folder: Path 
             host_s = _timed("compiled host cost", host_compiled_s, opts, device)
             profile.kernels = dataclasses.replace(k, host_compiled_s=host_s,
                                                   measured=(*k.measured, "host_compiled_s"))
+    if profile.kernels and "host_float8_s" not in profile.kernels.measured and \
+            job.precision.converter == "float8" and not opts.compile:
+        k = profile.kernels
+        python_s = _timed("eager float8 host cost", host_float8_s, k.host_eager_s, opts, device)
+        if python_s is not None:
+            profile.kernels = dataclasses.replace(k, host_float8_s=python_s, measured=(*k.measured, "host_float8_s"))
     profile.created = time.strftime("%Y-%m-%dT%H:%M:%S")
     profile.calibration_s += time.perf_counter() - start
     return profile, True

@@ -15,7 +15,10 @@ at once, as it would compute in a step; each rate is the slowest rank's.
   against a dense GEMM of the same rows and tiles: its share of the dense rate, [grouped];
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
-  `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host].
+  `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host]; and where
+  torchao's float8 runs on the device, a tiny eager float8 linear's forward (tensorwise) against a
+  tiny bf16 one's, less its casts' kernels at the op's host time: torchao's Python around it
+  (perf.float8_casts' [torchao-eager]).
 
 On a CPU these are measured too and kept in the profile, but a CPU's plan reads its measured
 blocks instead (perf.step).
@@ -23,6 +26,7 @@ blocks instead (perf.step).
 
 from __future__ import annotations
 
+import copy
 from typing import Callable
 
 import torch
@@ -30,6 +34,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
+from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
 from titan_exp.perf.gpu import HOST_COMPILED_S, wave_utilization
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, together
@@ -37,6 +42,7 @@ from titan_exp.perf.timing import Options, together
 HOST_OPS = 200  # tiny ops per timed chain
 COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
 GROUPS = 8  # experts of the timed grouped GEMM
+FLOAT8_LINEARS = 20  # tiny float8 linears' forwards per timed chain
 
 
 def sizes(opts: Options, device: torch.device) -> tuple[list[int], list[int], int, int]:
@@ -154,6 +160,30 @@ def host_op_s(opts: Options, device: torch.device) -> float:
     return together(chain, opts.reps, device) / HOST_OPS
 
 
+def host_float8_s(host_op: float, opts: Options, device: torch.device) -> float | None:
+    """Host seconds of torchao's Python around an eager float8 linear's forward, beyond its
+    kernels: a tiny Float8Linear's forward (tensorwise) less a tiny bf16 linear's and less its two
+    casts' kernels at `host_op` each (perf.float8_casts' [torchao-eager]). None where torchao's float8 does not run."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    side = 32  # float8 matmuls take multiples of 16
+    plain = torch.nn.Sequential(torch.nn.Linear(side, side, bias=False)).to(device, torch.bfloat16)
+    float8 = convert_to_float8_training(copy.deepcopy(plain), config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    x = torch.randn(side, side, device=device, dtype=torch.bfloat16, requires_grad=True)
+    try:
+        float8(x)
+    except (RuntimeError, NotImplementedError, AssertionError):
+        return None
+
+    def chain(linear):
+        return lambda: [linear(x) for _ in range(FLOAT8_LINEARS)]
+
+    extra = (together(chain(float8), opts.reps, device) - together(chain(plain), opts.reps, device)) / FLOAT8_LINEARS
+    return max(0.0, extra - 2 * EAGER_CAST_KERNELS["tensorwise"] * host_op)
+
+
 def host_compiled_s(opts: Options, device: torch.device) -> float:
     w, x = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
 
@@ -179,8 +209,12 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     grouped = grouped_gemm_share(sides[0], GROUPS, dtype, opts, device)
     if grouped is not None:
         measured.append("grouped_gemm_share")
+    host_op = host_op_s(opts, device)
+    float8 = host_float8_s(host_op, opts, device)
+    if float8 is not None:
+        measured.append("host_float8_s")
     return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
-                   memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op_s(opts, device),
+                   memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op, host_float8_s=float8,
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_size,
                    attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
                    measured=tuple(measured), grouped_gemm_share=grouped or 1.0)

@@ -171,6 +171,9 @@ class Kernels:
     # A grouped GEMM's rate (an MoE's routed experts: torch._grouped_mm) over a dense GEMM's of the
     # same rows and tiles; 1.0 unless measured (perf.gpu's [grouped]).
     grouped_gemm_share: float = 1.0
+    # Host seconds of torchao's Python around an eager float8 linear's forward (its tensor
+    # subclass and autograd functions), beyond its kernels; None: perf.float8_casts.HOST_FLOAT8_S.
+    host_float8_s: Optional[float] = None
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -305,7 +308,8 @@ class MachineProfile:
         """What the performance model would estimate from FLOPs rather than read here, for `job`'s
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
         of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
-        host cost, when `compile`: its blocks are priced from their parts (perf.gpu). A spec
+        host cost, when `compile`, and torchao's eager float8 host cost, for an eager float8 job:
+        its blocks are priced from their parts (perf.gpu). A spec
         sheet's profile lacks nothing one could measure here."""
         if self.source == "spec":
             return []
@@ -317,6 +321,9 @@ class MachineProfile:
             # A GPU's block is priced from its parts at these kernels' rates, whatever the model.
             if compile and "host_compiled_s" not in self.kernels.measured:
                 out.append("the host's cost of a compiled kernel")
+            if (job.precision.converter == "float8" and not compile and "float8" in self.kernels.matmul_tflops
+                    and "host_float8_s" not in self.kernels.measured):  # a GPU with FP8 tensor cores
+                out.append("the host's cost of an eager float8 linear")
         else:
             absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
             if absent:

@@ -1,0 +1,77 @@
+"""A float8 linear's casts on a GPU (issue 36): the HBM bytes and host time of scaling and casting
+its tensors to float8, as they run (CASTS): fused by torch.compile, torchao's eager kernels, or
+Transformer Engine's. perf.gpu prices each float8 linear of a block with them.
+
+Compiled (torchao under Inductor): each tensor's amax read folded into the kernel that produces
+it, and one cast reading bf16 and writing a byte; for the backward GEMMs each again transposed,
+from the float8 copy (tensorwise: read and write a byte) or from bf16 along the other axis
+(rowwise, MXFP8). Its kernels' launches are the compiled block's (perf.gpu's host).
+
+Transformer Engine's (another engine's rows, say LLM Foundry's FP8): an amax read and a cast, 5
+bytes an element, transposed as compiled, 6 host ops a linear's forward (an assumption: its
+kernels are not counted here).
+
+Sources (checked 2026-11):
+  [torchao-eager] torchao's float8 training (Float8Linear, torchao 0.17-0.18) without compile, its
+         ops counted on CPU (tests/test_gpu_model.py runs its cast code): each cast of a bf16 tensor
+         is 11 kernels under tensorwise scaling (abs, max, five on the scalar scale, the fp32
+         upcast, the multiply, the clamp, the float8 cast) and 14 under rowwise (its power-of-two
+         scales: log2, floor, exp2), moving 33 bytes an element (abs 4, max 2, upcast 6, multiply
+         8, clamp 8, cast 5). The forward casts the input and the weight; the backward the output
+         gradient twice, the weight and the input again (rowwise_with_gw_hp: the output gradient
+         and the weight). The Python around them, HOST_FLOAT8_S a linear's forward (twice that
+         backward), 0.69 ms, was fitted on this project's H200 (gpu_h200_suite.json, 2026-11-25):
+         the 1B's two eager float8 steps (tensorwise, rowwise; fused AdamW), 2.0-2.1x its bf16
+         eager step. Those steps are host-bound: the 3B's (foreach AdamW) took 27-28 ms a block
+         against the 1B's 22-23, its bf16 eager blocks 13 against 9. calibrate measures this
+         Python on the GPU's host (measure_kernels.host_float8_s); on this project's 2-core CPU it
+         measured 0.35-0.47 ms (2026-11-27, torchao 0.18, its float8 matmul emulated there).
+"""
+
+from __future__ import annotations
+
+from titan_exp.config import JobConfig
+from titan_exp.perf.profile import Kernels
+
+CASTS = ("compiled", "torchao", "transformer_engine")
+EAGER_CAST_KERNELS = {"tensorwise": 11, "rowwise": 14, "rowwise_with_gw_hp": 14}  # [torchao-eager]
+EAGER_CAST_BYTES = 33  # [torchao-eager]
+HOST_FLOAT8_S = 0.69e-3  # [torchao-eager], fitted
+ENGINE_CAST_OPS = 6  # Transformer Engine's host ops a linear's forward: an assumption
+
+
+def recipe_of(job: JobConfig) -> str | None:
+    """The float8 recipe a job's linears run (torchao's name; "mxfp8"), or None."""
+    pr = job.precision
+    return pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
+
+
+def _torchao_eager(recipe: str | None, casts: str) -> bool:
+    if casts not in CASTS:
+        raise ValueError(f"casts {casts!r}: choose from {', '.join(CASTS)}")
+    return casts == "torchao" and recipe in EAGER_CAST_KERNELS
+
+
+def cast_bytes(x: float, w: float, grad: float, recipe: str | None, casts: str, weight_cast: bool = True) -> float:
+    """HBM bytes of one linear's casts, of x input, w weight and grad output-gradient elements, as
+    `casts` runs them: each tensor scaled and cast, the weight only if `weight_cast` (else FSDP
+    gathered it in float8); for the backward each again, transposed (rowwise_with_gw_hp: the
+    weight alone, its weight gradient in bf16)."""
+    eager = _torchao_eager(recipe, casts)
+    scale_and_cast = EAGER_CAST_BYTES if eager else 3 if casts == "compiled" else 5
+    transposed = 2 if recipe == "tensorwise" and not eager else scale_and_cast
+    again = w if recipe == "rowwise_with_gw_hp" else x + w + grad
+    return (x + (w if weight_cast else 0.0) + grad) * scale_and_cast + again * transposed
+
+
+def cast_host_s(kern: Kernels, recipe: str | None, casts: str, weight_gathered: bool = False) -> float:
+    """Host seconds of one linear's casts in a block's forward (its backward: twice, as the
+    block's): none compiled (the compiled block's kernels); torchao's eager casts of its input and
+    weight (the input's alone where FSDP gathered the weight in float8) and its Python
+    [torchao-eager]; Transformer Engine's ops (and MXFP8's, whose eager casts are not counted)."""
+    if casts == "compiled":
+        return 0.0
+    if not _torchao_eager(recipe, casts):
+        return (ENGINE_CAST_OPS - (2 if weight_gathered else 0)) * kern.host_eager_s
+    python_s = HOST_FLOAT8_S if kern.host_float8_s is None else kern.host_float8_s
+    return (1 if weight_gathered else 2) * EAGER_CAST_KERNELS[recipe] * kern.host_eager_s + python_s
