@@ -255,7 +255,34 @@ def test_eager_float8_casts_are_what_torchaos_linear_runs(recipe):
     assert (fwd_kernels, bwd_kernels) == (2 * per_cast, casts_back * per_cast)
     # within 1 %: the casts' reads of their scales (a scalar, or a row's or column's) are not priced
     assert fwd_bytes == pytest.approx(f8c.EAGER_CAST_BYTES * (rows * k + k * n), rel=1e-2)
-    assert fwd_bytes + bwd_bytes == pytest.approx(f8c.cast_bytes(rows * k, k * n, rows * n, recipe, "torchao"), rel=1e-2)
+    rescaled = {"rowwise": rows * k + k * n, "rowwise_with_gw_hp": rows * k}.get(recipe, 0)
+    assert fwd_bytes + bwd_bytes + rescaled * f8c.RESCALE_BYTES["torchao"] == pytest.approx(
+        f8c.cast_bytes(rows * k, k * n, rows * n, recipe, "torchao"), rel=1e-2)
+
+
+def test_a_rowwise_backward_gemm_rescales_its_output_after_tensorwise_cublas():
+    """Without fast accumulation (torchao's rowwise backward GEMMs), addmm_float8_unwrapped runs
+    the tensorwise GEMM and multiplies its bf16 output by the outer product of the row and column
+    scales: counted on CPU, RESCALE_BYTES["torchao"] an output element, beside the GEMM."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchao.float8.float8_ops import addmm_float8_unwrapped
+
+    m, k, n = 512, 128, 2048
+    a, b = torch.randn(m, k).to(torch.float8_e4m3fn), torch.randn(n, k).to(torch.float8_e4m3fn).t()
+    moved = [0]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.__name__.split(".")[0] != "_scaled_mm":  # the GEMM itself is priced as one
+                tensors = torch.utils._pytree.tree_leaves((args, kwargs, out))
+                moved[0] += sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
+            return out
+
+    with Count():
+        addmm_float8_unwrapped(a, torch.rand(m, 1) + 1, b, torch.rand(1, n) + 1, torch.bfloat16, use_fast_accum=False)
+    assert moved[0] == pytest.approx(f8c.RESCALE_BYTES["torchao"] * m * n, rel=1e-2)  # the scales' own bytes aside
 
 
 def test_an_eager_float8_block_pays_for_torchaos_casts_and_python_on_the_host():
@@ -273,6 +300,7 @@ def test_an_eager_float8_block_pays_for_torchaos_casts_and_python_on_the_host():
     compiled8, compiled16 = (gpu.block_times(llama8b(*small, "compile.enable=true", *o), 1, K100)
                              for o in (["precision=float8"], []))
     assert compiled8.fwd + compiled8.bwd < compiled16.fwd + compiled16.bwd
+    assert [n for n in eager8.notes if "compile.enable=true fuses the casts" in n] and not compiled8.notes
 
 
 def test_float8_all_gather_sends_a_byte_a_weight_casts_the_shard_and_holds_less():

@@ -7,6 +7,13 @@ it, and one cast reading bf16 and writing a byte; for the backward GEMMs each ag
 from the float8 copy (tensorwise: read and write a byte) or from bf16 along the other axis
 (rowwise, MXFP8). Its kernels' launches are the compiled block's (perf.gpu's host).
 
+Rowwise scaling also rescales its backward GEMMs' outputs (the input's and the weight's gradients;
+rowwise_with_gw_hp: the input's): torchao runs those GEMMs with tensorwise cuBLAS and multiplies
+their output by the outer product of the two scales after (torchao.float8.float8_ops.
+addmm_float8_unwrapped, without fast accumulation): eager, the fp32 product written, then read
+with the bf16 output and the output written, 12 bytes an output element (counted, [torchao-eager]);
+compiled, one fused pass reading and writing the output, 4 (an assumption: Inductor's fusion).
+
 Transformer Engine's (another engine's rows, say LLM Foundry's FP8): an amax read and a cast, 5
 bytes an element, transposed as compiled, 6 host ops a linear's forward (an assumption: its
 kernels are not counted here).
@@ -38,6 +45,7 @@ EAGER_CAST_KERNELS = {"tensorwise": 11, "rowwise": 14, "rowwise_with_gw_hp": 14}
 EAGER_CAST_BYTES = 33  # [torchao-eager]
 HOST_FLOAT8_S = 0.69e-3  # [torchao-eager], fitted
 ENGINE_CAST_OPS = 6  # Transformer Engine's host ops a linear's forward: an assumption
+RESCALE_BYTES = {"torchao": 12, "compiled": 4}  # a rowwise backward GEMM's output element (above)
 
 
 def recipe_of(job: JobConfig) -> str | None:
@@ -56,12 +64,15 @@ def cast_bytes(x: float, w: float, grad: float, recipe: str | None, casts: str, 
     """HBM bytes of one linear's casts, of x input, w weight and grad output-gradient elements, as
     `casts` runs them: each tensor scaled and cast, the weight only if `weight_cast` (else FSDP
     gathered it in float8); for the backward each again, transposed (rowwise_with_gw_hp: the
-    weight alone, its weight gradient in bf16)."""
+    weight alone, its weight gradient in bf16); under rowwise scaling, the backward GEMMs'
+    outputs rescaled (of x and w elements; rowwise_with_gw_hp: x)."""
     eager = _torchao_eager(recipe, casts)
     scale_and_cast = EAGER_CAST_BYTES if eager else 3 if casts == "compiled" else 5
     transposed = 2 if recipe == "tensorwise" and not eager else scale_and_cast
     again = w if recipe == "rowwise_with_gw_hp" else x + w + grad
-    return (x + (w if weight_cast else 0.0) + grad) * scale_and_cast + again * transposed
+    rescaled = {"rowwise": x + w, "rowwise_with_gw_hp": x}.get(recipe or "", 0.0)
+    return ((x + (w if weight_cast else 0.0) + grad) * scale_and_cast + again * transposed
+            + rescaled * RESCALE_BYTES.get(casts, 0))
 
 
 def cast_host_s(kern: Kernels, recipe: str | None, casts: str, weight_gathered: bool = False) -> float:

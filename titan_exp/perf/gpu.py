@@ -105,7 +105,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
-from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of
+from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS, cast_bytes, cast_host_s, recipe_of
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import float8_gathered
 
@@ -363,6 +363,9 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     if low == "float8":
         host += len(fwd_gemms) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
+    if low == "float8" and cast_mode == "torchao" and recipe in EAGER_CAST_KERNELS and host > fwd_gpu:
+        notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "
+                     f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts")
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
     # GEMMs (not aten.mm) and the router whole.
