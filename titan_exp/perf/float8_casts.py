@@ -54,7 +54,8 @@ def recipe_of(job: JobConfig) -> str | None:
     return pr.float8_recipe if pr.converter == "float8" else ("mxfp8" if pr.converter == "mxfp8" else None)
 
 
-def _torchao_eager(recipe: str | None, casts: str) -> bool:
+def torchao_eager(recipe: str | None, casts: str) -> bool:
+    """Whether these casts are torchao's eager ones, which [torchao-eager] counts."""
     if casts not in CASTS:
         raise ValueError(f"casts {casts!r}: choose from {', '.join(CASTS)}")
     return casts == "torchao" and recipe in EAGER_CAST_KERNELS
@@ -66,7 +67,7 @@ def cast_bytes(x: float, w: float, grad: float, recipe: str | None, casts: str, 
     gathered it in float8); for the backward each again, transposed (rowwise_with_gw_hp: the
     weight alone, its weight gradient in bf16); under rowwise scaling, the backward GEMMs'
     outputs rescaled (of x and w elements; rowwise_with_gw_hp: x)."""
-    eager = _torchao_eager(recipe, casts)
+    eager = torchao_eager(recipe, casts)
     scale_and_cast = EAGER_CAST_BYTES if eager else 3 if casts == "compiled" else 5
     transposed = 2 if recipe == "tensorwise" and not eager else scale_and_cast
     again = w if recipe == "rowwise_with_gw_hp" else x + w + grad
@@ -82,7 +83,7 @@ def cast_host_s(kern: Kernels, recipe: str | None, casts: str, weight_gathered: 
     [torchao-eager]; Transformer Engine's ops (and MXFP8's, whose eager casts are not counted)."""
     if casts == "compiled":
         return 0.0
-    if not _torchao_eager(recipe, casts):
+    if not torchao_eager(recipe, casts):
         return (ENGINE_CAST_OPS - (2 if weight_gathered else 0)) * kern.host_eager_s
     python_s = HOST_FLOAT8_S if kern.host_float8_s is None else kern.host_float8_s
     return (1 if weight_gathered else 2) * EAGER_CAST_KERNELS[recipe] * kern.host_eager_s + python_s

@@ -105,7 +105,7 @@ import math
 from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
-from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS, cast_bytes, cast_host_s, recipe_of
+from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of, torchao_eager
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import float8_gathered
 
@@ -363,7 +363,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     if low == "float8":
         host += len(fwd_gemms) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
-    if low == "float8" and cast_mode == "torchao" and recipe in EAGER_CAST_KERNELS and host > fwd_gpu:
+    if low == "float8" and torchao_eager(recipe, cast_mode) and host > fwd_gpu:
         notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "
                      f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts")
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
@@ -423,7 +423,7 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     down = linear_s(kern, rows / local, h, d, dtype, high, recipe, casts, local)
     f32 = "float32" if "float32" in kern.matmul_tflops else high
     router = gemm_s(kern, tokens, m.n_experts, d, f32)
-    per_row, per_token = elementwise.dispatch_compiled if casts == "compiled" else elementwise.dispatch_eager
+    per_row, per_token = elementwise.dispatch_compiled if job.compile.enable else elementwise.dispatch_eager
     dispatch = d * (rows * (per_row + (EP_SORT_BYTES if ep > 1 else 0)) + tokens * per_token)
     return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
 
