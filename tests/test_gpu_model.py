@@ -105,6 +105,9 @@ def test_a_blackwell_gpu_takes_its_own_measured_attention_curves():
     assert rate(b200, "cudnn", 8192) == pytest.approx(1646 * 2250 / 2500)  # GB200's at B200's peak
     assert rate(gb200, "flash", 8192) == pytest.approx(414)  # not 333/989.4 of 2,500 (841)
     assert rate(b200, "flash", 8192, bwd=True) == pytest.approx(299)
+    b300 = SPECS["b300"]  # Blackwell Ultra at 1,100 W: GB300's curves at B300's peak, as B200's are GB200's
+    assert rate(b300, "cudnn", 8192) == pytest.approx(1991 * 2250 / 2500)
+    assert rate(b300, "flash", 8192, bwd=True) == pytest.approx(330 * 2250 / 2500)
     assert rate(gb200, "triton", 8192) == pytest.approx(414 / gpu.TRITON_SLOWDOWN)
     capped = dataclasses.replace(gb200, power_limit_w=900.0)
     assert rate(capped, "cudnn", 8192) == pytest.approx(1646 * gpu.clock_ratio(capped))
@@ -353,6 +356,19 @@ def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
     engine = predict_step(llama8b(*tp, "parallelism.enable_async_tensor_parallel=true", "compile.enable=true"),
                           spec_profile(H100, 8, 8), cuda=True, tp_overlap="userbuffers")
     assert engine.parts["tp"] < fused.parts["tp"]  # torch's pass leaves the backward's summed gradients unfused
+
+
+def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chunk():
+    # 4 stages, 16 sends a round: hidden behind chunks of 2.0 s, only the fill's and drain's 2 x 3 wait
+    assert gpu.p2p_exposed(0.5, 4, 16, chunk_fwd_s=2.0) == pytest.approx(2 * 3 * 0.5)
+    assert gpu.p2p_exposed(0.5, 4, 16, chunk_fwd_s=0.2) == pytest.approx(2 * 3 * 0.5 + 16 * 0.3)
+    pp = ["parallelism.data_parallel_shard_degree=2", "parallelism.pipeline_parallel_degree=4",
+          "parallelism.pipeline_parallel_microbatch_size=1", "training.local_batch_size=8"]
+    profile = spec_profile(H100, 8, 8)
+    step = predict_step(llama8b(*pp), profile, cuda=True)
+    send = profile.collective("send_recv", 2)(1 * 8192 * 4096 * 2)  # a microbatch's bf16 activations, NVLink
+    assert step.parts["p2p"] == pytest.approx(2 * 3 * send)  # 8 microbatches' 16 sends hide behind 8 layers each
+    assert step.parts["p2p"] < 16 * send / 2  # what waiting on every send would cost
 
 
 def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):

@@ -55,3 +55,38 @@ def test_init_is_deterministic_and_causal():
         a, b = models[0](tokens), models[0](changed)
     assert torch.equal(a[0, :8], b[0, :8])  # no position sees the future
     assert not torch.equal(a[0, 8:], b[0, 8:])
+
+
+def test_context_parallel_chunks_attend_through_torchs_causal_bias_not_a_mask(monkeypatch):
+    """Each of a CP rank's two chunks attends to the keys before its end through torch's
+    lower-right causal bias, which SDPA runs fused on a GPU (a boolean mask over the sequence
+    cannot be, and it is kept for the backward); the result is causal attention over the whole
+    sequence (one CP rank here: its chunks are the two halves)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.attention.bias import CausalBias
+
+    from titan_exp.models.llama import causal_attention
+    from titan_exp.parallel.context import ContextParallel
+
+    seen, dispatch = [], CausalBias._dispatch  # what SDPA calls for a causal bias
+    monkeypatch.setattr(CausalBias, "_dispatch", staticmethod(lambda *a, **k: (
+        seen.append(k["attn_mask"]), dispatch(*a, **k))[1]))
+    q, k, v = (torch.randn(2, 16, 4, 8, requires_grad=True) for _ in range(3))
+    ones, zeros = torch.ones(16, 4), torch.zeros(16, 4)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cp = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",)).get_group()
+        out = ContextParallel(cp, 0, 1, 16).attention(q, k, v, ones, zeros, lambda x, c, s: x)
+        out.sum().backward()  # the all-gather's backward reduce-scatters over the group
+    finally:
+        dist.destroy_process_group()
+    assert [(type(m), m.seq_len_q, m.seq_len_kv) for m in seen] == [(CausalBias, 8, 8), (CausalBias, 8, 16)]
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    reference = causal_attention(q, k, v)
+    reference.sum().backward()
+    torch.testing.assert_close(out, reference)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want)

@@ -283,6 +283,10 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| 5 of 5 | 19 of 19 |" in out.stdout  # every held-out TorchTitan table, every pair on one machine, in order
+    # context parallelism's published effect: each doubling of CP and of the sequence (Tables 2 and 6)
+    cp = [line for line in out.stdout.splitlines() if "| context parallel |" in line]
+    assert len(cp) == 6 and "| Table 2: FSDP 8, CP 1 -> FSDP 4, CP 2 | -35 % |" in cp[0]
+    assert "Held-out techniques within 5 points of their published effect: " in out.stdout
     assert out.stdout.strip().splitlines()[-1].startswith("held-out: 16 rows from 1 sources; tokens/s median |error| ")
 
 

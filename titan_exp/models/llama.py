@@ -106,7 +106,8 @@ def causal_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
 ) -> torch.Tensor:
     """(batch, seq, heads, head_dim) in and out; k/v heads are repeated for GQA. Causal unless
-    an explicit boolean mask (True = attend) is given."""
+    an explicit mask is given: boolean (True = attend), or one of torch's causal biases
+    (torch.nn.attention.bias: context parallel's lower-right causal chunks)."""
     repeats = q.shape[2] // k.shape[2]
     if repeats > 1:
         k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)

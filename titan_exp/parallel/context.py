@@ -8,8 +8,11 @@ code runs on gloo and NCCL:
 - Load balance for causal attention: the sequence is cut into 2*cp chunks and cp rank r holds
   chunks r and 2cp-1-r, so every rank has the same amount of attention work.
 - Each rank computes q, k, v for its positions, all-gathers k and v along the sequence (an
-  autograd-aware all-gather whose backward reduce-scatters the gradients), restores global
-  order, and attends with a causal mask over global positions. RoPE uses global positions.
+  autograd-aware all-gather whose backward reduce-scatters the gradients) and restores global
+  order. Each of its two chunks then attends to the keys up to its own end, causal aligned to
+  the lower right (torch.nn.attention.bias.causal_lower_right): on a GPU SDPA runs that in its
+  fused kernels, the causal half of the matrix and no mask in memory; on a CPU the mask is made
+  for the chunk. RoPE uses global positions.
 
 Memory for k/v is that of the full sequence (ring attention would keep 1/cp of it); activations
 everywhere else, and the MLP and projection work, are 1/cp. Parameters are replicated over cp
@@ -65,6 +68,7 @@ class ContextParallel:
     def attention(self, q, k, v, cos, sin, apply_rope) -> torch.Tensor:
         """q, k, v: (batch, local_seq, heads, head_dim) for this rank's positions."""
         from torch.distributed._functional_collectives import all_gather_tensor_autograd
+        from torch.nn.attention.bias import causal_lower_right
 
         from titan_exp.models.llama import causal_attention
 
@@ -74,8 +78,13 @@ class ContextParallel:
         kv = torch.cat([k, v], dim=-1)  # one collective for both
         kv = all_gather_tensor_autograd(kv, gather_dim=1, group=self.group)[:, order]
         k, v = kv.split(q.shape[-1], dim=-1)
-        mask = q_pos[:, None] >= torch.arange(self.seq_len, device=q.device)[None, :]
-        return causal_attention(q, k, v, mask)
+        chunk = self.seq_len // (2 * self.size)
+        out = []
+        for i, index in enumerate((self.rank, 2 * self.size - 1 - self.rank)):  # positions()'s two chunks
+            end = (index + 1) * chunk  # the chunk's last position + 1: the keys it sees
+            out.append(causal_attention(q[:, i * chunk:(i + 1) * chunk], k[:, :end], v[:, :end],
+                                        causal_lower_right(chunk, end)))
+        return torch.cat(out, dim=1)
 
 
 def apply_cp(model: nn.Module, cp_mesh, seq_len: int) -> ContextParallel:

@@ -18,6 +18,10 @@ Sources (checked 2026-11):
           https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf
   [b200]  NVIDIA DGX B200 datasheet (8 GPUs; per-GPU values are the system's divided by 8):
           https://resources.nvidia.com/en-us-dgx-systems/dgx-b200-datasheet
+  [b300]  NVIDIA DGX B300 (8 Blackwell Ultra GPUs): 72 PFLOPS FP8 training and 2.3 TB HBM3e for 8
+          GPUs, NVLink 5 (1.8 TB/s both directions), ConnectX-8 800 Gb/s per GPU; per GPU 8 TB/s HBM3e,
+          160 SMs, 1,100 W; the HGX B300's dense tensor peaks are the B200's (bf16 2,250, FP8 4,500
+          TFLOP/s), as [mamf] takes them (https://www.nvidia.com/en-us/data-center/dgx-b300/).
   [gb200] NVIDIA GB200 NVL72 (72 GPUs in one NVLink domain; per-GPU values are the rack's divided by
           72, dense being half the sparse figures listed): https://www.nvidia.com/en-us/data-center/gb200-nvl72/
           FP16/BF16 360 PFLOPS and FP8 720 PFLOPS sparse, 13.4 TB HBM3e at 576 TB/s, NVLink
@@ -101,6 +105,10 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
                "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W", sms=148, tdp_w=1000.0,
                matmul_share=MAMF["b200"][0], fp8_share=MAMF["b200"][1], architecture="blackwell"),
+    DeviceSpec("b300", ("B300",), 2250.0, 4500.0, 1100.0, 2.3e12 / 8 / GIB, 8.0, 900, 100,
+               "[b300] DGX B300: Blackwell Ultra at 1,100 W, 288 GB HBM3e at 8 TB/s, NVLink 5, ConnectX-8 800 Gb/s "
+               "per GPU; TF32 taken as B200's", sms=160, tdp_w=1100.0, matmul_share=MAMF["b300"][0],
+               fp8_share=MAMF["b300"][1], architecture="blackwell"),
     DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
                "[gb200] GB200 NVL72's B200 at 1,200 W", sms=148, tdp_w=1200.0, matmul_share=MAMF["gb200"][0],
                fp8_share=MAMF["gb200"][1], architecture="blackwell"),
@@ -118,11 +126,11 @@ class Efficiency:
     protocol (large messages), are [nccl]'s. `compute_scale` is the one fitted term: a block's
     time over the sum of its parts as perf.gpu prices them (what they leave out: kernels slowing
     each other and NCCL's, the framework's own work), fitted by
-    benchmarks/bench_published.py on its fitting set, each source weighing the same (239 rows:
-    7 declared, one per source and precision, and 232 moved there after the model was changed for
+    benchmarks/bench_published.py on its fitting set, each source weighing the same (245 rows:
+    7 declared, one per source and precision, and 238 moved there after the model was changed for
     them or their layouts were derived, LLM Foundry's every row among them; BENCHMARKS.md)."""
 
-    compute_scale: float = 1.265
+    compute_scale: float = 1.283
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = NVLINK_STEP_S["ring"][SIMPLE]  # per ring step inside a node
@@ -169,7 +177,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
 
 
 def spec_for(device: str) -> DeviceSpec:
-    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200, gb200, gb300), or an error naming them."""
+    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200, b300, gb200, gb300), or an error naming them."""
     if device not in SPECS:
         raise ValueError(f"--device {device!r}: no spec sheet for it; choose from {', '.join(SPECS)}")
     return SPECS[device]

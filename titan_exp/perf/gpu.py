@@ -73,7 +73,8 @@ Sources (checked 2026-11):
          PyTorch SDPA's flash backend from artifacts/sdpa_bf16_benchmark_results_NVIDIA_{GB200,GB300,
          B200}.csv (commits d48a60eb and bb37575d; 128 query heads, batch 1), sequence 512-32k. B200's
          cuDNN curve, not measured there, is GB200's at B200's bf16 peak over GB200's (2,250 over
-         2,500: the same die at a lower clock, as their flash curves differ, 0.90 at 8k; an assumption).
+         2,500: the same die at a lower clock, as their flash curves differ, 0.90 at 8k; an assumption);
+         B300's two curves, neither measured there, are GB300's the same way.
          Hopper's and Ampere's curves stay [fa3]'s; a Blackwell GPU without its own curves takes them
          (as shares of its peak), which overstates FlashAttention-2 there about twice.
   [sdpa] Which kernel this toolkit's attention runs: PyTorch SDPA's first eligible backend in its
@@ -134,13 +135,15 @@ SDPA_KERNEL = {"ampere": "flash", "hopper": "cudnn", "blackwell": "cudnn"}
 _CUDNN_SEQ = (2048, 4096, 8192, 16384, 32768)
 _FLASH_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 _GB200_CUDNN = ((1098, 1407, 1646, 1728, 1569), (899, 1172, 1344, 1327, 1202))
+_GB300 = {"cudnn": ((1467, 1813, 1991, 2065, 2105), (971, 1254, 1448, 1516, 1416)),
+          "flash": ((58.6, 154, 271, 366, 411, 431, 440), (76.5, 149, 230, 292, 330, 351, 362))}
 BLACKWELL_ATTENTION = {
     "gb200": {"cudnn": _GB200_CUDNN,
               "flash": ((163, 255, 336, 387, 414, 430, 438), (146, 207, 268, 311, 338, 352, 360))},
-    "gb300": {"cudnn": ((1467, 1813, 1991, 2065, 2105), (971, 1254, 1448, 1516, 1416)),
-              "flash": ((58.6, 154, 271, 366, 411, 431, 440), (76.5, 149, 230, 292, 330, 351, 362))},
+    "gb300": _GB300,
     "b200": {"cudnn": tuple(tuple(t * 2250 / 2500 for t in curve) for curve in _GB200_CUDNN),
              "flash": ((74.6, 166, 242, 325, 373, 394, 404), (83.0, 108, 186, 256, 299, 320, 331))},
+    "b300": {kernel: tuple(tuple(t * 2250 / 2500 for t in curve) for curve in curves) for kernel, curves in _GB300.items()},
 }
 # Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
 HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))
@@ -439,6 +442,16 @@ def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, b
     forward = gather_s + (blocks - 1) * max(0.0, gather_s - fwd_s)
     backward = blocks * max(0.0, (gather_s if gathers == 2 else 0.0) + reduce_s - bwd_s)
     return ends_s + forward + backward
+
+
+def p2p_exposed(send_s: float, pp: int, sends: int, chunk_fwd_s: float) -> float:
+    """Pipeline parallelism's exposed seconds per round of `sends` activations and gradients (each
+    `send_s`) between pp stages. Sends and receives run asynchronously beside the compute
+    (torch.distributed.pipelining's schedules batch them with batch_isend_irecv and wait on a
+    receive only before the action that reads it; Megatron's overlap_p2p_comm likewise): in the
+    steady state a send waits only where it outlasts the forward of a stage's chunk; the fill and
+    the drain wait for each of their pp - 1 crossings, forward and backward."""
+    return 2 * (pp - 1) * send_s + sends * max(0.0, send_s - chunk_fwd_s)
 
 
 TP_OVERLAP = ("micro_pipeline", "userbuffers")

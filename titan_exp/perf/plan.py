@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan for GPUs (default: whether this machine has one)")
     parser.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
     parser.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
-                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, a100_40gb, b200, gb200, gb300); a "
+                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, a100_40gb, b200, b300, gb200, gb300); a "
                         "profile calibrated on that GPU replaces the spec one")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="with --device: GPUs per node (default 8); "
                         "mesh dims whose groups span nodes pay the network's costs")

@@ -117,8 +117,8 @@ class BlockCost:
     # tp > 1: a real TP + SP block (DTensor, its all-gathers and reduce-scatters) minus its
     # compute, forward + backward: what tensor parallel adds per block, measured.
     tp_comm: Optional[Line] = None
-    # tp = 1, by cp degree: a real context-parallel block (its K/V all-gather, masked attention over
-    # the whole sequence) minus the plain block on 1/cp of the sequence: what CP adds per block.
+    # tp = 1, by cp degree: a real context-parallel block (its K/V all-gather, its chunks' attention
+    # over the keys before them) minus the plain block on 1/cp of the sequence: what CP adds per block.
     cp_extra: dict[int, Line] = field(default_factory=dict)
     # tp = 1, by shard degree: a real FSDP block (two all-gathers, a reduce-scatter, their copies
     # and fresh buffers, the waits for other ranks) minus the plain block: what FSDP adds per block.

@@ -42,9 +42,10 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
          parts, those torch's pass fuses (gpu.async_tp_exposed); else by the measured overlap.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
-         sequence (calibrated: the K/V all-gather and the masked attention over the whole sequence);
+         sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
-  PP     a send and a receive per stage and microbatch, forward and backward.
+  PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
+         its parts, only what the schedule cannot hide (gpu.p2p_exposed).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
          and the token-count exchange before each forward one, over the network only where ep x tp
@@ -80,7 +81,7 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed, hbm
+from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed, hbm, p2p_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
@@ -374,7 +375,9 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
     if pp > 1:
         sr = profile.collective("send_recv", 2, "pp" in spans)
-        parts["p2p"] = accumulation * n_mb * 2 * v * sr(act_bytes / tp)
+        send, sends = sr(act_bytes / tp), n_mb * 2 * v
+        parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, worst.blocks * fwd / v) if gpu is not None
+                                       else sends * send)
     if ep > 1:
         a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = mb * t.seq_len / cp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
