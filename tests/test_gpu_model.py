@@ -368,7 +368,7 @@ def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chun
     step = predict_step(llama8b(*pp), profile, cuda=True)
     send = profile.collective("send_recv", 2)(1 * 8192 * 4096 * 2)  # a microbatch's bf16 activations, NVLink
     assert step.parts["p2p"] == pytest.approx(2 * 3 * send)  # 8 microbatches' 16 sends hide behind 8 layers each
-    assert step.parts["p2p"] < 16 * send / 2  # what waiting on every send would cost
+    assert step.parts["p2p"] < 16 * send  # what waiting on every send would cost
 
 
 def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):
