@@ -586,12 +586,13 @@ def main(argv: list[str] | None = None) -> int:
     for source, technique, pair, pub, pred in all_effects:
         print(f"| {source} | {technique} | {pair} | {100 * (pub - 1):+.0f} % | {100 * (pred - 1):+.0f} % "
               f"| {100 * (pred - pub):+.0f} |")
-    held = [(technique, abs(pred - pub)) for _, technique, pair, pub, pred in all_effects if "(moved" not in pair]
+    held = [(technique, 100 * abs(pred - pub) <= EFFECT_POINTS)
+            for _, technique, pair, pub, pred in all_effects if "(moved" not in pair]
     if held:
-        kinds = Counter(t for t, _ in held)
+        pairs, within = Counter(t for t, _ in held), Counter(t for t, ok in held if ok)
+        each = ", ".join(f"{t} {within[t]} of {n}" for t, n in pairs.items())
         print(f"\nHeld-out techniques within {EFFECT_POINTS} points of their published effect: "
-              f"{sum(d * 100 <= EFFECT_POINTS for _, d in held)} of {len(held)} pairs (" + ", ".join(
-                  f"{t} {sum(d * 100 <= EFFECT_POINTS for u, d in held if u == t)} of {n}" for t, n in kinds.items()) + ")")
+              f"{sum(within.values())} of {len(held)} pairs ({each})")
     memory = [p for p in ok if p.row["memory_gib"]]
     fitted_memory = {p.row.key for p in fitting} | {p.row.key for p in memory if p.row.table.startswith("Table 2")
                                                     and p.row.label.startswith("FSDP 8")}

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from titan_exp.config import JobConfig, problem
 
@@ -68,7 +69,6 @@ class ContextParallel:
     def attention(self, q, k, v, cos, sin, apply_rope) -> torch.Tensor:
         """q, k, v: (batch, local_seq, heads, head_dim) for this rank's positions."""
         from torch.distributed._functional_collectives import all_gather_tensor_autograd
-        from torch.nn.attention.bias import causal_lower_right
 
         from titan_exp.models.llama import causal_attention
 

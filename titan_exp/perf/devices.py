@@ -177,7 +177,7 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
 
 
 def spec_for(device: str) -> DeviceSpec:
-    """The spec named `device` (h100, h100_500w, h200, a100, a100_40gb, b200, b300, gb200, gb300), or an error naming them."""
+    """The spec named `device` (a key of SPECS), or an error naming them."""
     if device not in SPECS:
         raise ValueError(f"--device {device!r}: no spec sheet for it; choose from {', '.join(SPECS)}")
     return SPECS[device]

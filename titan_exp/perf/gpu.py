@@ -137,13 +137,20 @@ _FLASH_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 _GB200_CUDNN = ((1098, 1407, 1646, 1728, 1569), (899, 1172, 1344, 1327, 1202))
 _GB300 = {"cudnn": ((1467, 1813, 1991, 2065, 2105), (971, 1254, 1448, 1516, 1416)),
           "flash": ((58.6, 154, 271, 366, 411, 431, 440), (76.5, 149, 230, 292, 330, 351, 362))}
+_HGX_OVER_NVL72 = 2250 / 2500  # an HGX GPU's bf16 peak over its NVL72 sibling's [cudnn-fe]
+
+
+def _at_hgx_peak(curves):
+    return tuple(tuple(t * _HGX_OVER_NVL72 for t in curve) for curve in curves)
+
+
 BLACKWELL_ATTENTION = {
     "gb200": {"cudnn": _GB200_CUDNN,
               "flash": ((163, 255, 336, 387, 414, 430, 438), (146, 207, 268, 311, 338, 352, 360))},
     "gb300": _GB300,
-    "b200": {"cudnn": tuple(tuple(t * 2250 / 2500 for t in curve) for curve in _GB200_CUDNN),
+    "b200": {"cudnn": _at_hgx_peak(_GB200_CUDNN),
              "flash": ((74.6, 166, 242, 325, 373, 394, 404), (83.0, 108, 186, 256, 299, 320, 331))},
-    "b300": {kernel: tuple(tuple(t * 2250 / 2500 for t in curve) for curve in curves) for kernel, curves in _GB300.items()},
+    "b300": {kernel: _at_hgx_peak(curves) for kernel, curves in _GB300.items()},
 }
 # Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
 HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))

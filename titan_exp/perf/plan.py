@@ -37,6 +37,8 @@ from titan_exp.perf.profile import profiles_dir, this_machine
 def main(argv: list[str] | None = None) -> int:
     import torch
 
+    from titan_exp.perf.devices import SPECS
+
     parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., training....)")
     parser.add_argument("--world", type=int, required=True, help="devices (ranks) to plan for")
@@ -46,8 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="plan for GPUs (default: whether this machine has one)")
     parser.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
     parser.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
-                        "(titan_exp/perf/devices.py: h100, h100_500w, h200, a100, a100_40gb, b200, b300, gb200, gb300); a "
-                        "profile calibrated on that GPU replaces the spec one")
+                        f"(titan_exp/perf/devices.py: {', '.join(SPECS)}); a profile calibrated on that GPU "
+                        "replaces the spec one")
     parser.add_argument("--gpus-per-node", type=int, default=None, help="with --device: GPUs per node (default 8); "
                         "mesh dims whose groups span nodes pay the network's costs")
     parser.add_argument("--hardware", metavar="FILE", default=None, help="your cluster in a YAML file: device (a spec "
