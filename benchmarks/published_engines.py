@@ -2,13 +2,13 @@
 source's own code (issue 36), for benchmarks/bench_published.py and bench_torchtitan.py: its
 attention kernel, whether its elementwise kernels are fused, whether it overlaps TP's collectives
 with their GEMMs (`ENGINES`), and the memory-bound kernels of the model it ran (`elementwise`:
-perf.gpu.Elementwise descriptions, `TORCHTITAN_LLAMA` and `MPT`)."""
+perf.model_ops.Elementwise descriptions, `TORCHTITAN_LLAMA` and `MPT`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titan_exp.perf.gpu import Elementwise
+from titan_exp.perf.model_ops import Elementwise
 
 
 @dataclass(frozen=True)

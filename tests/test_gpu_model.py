@@ -11,7 +11,7 @@ import pytest
 
 from titan_exp.config import compose_job
 from titan_exp.perf import float8_casts as f8c
-from titan_exp.perf import gpu
+from titan_exp.perf import gpu, model_ops
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, MachineProfile
 from titan_exp.perf.step import across_nodes, node_ranks, predict_step
@@ -120,32 +120,32 @@ def test_a_blackwell_gpu_takes_its_own_measured_attention_curves():
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
     t = gpu.block_times(tiny, 1, K100)
-    assert t.fwd == pytest.approx(gpu.LLAMA.eager_ops * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
+    assert t.fwd == pytest.approx(model_ops.LLAMA.eager_ops * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
     compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, K100)
-    assert compiled.fwd == pytest.approx(gpu.LLAMA.compiled_kernels * gpu.HOST_COMPILED_S)
+    assert compiled.fwd == pytest.approx(model_ops.LLAMA.compiled_kernels * gpu.HOST_COMPILED_S)
     eager, fused = gpu.block_times(llama8b(), 1, K100), gpu.block_times(llama8b("compile.enable=true"), 1, K100)
     assert sum(eager.tp_groups) == sum(fused.tp_groups) and 1.1 < (eager.fwd + eager.bwd) / (fused.fwd + fused.bwd) < 1.5
 
 
 def test_a_blocks_memory_bound_kernels_are_priced_as_its_model_runs_them():
-    """perf.gpu.Elementwise: the bytes per token a block's norms, adds, RoPE and activation move,
+    """perf.model_ops.Elementwise: the bytes per token a block's norms, adds, RoPE and activation move,
     and the loss's per logit, at HBM speed; Llama's by default, another model's when given."""
     job = llama8b()
-    none = gpu.Elementwise((0, 0, 0), (0, 0, 0), gpu.LLAMA.eager_ops, gpu.LLAMA.compiled_kernels, 0, 0)
+    none = model_ops.Elementwise((0, 0, 0), (0, 0, 0), model_ops.LLAMA.eager_ops, model_ops.LLAMA.compiled_kernels, 0, 0)
     llama, free = gpu.block_times(job, 1, K100), gpu.block_times(job, 1, K100, none)
     tokens, d, qk, f = 2 * 8192, 4096, (32 + 8) * 128, 14336
     repeat_kv = tokens * 2 * (8 + 32) * 128 * 2  # GQA's K and V copied to every head: not the model's table
-    moved = tokens * (gpu.LLAMA.eager_bytes[0] * d + gpu.LLAMA.eager_bytes[1] * qk + gpu.LLAMA.eager_bytes[2] * f)
+    moved = tokens * (model_ops.LLAMA.eager_bytes[0] * d + model_ops.LLAMA.eager_bytes[1] * qk + model_ops.LLAMA.eager_bytes[2] * f)
     assert llama.fwd - free.fwd == pytest.approx(moved / gpu.hbm(K100))
     assert llama.bwd - free.bwd == pytest.approx(2 * moved / gpu.hbm(K100))
     assert free.fwd - sum(free.tp_groups) > repeat_kv / gpu.hbm(K100)  # attention and the copy remain
-    assert llama.head - free.head == pytest.approx(tokens * 128256 * gpu.LLAMA.loss_bytes_eager / gpu.hbm(K100))
+    assert llama.head - free.head == pytest.approx(tokens * 128256 * model_ops.LLAMA.loss_bytes_eager / gpu.hbm(K100))
     assert predict_step(job, spec_profile(H100, 8, 8), cuda=True, elementwise=none).step_s < \
         predict_step(job, spec_profile(H100, 8, 8), cuda=True).step_s  # the step prices the block it is given
 
 
 def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
-    """perf.gpu.LLAMA counted on titan_exp's own block: every aten op of its forward but the
+    """perf.model_ops.LLAMA counted on titan_exp's own block: every aten op of its forward but the
     matmuls and attention, by the bytes it reads and writes (an expanded input once), the norms as
     the fused kernel a CUDA torch runs them with (on CPU they run as separate ops)."""
     import torch
@@ -188,9 +188,9 @@ def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
         block(x, cos, sin)
     tokens, qk = 2 * 64, (m.n_heads + m.kv_heads) * m.head_size
     repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_size * 2  # GQA's K and V copied to every head (block_times)
-    eager = gpu.LLAMA.eager_bytes
+    eager = model_ops.LLAMA.eager_bytes
     assert moved[0] == tokens * (eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv)
-    assert kernels[0] == gpu.LLAMA.eager_ops
+    assert kernels[0] == model_ops.LLAMA.eager_ops
 
 
 def test_float8_recipes_pay_for_their_casts_and_their_gemms():
@@ -295,7 +295,7 @@ def test_an_eager_float8_block_pays_for_torchaos_casts_and_python_on_the_host():
     bf16 one, where compiled it is faster [torchao-eager]."""
     small = ("model=llama3_1b", "training.local_batch_size=1")
     eager8, eager16 = (gpu.block_times(llama8b(*small, *o), 1, K100) for o in (["precision=float8"], []))
-    host = gpu.LLAMA.eager_ops * K100.host_eager_s + 7 * (2 * 11 * K100.host_eager_s + f8c.HOST_FLOAT8_S)
+    host = model_ops.LLAMA.eager_ops * K100.host_eager_s + 7 * (2 * 11 * K100.host_eager_s + f8c.HOST_FLOAT8_S)
     assert eager8.fwd == pytest.approx(host) and eager8.bwd == pytest.approx(2 * host)  # host-bound
     assert eager8.fwd + eager8.bwd > 2 * (eager16.fwd + eager16.bwd)
     measured = dataclasses.replace(K100, host_float8_s=0.0)
@@ -503,6 +503,58 @@ def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():
         predict_step(float8, spec_profile(H100, 8, 8), cuda=True).step_s
 
 
+def test_an_moe_layers_host_ops_are_what_this_toolkits_layer_issues():
+    """model_ops.Elementwise's MoE host ops counted on titan_exp's MoE layer, a training forward
+    in bf16 on CPU: every op the dispatcher runs but a view, outside the experts (whose CUDA path,
+    torch._grouped_mm, CPU does not take: GROUPED_EXPERT_OPS), and under expert parallel (a
+    one-rank gloo group) what its exchange adds. A tiny MoE job's block is bound by its host, the
+    MoE's ops in place of the SwiGLU's, and EP adds the exchange's, eager under compile too."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_exp.config.schema import ModelConfig
+    from titan_exp.models.moe import MoE
+
+    layer = MoE(ModelConfig(dim=48, n_heads=4, n_experts=4, top_k=2, moe_hidden_dim=16)).to(torch.bfloat16)
+    layer.init_buffers()
+    ops, in_experts = [0], [False]
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            ops[0] += not (func.is_view or in_experts[0])
+            return func(*args, **(kwargs or {}))
+
+    def count():
+        x, ops[0] = torch.randn(2, 20, 48, dtype=torch.bfloat16, requires_grad=True), 0
+        with Count():
+            layer(x)
+        return ops[0]
+
+    layer.experts.register_forward_pre_hook(lambda *_: in_experts.__setitem__(0, True))
+    layer.experts.register_forward_hook(lambda *_: in_experts.__setitem__(0, False))
+    ours = model_ops.LLAMA
+    assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        layer.ep_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("ep",))
+        assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS + ours.ep_ops
+    finally:
+        dist.destroy_process_group()
+
+    def tiny(ep, *more):
+        return olmoe_job(ep, "training.seq_len=16", "model.n_layers=2", *more)
+    host = K100.host_eager_s
+    assert gpu.block_times(tiny(1), 1, K100).fwd == pytest.approx(
+        (ours.eager_ops + ours.moe_ops[0] - ours.ffn_ops[0]) * host)
+    assert gpu.block_times(tiny(8), 1, K100).fwd == pytest.approx(
+        (ours.eager_ops + ours.moe_ops[0] - ours.ffn_ops[0] + ours.ep_ops) * host)
+    compiled = gpu.block_times(tiny(8, "compile.enable=true"), 1, K100).fwd
+    assert compiled == pytest.approx((ours.compiled_kernels + ours.moe_ops[1] - ours.ffn_ops[1]) * K100.host_compiled_s
+                                     + ours.ep_ops * host)
+
+
 def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
     """Elementwise's dispatch defaults counted on titan_exp's MoE layer in bf16, eager: the bytes of
     every op outside the experts on tensors one `dim` wide, per routed row and per token (a
@@ -550,12 +602,13 @@ def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
     layer.experts.register_forward_hook(lambda *_: in_experts.__setitem__(0, False))
     with torch.no_grad(), Count():
         layer(torch.randn(2, tokens // 2, dim, dtype=torch.bfloat16))
-    per_row, per_token = gpu.LLAMA.dispatch_eager
+    per_row, per_token = model_ops.LLAMA.dispatch_eager
     assert moved == {tokens * top_k: tokens * top_k * dim * per_row, tokens: tokens * dim * per_token}
-    plain = gpu.Elementwise(*dataclasses.astuple(gpu.LLAMA)[:6], dispatch_eager=(0, 0))
+    plain = model_ops.Elementwise(*dataclasses.astuple(model_ops.LLAMA)[:6], dispatch_eager=(0, 0))
     ep8, rows, toks = olmoe_job(8), 8192, 1024
     dispatch = 2048 * (rows * per_row + toks * per_token) / gpu.hbm(K100)
-    assert gpu.block_times(ep8, 1, K100).fwd - gpu.block_times(ep8, 1, K100, plain).fwd == pytest.approx(dispatch)
-    with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, "torchao", gpu.LLAMA)
+    gpu_only = dataclasses.replace(K100, host_eager_s=0.0)  # at 1,024 tokens a rank its host would bound it
+    assert gpu.block_times(ep8, 1, gpu_only).fwd - gpu.block_times(ep8, 1, gpu_only, plain).fwd == pytest.approx(dispatch)
+    with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, "torchao", model_ops.LLAMA)
                         for job in (ep8, olmoe_job(1)))
-    assert with_ep.dispatch_bytes - without.dispatch_bytes == 2048 * rows * gpu.EP_SORT_BYTES  # sorted and back
+    assert with_ep.dispatch_bytes - without.dispatch_bytes == 2048 * rows * model_ops.EP_SORT_BYTES  # sorted and back

@@ -211,11 +211,14 @@ class MoE(nn.Module):
 
         ep = self.ep_mesh.size()
         counts_se = self._exchange_counts(counts_E)
-        send = counts_E.view(ep, -1).sum(1).tolist()
-        recv = counts_se.sum(1).tolist()
+        # The rows each rank sends and receives: one copy to the host, which waits for the GPU (once
+        # a layer, not once a list), and the total given to repeat_interleave so it need not wait.
+        sizes = torch.cat([counts_E.view(ep, -1).sum(1), counts_se.sum(1)]).tolist()
+        send, recv = sizes[:ep], sizes[ep:]
         got = all_to_all_single_autograd(rows_ND, recv, send, group=self.ep_mesh)
         # Arrived grouped by source rank then expert; the experts want expert then source.
-        segment = torch.repeat_interleave(torch.arange(counts_se.numel(), device=counts_se.device), counts_se.flatten())
+        segment = torch.repeat_interleave(torch.arange(counts_se.numel(), device=counts_se.device), counts_se.flatten(),
+                                          output_size=sum(recv))
         e = counts_se.shape[1]
         perm = ((segment % e) * ep + segment // e).argsort(stable=True)
         out = self.experts(got[perm], counts_se.sum(0))[perm.argsort()]

@@ -22,8 +22,9 @@ degree tp, forward and backward:
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
             (each op reads and writes its tensors), or as compile fuses them
             (each fused group reads its inputs and writes its outputs once). Backward moves
-            twice the forward's bytes. What a model's kernels move is an Elementwise: LLAMA, this
-            toolkit's, unless another model's is given (a published run of MPT, say).
+            twice the forward's bytes. What a model's kernels move is an Elementwise
+            (perf.model_ops): LLAMA, this toolkit's, unless another model's is given (a published
+            run of MPT, say).
   float8    torchao's casts: each linear's input, weight and output gradient scaled (an amax
             pass and a cast) and cast again transposed for the backward GEMMs (compiled,
             tensorwise: from the float8 copy; rowwise and MXFP8: from bf16 along the other axis;
@@ -32,7 +33,8 @@ degree tp, forward and backward:
   host      each op's Python and dispatch time (eager) or each compiled kernel's launch: a block
             takes the longer of its GPU time and its host time, so a small model is not
             predicted at peak. An eager float8 linear adds its cast kernels and torchao's Python
-            around them (its tensor subclass and autograd functions) [torchao-eager].
+            around them (its tensor subclass and autograd functions) [torchao-eager]; an MoE
+            layer its router's, dispatch's and exchange's ops (perf.model_ops counts them).
   head      the output projection's three GEMMs and the cross-entropy's bytes per logit (fp32
             upcast, log-softmax and its gradient; fused when compiled).
   MoE       an MoE layer's router (an fp32 GEMM), its routed experts as one grouped GEMM over the
@@ -107,6 +109,7 @@ from dataclasses import dataclass
 
 from titan_exp.config import JobConfig
 from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of, torchao_eager
+from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import float8_gathered
 
@@ -154,51 +157,6 @@ BLACKWELL_ATTENTION = {
 }
 # Head dim 64's rate over head dim 128's, by sequence: FlashAttention-2's causal forward [fa3].
 HEAD_DIM_64 = tuple((s, a / b) for s, a, b in zip(FA2_SEQ, (180, 229, 262, 284, 295, 299), FA2_FWD_TFLOPS))
-
-
-@dataclass(frozen=True)
-class Elementwise:
-    """A model's memory-bound kernels, as its code runs them: HBM bytes per token of a block's
-    forward per unit of (dim, q + k heads x head_dim, SwiGLU width) on one TP rank, eager and as
-    compile fuses them (backward moves twice the forward's); the ops of a block's forward eager,
-    its kernels compiled (host time; backward: x2); and the loss's bytes per logit, forward and
-    backward together."""
-
-    eager_bytes: tuple[float, float, float]
-    compiled_bytes: tuple[float, float, float]
-    eager_ops: int
-    compiled_kernels: int
-    loss_bytes_eager: float
-    loss_bytes_compiled: float
-    # An MoE layer's dispatch and router, per unit of dim: (bytes per routed row, bytes per
-    # token), eager and compiled; this toolkit's MoE unless said (below LLAMA).
-    dispatch_eager: tuple[float, float] = (26, 12)
-    dispatch_compiled: tuple[float, float] = (6, 12)
-    # Whose float8 casts run without compile (float8_casts.CASTS): torchao's, as this toolkit's (separate
-    # kernels and Python, [torchao-eager]); or Transformer Engine's.
-    float8_casts: str = "torchao"
-
-
-# This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
-# block's forward in bf16. Eager: nn.RMSNorm runs torch's fused kernel (aten._fused_rms_norm),
-# reading and writing the row, 4 x 2; residual adds 6 x 2; RoPE in fp32 from real and imaginary
-# halves (upcast 6, four products 16, a difference and a sum 12, the stack 8, the cast back 6),
-# 48; SiLU and product 10; SDPA's flash kernel writes its output as the next matmul reads it (no
-# copy: so on CPU; a GPU run is to confirm it). 34 ops that launch a kernel (tests/test_gpu_model.py
-# counts them and these bytes on this toolkit's block on CPU, the norms as the fused kernel's).
-# Compiled: each norm with its residual add 6 x 2, RoPE 4, SiLU and product 6, 13 kernels. The
-# loss: the fp32 upcast, log-softmax and its gradient, 36 eager, 10 fused.
-LLAMA = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 48, 10), compiled_bytes=(2 * 6, 4, 6),
-                    eager_ops=34, compiled_kernels=13, loss_bytes_eager=36, loss_bytes_compiled=10)
-# An MoE layer of titan_exp.models.moe in bf16 (Elementwise's dispatch defaults), bytes per unit of
-# dim of a forward. Per routed row (token x choice), eager: the gather into expert order (read,
-# write) 4, the upcast 6, the product with the routing weight 8, the cast back 6, index_add's read
-# 2: 26; compiled, the gather 4 and one fused weigh-and-add reading the rows 2: 6. Per token: the
-# router's fp32 copy of its input 6, the zeroed output 2, index_add's read and write 4: 12, eager
-# and compiled. Under EP each rank also sorts what it receives by expert and back (two gathers,
-# EP_SORT_BYTES per routed row). Transformer Engine's fused permute and unpermute and its fp32
-# router (Megatron's rows) are taken to move what compile's kernels do (an assumption).
-EP_SORT_BYTES = 8
 
 
 def clock_ratio(spec) -> float:
@@ -370,6 +328,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + mem_fwd + cast_s / 3
     bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
+    host += moe * moe_host_s(job, kern, elementwise)
     if low == "float8":
         host += len(fwd_gemms) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
@@ -386,6 +345,17 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
                   + gemm_s(kern, m.dim, vocab, tokens, high))
     logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / hbm(kern)
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
+
+
+def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float:
+    """An MoE layer's host seconds beyond the dense block's, forward: its ops (Elementwise.moe_ops)
+    less the SwiGLU's it takes the place of (none where shared experts run one beside it), and,
+    under EP, the exchange's, eager whether or not the job compiles (perf.model_ops)."""
+    compiled = job.compile.enable
+    per_op = kern.host_compiled_s if compiled else kern.host_eager_s
+    own = elementwise.moe_ops[compiled] - (0 if job.model.n_shared_experts else elementwise.ffn_ops[compiled])
+    ep = elementwise.ep_ops if job.parallelism.expert_parallel_degree > 1 else 0
+    return own * per_op + ep * kern.host_eager_s
 
 
 def linear_s(kern: Kernels, rows: float, k: float, n: float, dtype: str, high: str, recipe: str | None,

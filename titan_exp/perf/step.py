@@ -81,7 +81,8 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.gpu import LLAMA, Elementwise, async_tp_exposed, block_times, fsdp_exposed, hbm, p2p_exposed
+from titan_exp.perf.gpu import async_tp_exposed, block_times, fsdp_exposed, hbm, p2p_exposed
+from titan_exp.perf.model_ops import LLAMA, Elementwise
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
