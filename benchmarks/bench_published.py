@@ -70,6 +70,9 @@ from titan_exp.validation import resolve, validate  # noqa: E402
 from published_engines import ENGINES, elementwise  # noqa: E402  (beside this file)
 
 DATA = REPO / "benchmarks" / "data" / "published_gpu.csv"
+# What Megatron-Bridge's performance scripts ran for each of its rows, read at each release's tag
+# (benchmarks/data/README.md says how): reported beside the errors, priced nowhere.
+RECIPES = REPO / "benchmarks" / "data" / "published_recipes.csv"
 SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
 
 # The data set's GPU names -> the spec sheets of titan_exp/perf/devices.py.
@@ -218,6 +221,50 @@ MOE_SHAPES = {
 
 def is_moe(row: Row) -> bool:
     return row["model"] in MOE_SHAPES
+
+
+@lru_cache(maxsize=None)
+def read_recipes() -> dict[tuple[str, str, str, str], dict[str, str]]:
+    """RECIPES by (release, model, GPU, precision: bf16, fp8_cs, fp8_mx or nvfp4; a "?" in the file
+    marks a precision its table leaves unstated, read from its layout)."""
+    with RECIPES.open() as f:
+        return {(r["release"], r["model"], r["gpu"], r["precision"].split()[0].rstrip("?")): r for r in csv.DictReader(f)}
+
+
+def recipe(row: Row) -> dict[str, str] | None:
+    """What Megatron-Bridge's scripts ran for `row` at its release's tag (None for other sources). A
+    table that states FP8 without its recipe ran the FP8_CS preset, as its layout shows."""
+    if row.source != "megatron_bridge":
+        return None
+    fp8 = row["fp8_recipe"]
+    precision = ("nvfp4" if fp8 == "nvfp4" else "fp8_mx" if fp8 in ("mxfp8", "32x32_w_and_act")
+                 else "bf16" if row["dtype"] == "bf16" else "fp8_cs")
+    return read_recipes().get((row.table.split()[0], row["model"], row["gpu"], precision))
+
+
+# What a Megatron-Bridge MoE row's recipe ran that this model does not price, by the first that
+# applies: from v0.5.0 (26.06) its GB200, GB300 and B300 recipes run the whole iteration as one
+# CUDA graph, with FP8 attention, the experts' all-to-all overlapped, a fused grouped MLP and the
+# experts padded to 1.5 times their tokens; before, HybridEP's or DeepEP's dispatch, or NCCL's
+# all-to-all.
+RECIPE_GROUPS = (("one CUDA graph a step, FP8 attention, all-to-all overlapped, fused grouped MLP (v0.5.0 on)",
+                  lambda r: r["cuda_graph_impl"] == "full_iteration"),
+                 ("HybridEP's dispatch", lambda r: "hybridep" in r["dispatcher"]),
+                 ("DeepEP's dispatch", lambda r: "deepep" in r["dispatcher"]),
+                 ("NCCL's all-to-all (alltoall dispatcher)", lambda r: r["dispatcher"].startswith("alltoall")))
+
+
+def recipe_groups(listed) -> str:
+    """Megatron-Bridge's held-out MoE rows by what their recipe ran (RECIPE_GROUPS): rows, median
+    signed error of each group."""
+    groups: dict[str, list[float]] = {}
+    for p, _, e in listed:
+        rec = recipe(p.row)
+        if rec and is_moe(p.row):
+            name = next((n for n, f in RECIPE_GROUPS if f(rec)), "other")
+            groups.setdefault(name, []).append(e)
+    return "; ".join(f"{name}: {len(errs)} rows, median {100 * statistics.median(errs):+.0f} %"
+                     for name, errs in groups.items())
 
 
 @lru_cache(maxsize=None)
@@ -562,6 +609,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{100 * median_abs(every):.0f} %, worst {100 * max(every):.0f} % (by model, rows: median, worst: "
               f"{models}); the {len(held_dense)} dense rows: median {100 * median_abs(held_dense):.0f} %, "
               f"worst {100 * max(held_dense):.0f} %")
+        print(f"Megatron-Bridge's held-out MoE rows by what their recipe ran ({RECIPES.name}): {recipe_groups(listed)}")
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

@@ -262,6 +262,16 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     regressed = [p for p in planned if bench.known_regression(p.row)]
     assert len(regressed) == 2 and all(p.job is not None and bench.moved(p.row) for p in regressed)
     assert bench.fit(fitting).compute_scale == pytest.approx(Efficiency().compute_scale, abs=1e-3)  # the planner's is the fit's
+    # Every Megatron-Bridge row it plans has the recipe its release's tag ran (published_recipes.csv),
+    # and its MoE rows fall into the groups the bench reports them by.
+    assert all(bench.recipe(p.row) for p in mb) and not [p for p in planned if bench.recipe(p.row) and
+                                                         p.row.source != "megatron_bridge"]
+    qwen = {(p.row.table.split()[0], p.row["gpu"]): p for p in mb if p.row["model"] == "qwen3_30b_a3b"}
+    groups = bench.recipe_groups([(qwen[("26.06", "gb200")], 0.0, -0.3), (qwen[("25.11", "b200")], 0.0, 1.5),
+                                  (qwen[("26.04", "b200")], 0.0, -0.02)])
+    assert groups == ("one CUDA graph a step, FP8 attention, all-to-all overlapped, fused grouped MLP (v0.5.0 on): "
+                      "1 rows, median -30 %; NCCL's all-to-all (alltoall dispatcher): 1 rows, median +150 %; "
+                      "HybridEP's dispatch: 1 rows, median -2 %")
     # One configuration published in two tables, 3x apart: no prediction is within 50 % of both.
     first = bench.read_rows()[0]
     again = bench.Row(first.source, "a later release", first.label, {**first.cells, "table": "a later release",

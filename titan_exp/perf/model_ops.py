@@ -61,18 +61,18 @@ LLAMA = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 48, 10), compiled_bytes=(2 * 6, 
 # router (Megatron's rows) are taken to move what compile's kernels do (an assumption).
 EP_SORT_BYTES = 8
 # Its host ops, a training forward (Elementwise's moe_ops and ep_ops defaults): 21 outside the
-# experts (the router's casts, GEMM, softmax, bias, top-k and weights; the counts, the step's
-# running total, the sort; the gather of the rows; the weighting and the index-add onto a zeroed
-# output), counted on CPU by tests/test_gpu_model.py, and GROUPED_EXPERT_OPS inside them, as a
-# CUDA bf16 forward takes torch._grouped_mm (GroupedExperts.forward: the offsets' cumsum, three
-# grouped GEMMs, SiLU, the product; read from the code, CPU runs a loop instead). Compiled, 17:
-# the pointwise ops fused into their neighbours (the router's softmax with its bias, the weights'
-# gather with their product, the rows' gather with its cast, SiLU with the product, the
-# weighting with its cast), the zero fills, top-k, the sort, the scatter- and index-adds, the
-# cumsum and the GEMMs kernels of their own (an assumption: Inductor's kernels are a GPU's to
-# count). Under EP the exchange adds 22 ops, counted the same way on a one-rank group: the
-# counts' all-to-all and its wait, the rows' sums to send and receive, joined for the one .tolist()
-# that waits for the GPU, the rows' two all-to-alls, the regrouping by expert; eager under
-# compile, where .tolist() breaks the graph.
+# experts (the router's casts, GEMM, softmax, bias, top-k and weights; the counts and the step's
+# running total; the sort, the token indices and the gather of the rows; the weighting with its
+# casts and the index-add onto a zeroed output), counted on CPU by tests/test_gpu_model.py, and
+# GROUPED_EXPERT_OPS inside them, as a CUDA bf16 forward takes torch._grouped_mm
+# (GroupedExperts.forward: the offsets' cumsum, three grouped GEMMs, SiLU, the product; read from
+# the code, CPU runs a loop instead). Compiled, 17: the pointwise ops fused into their neighbours
+# (the router's softmax with its bias, the weights' gather with their product, the rows' gather
+# with its cast, SiLU with the product, the weighting with its cast), the zero fills, top-k, the
+# sort, the scatter- and index-adds, the cumsum and the GEMMs kernels of their own (an
+# assumption: Inductor's kernels are a GPU's to count). Under EP the exchange adds 22 ops,
+# counted the same way on a one-rank group: the counts' all-to-all and its wait, the rows' sums
+# to send and receive, joined for the one .tolist() that waits for the GPU, the rows' two
+# all-to-alls, the regrouping by expert; eager under compile, where .tolist() breaks the graph.
 # Megatron's MoE layer (the published rows) is taken to issue as many (an assumption).
 GROUPED_EXPERT_OPS = 6

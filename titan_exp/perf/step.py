@@ -385,6 +385,10 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
         per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
         parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
+        if gpu is not None:
+            notes.append("expert parallel: its all-to-all is priced by its bytes and NCCL's latencies; Megatron-Bridge's "
+                         "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
+                         "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
     for part in COMM_PARTS:
         if part in parts:
             parts[part] = max(0.0, parts[part]) * profile.corrections.communication
