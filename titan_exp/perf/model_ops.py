@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Host ops of this toolkit's routed experts on a CUDA bf16 forward (below LLAMA: what they are).
+GROUPED_EXPERT_OPS = 6
+
 
 @dataclass(frozen=True)
 class Elementwise:
@@ -33,7 +36,7 @@ class Elementwise:
     # Host ops of an MoE layer's forward (eager, compiled), of the dense SwiGLU it takes the place
     # of (eager, compiled; among eager_ops and compiled_kernels), and what expert parallel's
     # exchange adds (eager under compile too); this toolkit's MoE unless said (below LLAMA).
-    moe_ops: tuple[int, int] = (21 + 6, 17)
+    moe_ops: tuple[int, int] = (21 + GROUPED_EXPERT_OPS, 17)
     ffn_ops: tuple[int, int] = (5, 4)
     ep_ops: int = 22
 
@@ -75,4 +78,3 @@ EP_SORT_BYTES = 8
 # to send and receive, joined for the one .tolist() that waits for the GPU, the rows' two
 # all-to-alls, the regrouping by expert; eager under compile, where .tolist() breaks the graph.
 # Megatron's MoE layer (the published rows) is taken to issue as many (an assumption).
-GROUPED_EXPERT_OPS = 6
