@@ -19,14 +19,14 @@ the grid, in one command:
    out-of-memory member is a row).
 3. With --autotune, `python launch.py -m +sweep=autotune` over the same axes and global batch:
    its winner as the grid measured it against the grid's best, and its machine time (calibration
-   included) against the grid's.
+   included) against the grid's; its own record (rounds, members, predictions) in DIR/autotune.json.
 
 Targets (issue 38): calibrated Spearman >= 0.9 and median |error| <= 10 % on tokens/s; memory
 within 10 % of the reserved peak on every member; autotune within 3 % of the grid's best in at
 most 25 % of its time. Rows are written as they finish (DIR/gpu_grid.json); --budget-minutes
-starts no member after that time, and `--resume DIR/gpu_grid.json` (same model, shape and batch)
-keeps what an earlier call measured and runs the rest, then the autotune: one grid over several
-time-limited calls.
+starts no member after that time (the eager members run first, seconds each, then the compiled
+ones), and `--resume DIR/gpu_grid.json` (same model, shape and batch) keeps what an earlier call
+measured and runs the rest, then the autotune: one grid over several time-limited calls.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def run_autotune(base: list[str], args: argparse.Namespace, sweep: Path, grid: l
     if out.returncode or not (sweep / "autotune.json").exists():
         return {"status": "failed", "error": (out.stdout + out.stderr)[-2000:], "wall_s": wall}
     record = json.loads((sweep / "autotune.json").read_text())
+    (args.out / "autotune.json").write_text(json.dumps(record, indent=1))  # its rounds, kept beside the grid
     winner = record["winner"]["name"] if record.get("winner") else None
     measured = {r["name"]: r["tokens_per_second"] for r in grid if r["status"] == "ok" and r["tokens_per_second"]}
     best = max(measured.values(), default=None)
@@ -183,9 +184,10 @@ def to_markdown(results: dict) -> str:
              "| member | status | tokens/s | step s | calibrated s | spec-sheet s | reserved GiB | allocated GiB "
              "| predicted GiB | wall s |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results["rows"]:
-        lines.append(f"| {r['name']} | {r['status']} | {f(r['tokens_per_second'], 0)} | {f(r['step_s'])} | "
-                     f"{f(r['predicted_step_s'])} | {f(r['spec_step_s'])} | {f(r['peak_memory_gib'], 2)} | "
-                     f"{f(r['peak_allocated_gib'], 2)} | {f(r['predicted_memory_gib'], 2)} | {f(r['wall_s'], 0)} |")
+        g = r.get  # a skipped or failed member has no measurement (nor, from an older call, predictions)
+        lines.append(f"| {r['name']} | {r['status']} | {f(g('tokens_per_second'), 0)} | {f(g('step_s'))} | "
+                     f"{f(g('predicted_step_s'))} | {f(g('spec_step_s'))} | {f(g('peak_memory_gib'), 2)} | "
+                     f"{f(g('peak_allocated_gib'), 2)} | {f(g('predicted_memory_gib'), 2)} | {f(g('wall_s'), 0)} |")
     return "\n".join([*lines, "", *(f"- {line}" for line in checks(results)), ""])
 
 
@@ -221,13 +223,17 @@ def main(argv: list[str] | None = None) -> int:
                calibrate([o for o in base if not o.startswith("autotune.")], args.smoke, args.out / "calibrate.log")}
     memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 1e9
     grid = candidates(job_config(base), 1, cuda=cuda, profile=this_machine(1, cuda=cuda), memory_gib=memory)
+    # Eager members first (seconds each), then compiled ones (a cold compile each), each group
+    # fastest predicted first: a call cut by --budget-minutes measures the most members.
+    grid = sorted(grid, key=lambda c: c.job.compile.enable)
     with tempfile.TemporaryDirectory() as tmp:
         for i, c in enumerate(grid):
             if c.name in before:
                 results["rows"].append({**before[c.name], **predicted(c, cuda), "resumed": True})
                 continue
             if time.monotonic() > deadline:
-                results["rows"].append({"name": c.name, "status": "skipped", "reason": "over --budget-minutes",
+                results["rows"].append({"name": c.name, "layout": c.layout, "split": c.split, "overrides": c.overrides,
+                                        "status": "skipped", "reason": "over --budget-minutes", **predicted(c, cuda),
                                         "wall_s": 0.0, "step_s": None})
                 continue
             results["rows"].append(run_member(c, base, args, Path(tmp) / str(i), cuda))

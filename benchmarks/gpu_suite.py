@@ -71,6 +71,11 @@ CONFIGS = {
     # A torch.profiler trace of one step (titan_exp.perf.trace.gpu_summary): where the GPU waited.
     "bf16 + compile, traced": ["precision=bf16", *COMPILE, "profiling.enable_profiling=true"],
     "float8 tensorwise + compile, traced": ["precision=float8", *COMPILE, "profiling.enable_profiling=true"],
+    # What the 1B's grid on the H200 (2026-11-27) measured furthest from its prediction: eager
+    # selective AC 26-38 % slow, rowwise float8 + compile 10-27 %.
+    "bf16 eager, AC selective, traced": ["precision=bf16", "activation_checkpoint.mode=selective",
+                                         "profiling.enable_profiling=true"],
+    "float8 rowwise + compile, traced": ["precision=float8_rowwise", *COMPILE, "profiling.enable_profiling=true"],
 }
 TRACED = "traced"
 # TorchTitan's sequence length, one sequence a step, AC none: what its Llama 3 tables run (one H200

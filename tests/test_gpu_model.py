@@ -288,6 +288,53 @@ def test_a_rowwise_backward_gemm_rescales_its_output_after_tensorwise_cublas():
     assert moved[0] == pytest.approx(f8c.RESCALE_BYTES["torchao"] * m * n, rel=1e-2)  # the scales' own bytes aside
 
 
+def test_a_measured_rowwise_rate_prices_rowwise_forward_gemms_alone():
+    """Where calibration measured torch._scaled_mm with rowwise scales (`float8_rowwise`), a
+    rowwise recipe's forward GEMM runs at that rate; its backward GEMMs, tensorwise cuBLAS in
+    torchao, and every tensorwise GEMM keep the float8 rate. A spec sheet has no such rate."""
+    assert "float8_rowwise" not in K100.matmul_tflops
+    half = dataclasses.replace(K100, matmul_tflops={**K100.matmul_tflops,
+                                                    "float8_rowwise": K100.matmul_tflops["float8"] / 2})
+    rows, k, n = 8192.0, 4096.0, 14336.0
+    for recipe in ("rowwise", "rowwise_with_gw_hp", "tensorwise"):
+        before, after = (gpu.linear_s(kern, rows, k, n, "float8", "bfloat16", recipe, "compiled") for kern in (K100, half))
+        assert after[1:] == before[1:]
+        assert after[0] == pytest.approx(2 * before[0] if recipe != "tensorwise" else before[0], rel=1e-3)
+
+
+def test_calibration_times_the_optimizer_phase_on_the_models_own_tensors(monkeypatch):
+    """On a GPU, calibration times the optimizer phase as a step runs it (measure_compute.
+    optimizer_phase: gradient norm, clipping and AdamW over the model's own tensors, in its order,
+    up to `room` parameters), not AdamW over square matrices; on CPU here, one gloo rank."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.perf.measure_compute import optimizer_phase
+    from titan_exp.perf.timing import Options
+
+    m = compose_job(["model=debugmodel"]).model
+    with torch.device("meta"):
+        shapes = [tuple(p.shape) for p in Transformer(m).parameters()]
+    stepped, norms, adamw = [], [], torch.optim.AdamW
+
+    class Recording(adamw):
+        def step(self, closure=None):
+            stepped.append([tuple(p.shape) for g in self.param_groups for p in g["params"]])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recording)
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", lambda grads, **kw: norms.append(len(grads)) or torch.ones(()))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        whole = optimizer_phase(m, Options(tiny=True), torch.device("cpu"), room=10**12)
+        assert whole > 0 and stepped[-1] == shapes and norms[-1] == len(shapes)
+        optimizer_phase(m, Options(tiny=True), torch.device("cpu"), room=1)  # one tensor at least
+        assert stepped[-1] == shapes[:1]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_an_eager_float8_block_pays_for_torchaos_casts_and_python_on_the_host():
     """Without compile, each of a block's seven float8 linears adds its casts' kernels and
     torchao's Python (HOST_FLOAT8_S, or what calibrate measured) to the block's host time; its

@@ -13,6 +13,9 @@ import pytest
 
 from conftest import REPO
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+import gpu_grid  # noqa: E402
+
 
 @pytest.mark.slow
 def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
@@ -50,6 +53,8 @@ def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     for row in earlier["rows"][8:]:  # as a call cut short by --budget-minutes leaves them
         row.update(status="skipped", reason="over --budget-minutes", tokens_per_second=None, step_s=None)
     (tmp_path / "a" / "gpu_grid.json").write_text(json.dumps(earlier))
+    skipped = {"name": "x", "status": "skipped", "reason": "over --budget-minutes", "wall_s": 0.0, "step_s": None}
+    assert "| x | skipped |" in gpu_grid.to_markdown({**earlier, "rows": [skipped]})  # as a cut call writes it
     out = subprocess.run([*grid, "--resume", str(tmp_path / "a" / "gpu_grid.json"), "--autotune", "--autotune-minutes",
                           "0.5", "--out", str(tmp_path / "b")], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -64,6 +69,7 @@ def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     assert tune["status"] == "ok", tune
     assert tune["winner"] in {r["name"] for r in rows} and tune["winner_of_grid_best"] > 0
     assert "autotune:" in (tmp_path / "b" / "gpu_grid.md").read_text()
+    assert json.loads((tmp_path / "b" / "autotune.json").read_text())["winner"]["name"] == tune["winner"]
     other = subprocess.run([*smoke, "--global-batch", "2", "--resume", str(tmp_path / "a" / "gpu_grid.json"),
                             "--no-calibrate", "--out", str(tmp_path / "c")], cwd=REPO, capture_output=True, text=True)
     assert other.returncode and "resume it with the same" in other.stderr, other.stderr[-2000:]

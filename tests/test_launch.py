@@ -99,6 +99,25 @@ def test_cpu_ranks_get_a_fixed_mmap_threshold(monkeypatch):
     assert "MALLOC_MMAP_THRESHOLD_" not in env([])
 
 
+@pytest.mark.quick
+def test_gpu_ranks_get_expandable_segments(monkeypatch):
+    """GPU ranks' caching allocator grows its segments in place (TorchTitan's setting), so what it
+    reserves follows what is allocated; not with cluster.cuda_expandable_segments=false, nor
+    over the user's own PYTORCH_CUDA_ALLOC_CONF; CPU ranks get none."""
+    from conftest import job_config
+    from titan_exp.config.cluster import rank_env
+
+    def env(overrides, gpu=True):
+        return rank_env(job_config(overrides).cluster, threads=1, gpu=gpu)
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    assert env([])["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env([], gpu=False)
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env(["cluster.cuda_expandable_segments=false"])
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env([])
+
+
 def test_a_sharding_preset_on_one_cpu_process_says_so(tmp_path, caplog):
     """parallelism=fsdp without cluster.nproc_per_node on a CPU runs one process: it still runs,
     and the launcher says loudly that nothing is sharded and how to get ranks."""

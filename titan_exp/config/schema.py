@@ -355,6 +355,11 @@ class ClusterConfig:
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
         "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
     )
+    cuda_expandable_segments: bool = doc(
+        True, "GPU ranks: PyTorch's caching allocator grows its segments in place (PYTORCH_CUDA_ALLOC_CONF="
+        "expandable_segments:True, as TorchTitan's launcher sets), so what it reserves stays near what is "
+        "allocated; false = PyTorch's default; a PYTORCH_CUDA_ALLOC_CONF of the user's own wins"
+    )
     fork_ranks: bool = doc(True, "local CPU ranks fork from a server that imported them once (titan_exp.cluster.forkserver: "
                                  "a launch's ranks start at once, a sweep's later members import nothing); "
                                  "false = each rank a fresh `python -m` process, as GPU ranks always are")

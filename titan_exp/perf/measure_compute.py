@@ -263,7 +263,11 @@ def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> fl
     """AdamW's step per parameter, every rank at once on as many parameters as the whole model
     (a data-parallel rank's), so that the step streams its state from memory as a real one does:
     16 matrices of dim x dim (1M parameters for the debug model) had it at 4.7 ns a parameter,
-    where the 100M model's step takes 6.2 ns at world 2 (up to OPTIMIZER_BYTES over all ranks)."""
+    where the 100M model's step takes 6.2 ns at world 2 (up to OPTIMIZER_BYTES over all ranks).
+    On a GPU, the optimizer phase as a step runs it, on as many of the model's parameters as a
+    quarter of the free memory holds at 16 bytes each (optimizer_phase)."""
+    if device.type == "cuda":
+        return optimizer_phase(m, opts, device, torch.cuda.mem_get_info(device)[0] // 4 // 16)
     world = dist.get_world_size() if dist.is_initialized() else 1
     count = 4 if opts.tiny else max(1, min(m.num_params, OPTIMIZER_BYTES // (16 * world)) // (m.dim * m.dim))
     params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(count)]
@@ -271,6 +275,34 @@ def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> fl
         p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4, **adamw(device))
     return together(opt.step, opts.reps, device) / sum(p.numel() for p in params)
+
+
+def optimizer_phase(m: ModelConfig, opts: Options, device: torch.device, room: int) -> float:
+    """Seconds per parameter of a step's optimizer phase as training runs it: the gradient norm
+    and clipping (train.optim.clip_grad_norm_), then AdamW's step with the device's kernels (fused
+    on a GPU), over the model's own tensors in its order, at most `room` parameters (one at least).
+    On a GPU its kernels launch over lists of tensors, so their shapes may count beside their
+    bytes: fused AdamW alone over square dim x dim matrices, as a CPU is timed, took 9.1 ps a
+    parameter on an H200, where in a 3B's traced step it took 18.8 and the gradient norm 2.5 more
+    (BENCHMARKS.md, 2026-11-27); which of the differences accounts for it, a GPU has yet to say."""
+    from titan_exp.models.llama import Transformer
+    from titan_exp.train.optim import clip_grad_norm_
+
+    with torch.device("meta"):
+        shapes = [p.shape for p in Transformer(m).parameters()]
+    params: list[nn.Parameter] = []
+    for shape in shapes:
+        if params and sum(p.numel() for p in params) + shape.numel() > room:
+            break
+        params.append(nn.Parameter(torch.randn(shape, device=device)))
+        params[-1].grad = torch.randn_like(params[-1])
+    opt = torch.optim.AdamW(params, lr=1e-4, **adamw(device))
+
+    def phase() -> None:
+        clip_grad_norm_(params, 1.0)
+        opt.step()
+
+    return together(phase, opts.reps, device) / sum(p.numel() for p in params)
 
 
 def adamw(device: torch.device) -> dict[str, bool]:

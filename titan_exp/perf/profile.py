@@ -156,7 +156,7 @@ class Kernels:
     (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is perf.gpu's
     stated assumption)."""
 
-    matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype
+    matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype; float8_rowwise: rowwise scales
     attention_fwd: tuple[tuple[int, float], ...]  # causal flash attention: (sequence, TFLOP/s), forward
     attention_bwd: tuple[tuple[int, float], ...]  # ... backward (its FLOPs counted as 2.5 x the forward's)
     memory_tb_s: float  # what memory-bound kernels (elementwise, norms, casts) move per second

@@ -235,6 +235,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         recompute = fwd
     elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
         recompute = max(0.0, fwd - kept)
+        if gpu is not None and not job.compile.enable:
+            notes.append("selective AC without compile: its per-op policy runs in Python on every op, forward and "
+                         "recompute, which this time leaves out; on one H200 the 1B's such step was bound by its host, "
+                         "slower than full AC and 26-38 % slower than predicted (BENCHMARKS.md, the 1B's grid): "
+                         "take it as optimistic, or compile")
     elif ac.mode == ACMode.selective:
         recompute = fwd / int(ac.selective_ac_option)
     else:

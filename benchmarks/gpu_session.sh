@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# A GPU session's checks (issues 37 and 38) in one device call of at most 10 minutes, on a machine
+# with a CUDA torch and the wheels of ../shared/offline/wheels.sh installed (PYTHONPATH set):
+#     bash benchmarks/gpu_session.sh [GRID_MINUTES] [SUITE_MINUTES] [TOTAL_S]   # -> $OUT/gpu_session.tgz
+# 1. the GPU, driver and versions (gpu.txt);
+# 2. a smoke launch (debug model, float8 + compile + selective AC, 4 steps): if it fails, the call
+#    stops there and returns its log, so a fix costs a short call, not a lost one;
+# 3. benchmarks/gpu_grid.py $GRID at seq 8192, one sequence a step: calibration, then every
+#    member of AC x compile x precision it starts in GRID_MINUTES (default 4), eager ones first;
+# 4. benchmarks/gpu_suite.py on llama3_3b, the rows named in $SUITE, predicted from the grid's
+#    calibrated profile.
+# The defaults are the next session's held-out check (named 2026-11-27, BENCHMARKS.md): the 8B cut
+# to 8 layers, and traces of the two kinds of member the 1B's grid measured furthest from its
+# prediction. The 1B's grid of 2026-11-27 ran as
+#     GRID="--model llama3_1b" SUITE="bf16 + compile|float8 tensorwise + compile" bash benchmarks/gpu_session.sh 4 2 555
+# Each stage has a time limit, all of them within TOTAL_S (default 570, under the device's 600 s a
+# command), and the archive is rewritten after each, so what ran comes back.
+set -u
+out=${OUT:-/tmp/gpu_session_out}
+r=/tmp/gpu_session
+mkdir -p "$out" "$r"
+export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
+pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv
+  python3 -c "import torch, torchao; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchao', torchao.__version__)"
+} > "$r/gpu.txt" 2>&1
+cat "$r/gpu.txt"
+start=$SECONDS
+timeout 150 python3 launch.py model=debugmodel training.steps=4 training.seq_len=256 precision=float8 \
+    compile.enable=true activation_checkpoint.mode=selective cluster.nproc_per_node=1 \
+    hydra.run.dir="$r/smoke" > "$r/smoke.log" 2>&1
+rc=$?
+echo "smoke rc=$rc in $((SECONDS - start)) s"; tail -5 "$r/smoke.log"
+if [ $rc -ne 0 ]; then pack; exit 1; fi
+start=$SECONDS
+grid_minutes=${1:-4}
+timeout $(python3 -c "print(int(60 * $grid_minutes + 100))") python3 benchmarks/gpu_grid.py ${GRID:---model llama3_8b --layers 8} \
+    --global-batch 1 --budget-minutes "$grid_minutes" --out "$r/grid" > "$r/grid.log" 2>&1
+echo "grid rc=$? in $((SECONDS - start)) s"; tail -25 "$r/grid.log"
+pack
+start=$SECONDS
+suite_minutes=${2:-1.5}
+IFS='|' read -r -a suite <<< "${SUITE:-bf16 eager, AC selective, traced|float8 rowwise + compile, traced}"
+timeout $(( ${3:-570} - SECONDS )) python3 benchmarks/gpu_suite.py --models llama3_3b \
+    --configs "${suite[@]}" --steps 12 --no-tests --no-calibrate \
+    --budget-minutes "$suite_minutes" --out "$r/suite" > "$r/suite.log" 2>&1
+echo "suite rc=$? in $((SECONDS - start)) s"; tail -25 "$r/suite.log"
+pack
