@@ -103,6 +103,9 @@ def threads_per_rank(nproc: int) -> int:
     return int(os.environ.get("OMP_NUM_THREADS") or max(1, (os.cpu_count() or 1) // nproc))
 
 
+CUDA_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
+
+
 def rank_env(c: ClusterConfig, *, threads: int, gpu: bool) -> dict[str, str]:
     """Environment of every rank, local or on SLURM: its share of the cores; on a CPU rank a
     fixed glibc mmap threshold, on a GPU rank the caching allocator's settings (cuda_alloc_conf).
@@ -116,9 +119,6 @@ def rank_env(c: ClusterConfig, *, threads: int, gpu: bool) -> dict[str, str]:
     if gpu and (conf := cuda_alloc_conf(c)):
         env[CUDA_ALLOC_CONF] = conf
     return env
-
-
-CUDA_ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 def cuda_alloc_conf(c: ClusterConfig) -> str | None:

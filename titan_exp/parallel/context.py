@@ -25,9 +25,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed import _functional_collectives as funcol
 from torch.nn.attention.bias import causal_lower_right
 
 from titan_exp.config import JobConfig, problem
+
+# torch 2.13 renamed all_gather_tensor_autograd (kept as a deprecated alias); 2.11 has the old name only.
+ALL_GATHER = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
 
 def check(job: JobConfig, dims, cuda: bool) -> list[str]:
@@ -68,18 +72,13 @@ class ContextParallel:
 
     def attention(self, q, k, v, cos, sin, apply_rope) -> torch.Tensor:
         """q, k, v: (batch, local_seq, heads, head_dim) for this rank's positions."""
-        from torch.distributed import _functional_collectives as funcol
-
         from titan_exp.models.llama import causal_attention
-
-        # torch 2.13 renamed all_gather_tensor_autograd (kept as a deprecated alias); 2.11 has the old name only.
-        all_gather = getattr(funcol, "all_gather_single_autograd", None) or funcol.all_gather_tensor_autograd
 
         q_pos, order = self.q_pos.to(q.device), self.order.to(q.device)
         q = apply_rope(q, cos[q_pos], sin[q_pos])
         k = apply_rope(k, cos[q_pos], sin[q_pos])
         kv = torch.cat([k, v], dim=-1)  # one collective for both
-        kv = all_gather(kv, gather_dim=1, group=self.group)[:, order]
+        kv = ALL_GATHER(kv, gather_dim=1, group=self.group)[:, order]
         k, v = kv.split(q.shape[-1], dim=-1)
         chunk = self.seq_len // (2 * self.size)
         out = []

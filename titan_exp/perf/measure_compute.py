@@ -270,11 +270,7 @@ def measure_optimizer(m: ModelConfig, opts: Options, device: torch.device) -> fl
         return optimizer_phase(m, opts, device, torch.cuda.mem_get_info(device)[0] // 4 // 16)
     world = dist.get_world_size() if dist.is_initialized() else 1
     count = 4 if opts.tiny else max(1, min(m.num_params, OPTIMIZER_BYTES // (16 * world)) // (m.dim * m.dim))
-    params = [nn.Parameter(torch.randn(m.dim, m.dim, device=device)) for _ in range(count)]
-    for p in params:
-        p.grad = torch.randn_like(p)
-    opt = torch.optim.AdamW(params, lr=1e-4, **adamw(device))
-    return together(opt.step, opts.reps, device) / sum(p.numel() for p in params)
+    return timed_adamw([torch.Size((m.dim, m.dim))] * count, opts, device, clip=False)
 
 
 def optimizer_phase(m: ModelConfig, opts: Options, device: torch.device, room: int) -> float:
@@ -286,20 +282,32 @@ def optimizer_phase(m: ModelConfig, opts: Options, device: torch.device, room: i
     parameter on an H200, where in a 3B's traced step it took 18.8 and the gradient norm 2.5 more
     (BENCHMARKS.md, 2026-11-27); which of the differences accounts for it, a GPU has yet to say."""
     from titan_exp.models.llama import Transformer
-    from titan_exp.train.optim import clip_grad_norm_
 
     with torch.device("meta"):
         shapes = [p.shape for p in Transformer(m).parameters()]
-    params: list[nn.Parameter] = []
+    taken, total = [], 0
     for shape in shapes:
-        if params and sum(p.numel() for p in params) + shape.numel() > room:
+        if taken and total + shape.numel() > room:
             break
-        params.append(nn.Parameter(torch.randn(shape, device=device)))
-        params[-1].grad = torch.randn_like(params[-1])
+        taken.append(shape)
+        total += shape.numel()
+    return timed_adamw(taken, opts, device, clip=True)
+
+
+def timed_adamw(shapes: list[torch.Size], opts: Options, device: torch.device, *, clip: bool) -> float:
+    """Seconds per parameter of AdamW's step (with the device's kernels) over parameters of these
+    shapes with random gradients, every rank at once; with `clip`, after the gradient norm and
+    clipping as training runs them (train.optim.clip_grad_norm_)."""
+    from titan_exp.train.optim import clip_grad_norm_
+
+    params = [nn.Parameter(torch.randn(shape, device=device)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn_like(p)
     opt = torch.optim.AdamW(params, lr=1e-4, **adamw(device))
 
     def phase() -> None:
-        clip_grad_norm_(params, 1.0)
+        if clip:
+            clip_grad_norm_(params, 1.0)
         opt.step()
 
     return together(phase, opts.reps, device) / sum(p.numel() for p in params)
