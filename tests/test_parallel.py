@@ -32,6 +32,12 @@ LAYOUTS = {
     },
     "pp2_Interleaved1F1B_3_stages_per_rank": (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
                                                "parallelism.pipeline_parallel_layers_per_stage=1"], 2),
+    # The model's ends counted as blocks, one a stage: 8 stages, the first holding only the
+    # embedding, the last only the norm and output (Llama 3.1 405B's 126 blocks over 16 x 8).
+    "pp2_Interleaved1F1B_ends_as_stages": (["parallelism=pp", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+                                            "parallelism.pipeline_parallel_layers_per_stage=1",
+                                            "parallelism.pipeline_parallel_first_stage_less_layers=1",
+                                            "parallelism.pipeline_parallel_last_stage_less_layers=1"], 2),
     "fsdp2_accumulate2": (["parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=2"], 2),
     "fsdp4": (["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2"], 4),
     "fsdp4_reshard_to_2": (["parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2",
@@ -54,7 +60,7 @@ LAYOUTS = {
 # Every 2-rank layout but FSDP's other reshard policies (they move no math), and FSDP 4, HSDP 2x2
 # and the 8-rank 3D run by default; the other 4+ rank compositions are marked slow.
 DEFAULT = {"fsdp4", "hsdp2x2", "pp2_fsdp2_tp2"}
-SLOW = {"fsdp2_always", "fsdp2_never"}
+SLOW = {"fsdp2_always", "fsdp2_never", "pp2_Interleaved1F1B_3_stages_per_rank"}  # the last: ends_as_stages's path
 QUICK = {"fsdp2", "tp2", "pp2_1F1B", "cp2"}  # one of each technique: `python -m pytest -m quick`
 
 

@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, compose, job_config
 from titan_exp.perf import planner
 from titan_exp.perf.memory import AS_COUNTED, GpuMemory
-from titan_exp.validation import validate
+from titan_exp.validation import resolve, validate
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=8"]
 
@@ -183,6 +183,41 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
     bad = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "--device", "h300", "--world", "8"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr
+
+
+@pytest.mark.quick
+def test_the_model_ends_count_as_blocks_so_405b_splits_over_128_stages():
+    """Llama 3.1 405B's 126 blocks over 16 ranks x 8 stages (Megatron-Bridge's GB200 layout) are
+    refused until the embedding and the output count as a block each, as TorchTitan's
+    first/last_stage_less_layers and Megatron's account_for_*_in_pipeline_split count them: then
+    the first stage holds the embedding alone, the last the output alone, and the end ranks one
+    block fewer, which the planner prices and the memory model counts."""
+    from titan_exp.parallel.pipeline import layer_split, rank_loads
+    from titan_exp.perf.memory import predict_memory
+    from titan_exp.perf.step import predict_step
+    from titan_exp.perf.devices import spec_profile, SPECS
+
+    assert [len(r) for r in layer_split(8, 4, 1, 1)] == [2, 3, 2, 1]  # 10 counted over 4: 3 3 2 2, less the ends
+    layout = ["model=llama3_405b", "training.seq_len=8192", "parallelism.tensor_parallel_degree=4",
+              "parallelism.pipeline_parallel_degree=16", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
+              "parallelism.pipeline_parallel_stages_per_rank=8", "parallelism.data_parallel_shard_degree=-1",
+              "training.local_batch_size=16",
+              "cluster=slurm", "cluster.nnodes=64", "cluster.nproc_per_node=4", "cluster.gpus_per_node=4"]
+    (refused,) = validate(job_config(layout), cuda=True)
+    assert "128 stages but model.n_layers = 126" in refused and "first_stage_less_layers=1" in refused
+    job = job_config([*layout, "parallelism.pipeline_parallel_first_stage_less_layers=1",
+                      "parallelism.pipeline_parallel_last_stage_less_layers=1"])
+    assert validate(job, cuda=True) == []
+    job = resolve(job)
+    split = layer_split(126, 128, 1, 1)
+    assert (len(split[0]), len(split[-1]), {len(r) for r in split[1:-1]}) == (0, 0, {1})
+    loads = rank_loads(job.parallelism, 126)
+    assert [(r.blocks, r.first, r.last) for r in (loads[0], loads[1], loads[-1])] == [(7, True, False), (8, False, False),
+                                                                                    (7, False, True)]
+    step = predict_step(job, spec_profile(SPECS["gb200"], 256, 4), cuda=True)
+    assert step.tokens_per_s_per_device > 0 and step.parts["bubble"] > 0
+    ends = [predict_memory(job, cuda=True, pp_rank=k)["total"] for k in (0, 1, 15)]
+    assert ends[0] < ends[1] and ends[2] < ends[1] + 2  # a block fewer; the last holds the output and its logits
 
 
 def test_torchtitans_published_tables_validate_and_plan_for_cuda():

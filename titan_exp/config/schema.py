@@ -259,8 +259,15 @@ class ParallelismConfig:
         None, "stages each pipeline rank holds; null = from layers_per_stage, else 1 (2 for looped/V schedules)"
     )
     pipeline_parallel_layers_per_stage: Optional[int] = doc(
-        None, "transformer blocks per stage; sets the stage count to n_layers / this (null = split evenly)"
+        None, "transformer blocks per stage; sets the stage count to n_layers / this, the ends counted as below "
+              "(null = split evenly)"
     )
+    pipeline_parallel_first_stage_less_layers: int = doc(
+        0, "blocks fewer on the first stage: its embedding counts as this many in the split (TorchTitan's option; "
+           "1 there, and Megatron's account_for_embedding_in_pipeline_split)", min=0)
+    pipeline_parallel_last_stage_less_layers: int = doc(
+        0, "blocks fewer on the last stage: its norm, output and loss count as this many in the split (TorchTitan's "
+           "option; 1 there, and Megatron's account_for_loss_in_pipeline_split)", min=0)
     context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)", min=1)
     expert_parallel_degree: int = doc(1, "expert parallel degree: ranks the routed experts are split over, carved "
                                          "out of data_parallel_shard_degree x context_parallel_degree", min=1)

@@ -1,9 +1,12 @@
 """Pipeline parallel with `torch.distributed.pipelining`.
 
 The model (still on the meta device) is cut into pp * stages_per_rank stages of consecutive
-blocks; the first stage keeps the embedding, the last the final norm and output. Stages are
-copies of the whole model with the other modules deleted, so every parameter keeps its fully
-qualified name. Ranks hold one stage (GPipe, 1F1B), several in a loop (rank r holds r, r+pp,
+blocks; the first stage keeps the embedding, the last the final norm and output. The split is as
+even as possible, counting the embedding as pipeline_parallel_first_stage_less_layers blocks and
+the output as pipeline_parallel_last_stage_less_layers (TorchTitan's options): Llama 3.1 405B's
+126 blocks over 128 stages, say, one stage holding only the embedding and one only the output.
+Stages are copies of the whole model with the other modules deleted, so every parameter keeps its
+fully qualified name. Ranks hold one stage (GPipe, 1F1B), several in a loop (rank r holds r, r+pp,
 ...: Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) or two in a V (rank r holds r and
 2pp-1-r: ZBVZeroBubble, DualPipeV).
 """
@@ -28,11 +31,17 @@ V_SHAPED = ("ZBVZeroBubble", "DualPipeV")
 assert {s.value for s in PipelineSchedule} == set(SINGLE_STAGE + LOOPED + V_SHAPED)
 
 
+def split_layers(p: ParallelismConfig, n_layers: int) -> int:
+    """The blocks a pipeline splits: the model's, and its ends counted as blocks (the embedding as
+    first_stage_less_layers of them, the output as last_stage_less_layers)."""
+    return n_layers + p.pipeline_parallel_first_stage_less_layers + p.pipeline_parallel_last_stage_less_layers
+
+
 def stages_per_rank(p: ParallelismConfig, n_layers: int) -> int:
-    """From layers_per_stage if set (stages = n_layers / it, spread over the pp ranks), else
+    """From layers_per_stage if set (stages = split_layers / it, spread over the pp ranks), else
     stages_per_rank if set, else what the schedule needs: 1, or 2 for looped and V schedules."""
     if p.pipeline_parallel_layers_per_stage is not None:
-        return n_layers // p.pipeline_parallel_layers_per_stage // p.pipeline_parallel_degree
+        return split_layers(p, n_layers) // p.pipeline_parallel_layers_per_stage // p.pipeline_parallel_degree
     if p.pipeline_parallel_stages_per_rank is not None:
         return p.pipeline_parallel_stages_per_rank
     return 1 if p.pipeline_parallel_schedule in SINGLE_STAGE else 2
@@ -46,16 +55,19 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     p, m, t = job.parallelism, job.model, job.training
     sched = p.pipeline_parallel_schedule
     lps = p.pipeline_parallel_layers_per_stage
+    first, last = p.pipeline_parallel_first_stage_less_layers, p.pipeline_parallel_last_stage_less_layers
+    n_split = split_layers(p, m.n_layers)
+    counted = f"model.n_layers = {m.n_layers}" + (f" + the ends' {first} + {last} = {n_split}" if first or last else "")
     if lps is not None:
-        if lps < 1 or m.n_layers % lps:
-            return [problem("parallelism.pipeline_parallel_layers_per_stage", lps, f"must divide model.n_layers = {m.n_layers}")]
-        if (m.n_layers // lps) % dims.pp:
+        if lps < 1 or n_split % lps:
+            return [problem("parallelism.pipeline_parallel_layers_per_stage", lps, f"must divide {counted}")]
+        if (n_split // lps) % dims.pp:
             return [problem("parallelism.pipeline_parallel_layers_per_stage", lps,
-                            f"gives {m.n_layers // lps} stages, not a multiple of pipeline_parallel_degree = {dims.pp}")]
+                            f"gives {n_split // lps} stages, not a multiple of pipeline_parallel_degree = {dims.pp}")]
         spr = p.pipeline_parallel_stages_per_rank
-        if spr is not None and spr != m.n_layers // lps // dims.pp:
+        if spr is not None and spr != n_split // lps // dims.pp:
             return [problem("parallelism.pipeline_parallel_stages_per_rank", spr,
-                            f"contradicts layers_per_stage = {lps} ({m.n_layers // lps // dims.pp} per rank); set only one")]
+                            f"contradicts layers_per_stage = {lps} ({n_split // lps // dims.pp} per rank); set only one")]
     per_rank = stages_per_rank(p, m.n_layers)
     if sched in SINGLE_STAGE and per_rank != 1:
         e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank,
@@ -65,10 +77,19 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     if sched in LOOPED and per_rank < 2:
         e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs >= 2 stages per rank"))
     stages = dims.pp * per_rank
-    if stages > m.n_layers:
+    if stages > n_split:
+        fix = ("" if first or last or stages > m.n_layers + 2 else "; or count the embedding and the output as blocks "
+               "(parallelism.pipeline_parallel_first_stage_less_layers=1, pipeline_parallel_last_stage_less_layers=1)")
         e.append(problem("parallelism.pipeline_parallel_degree", dims.pp,
-                         f"{dims.pp} ranks x {per_rank} stages = {stages} stages but model.n_layers = {m.n_layers}; "
-                         "every stage needs a block"))
+                         f"{dims.pp} ranks x {per_rank} stages = {stages} stages but {counted}; every stage needs "
+                         f"a block or one of the model's ends{fix}"))
+    else:
+        even = n_split // stages  # the fewest blocks a stage is given, its ends counted
+        for name, less in (("first", first), ("last", last)):
+            if less > even:
+                e.append(problem(f"parallelism.pipeline_parallel_{name}_stage_less_layers", less,
+                                 f"is more than the {even} blocks each of the {stages} stages is given ({counted}); "
+                                 f"lower it to at most {even}"))
     mbs = p.pipeline_parallel_microbatch_size
     if t.local_batch_size % mbs:
         e.append(problem("parallelism.pipeline_parallel_microbatch_size", mbs,
@@ -105,12 +126,19 @@ class RankLoad:
     last: bool  # holds the final norm, the output projection and the loss
 
 
+def stage_split(p: ParallelismConfig, n_layers: int) -> list[range]:
+    """The blocks of each of the pipeline's stages (pp x stages_per_rank of them)."""
+    stages = p.pipeline_parallel_degree * stages_per_rank(p, n_layers)
+    return layer_split(n_layers, stages, p.pipeline_parallel_first_stage_less_layers,
+                       p.pipeline_parallel_last_stage_less_layers)
+
+
 def rank_loads(p: ParallelismConfig, n_layers: int) -> list[RankLoad]:
     """Per pipeline rank (one entry without PP), as build_pipeline splits the model."""
     if p.pipeline_parallel_degree == 1:
         return [RankLoad(1, n_layers, True, True)]
     pp, per_rank = p.pipeline_parallel_degree, stages_per_rank(p, n_layers)
-    split = layer_split(n_layers, pp * per_rank)
+    split = stage_split(p, n_layers)
     loads = []
     for r in range(pp):
         ids = stage_ids(p.pipeline_parallel_schedule, r, pp, per_rank)
@@ -118,20 +146,25 @@ def rank_loads(p: ParallelismConfig, n_layers: int) -> list[RankLoad]:
     return loads
 
 
-def layer_split(n_layers: int, n_stages: int) -> list[range]:
-    """Consecutive blocks per stage, as even as possible (earlier stages take the remainder)."""
-    base, extra = divmod(n_layers, n_stages)
+def layer_split(n_layers: int, n_stages: int, first_less: int = 0, last_less: int = 0) -> list[range]:
+    """Consecutive blocks per stage, as even as possible (earlier stages take the remainder), the
+    embedding counted as `first_less` blocks of the first stage and the output as `last_less` of
+    the last (check refuses an end counted as more than a stage is given)."""
+    base, extra = divmod(n_layers + first_less + last_less, n_stages)
     bounds, start = [], 0
     for s in range(n_stages):
-        end = start + base + (1 if s < extra else 0)
-        bounds.append(range(start, end))
-        start = end
+        size = base + (1 if s < extra else 0) - (first_less if s == 0 else 0) - (last_less if s == n_stages - 1 else 0)
+        bounds.append(range(start, start + size))
+        start += size
     return bounds
 
 
-def split_model(model: nn.Module, stage: int, n_stages: int) -> nn.Module:
+def split_model(model: nn.Module, stage: int, split: list[range]) -> nn.Module:
+    """Stage `stage` of `split`: a copy of the model with the other stages' blocks deleted, the
+    embedding kept on the first stage only, the final norm and output on the last only."""
+    n_stages = len(split)
     part = copy.deepcopy(model)
-    keep = {str(i) for i in layer_split(len(model.layers), n_stages)[stage]}
+    keep = {str(i) for i in split[stage]}
     for name in list(part.layers.keys()):
         if name not in keep:
             del part.layers[name]
@@ -169,21 +202,22 @@ def build_pipeline(
     model: nn.Module,
     *,
     schedule: str,
-    per_rank: int,
+    split: list[range],
     pp_mesh,
     device: torch.device,
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     prepare: Callable[[nn.Module], None],
 ):
-    """(schedule, this rank's model parts, whether it holds the first stage, the last stage)."""
+    """(schedule, this rank's model parts, whether it holds the first stage, the last stage), the
+    model cut into `split`'s stages (stage_split)."""
     pp = pp_mesh.size()
     pp_rank = pp_mesh.get_local_rank()
-    n_stages = pp * per_rank
-    ids = stage_ids(schedule, pp_rank, pp, per_rank)
+    n_stages = len(split)
+    ids = stage_ids(schedule, pp_rank, pp, n_stages // pp)
     parts, stages = [], []
     for sid in ids:
-        part = split_model(model, sid, n_stages)
+        part = split_model(model, sid, split)
         prepare(part)  # parallelize, materialize and initialise before the stage sees it
         parts.append(part)
         stages.append(Stage(part, sid, n_stages, device, group=pp_mesh.get_group()))

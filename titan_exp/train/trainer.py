@@ -34,7 +34,7 @@ from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
-from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stages_per_rank
+from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stage_split
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
 from titan_exp.train.optim import build_optimizers, clip_grad_norm_
@@ -124,7 +124,7 @@ class Trainer:
         self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
             model,
             schedule=schedule,
-            per_rank=stages_per_rank(job.parallelism, job.model.n_layers),
+            split=stage_split(job.parallelism, job.model.n_layers),
             pp_mesh=self.dims.mesh("pp"),
             device=self.device,
             n_microbatches=t.local_batch_size // job.parallelism.pipeline_parallel_microbatch_size,
