@@ -95,11 +95,12 @@ FITTED = {"compute_scale": (0.3, 3.0)}
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out
 # score): (why, which rows), the why dated and naming the change.
 MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
-    ("2026-11-27: predicted 2-10 % too slow (Megatron-Bridge's Llama 3.1 405B on 256 GB200s, TP 4, PP 16); examining "
+    ("2026-11-27: predicted 2-10 % too slow (Megatron-Bridge's Llama 3.1 405B on 256 GB200s, TP 4, PP 16, VP 4); examining "
      "one showed 4.6 s of its 63 s step in pipeline sends, each priced as waited for in full, where the schedules "
      "overlap them with the compute (perf.gpu.p2p_exposed, which was then written; named beforehand as its held-out "
      "check: TorchTitan's Tables 5 and 6 and the other pipelined rows)",
-     lambda r: (r.source, r["model"], r["gpu"], r["pp"], r["vp"]) == ("megatron_bridge", "llama3.1_405b", "gb200", "16", "4")),
+     lambda r: (r.source, r["model"], r["gpu"], r["pp"], r["vp"])
+     == ("megatron_bridge", "llama3.1_405b", "gb200", "16", "4")),
     ("2026-11-26: rows their source footnotes as a known performance regression (Megatron-Bridge's 26.06.01 "
      "GPT-OSS 120B rows: cudnn-frontend issue 256, to be resolved with the next container; 20,288 and 18,304 "
      "tokens/s where the 26.06 and 26.08 tables have 33,166 and 28,947), predicted 35 and 48 % too fast: they "
@@ -337,7 +338,7 @@ def job_for(row: Row):
         interleaved = vp > 1 or "interleaved" in row["pp_schedule"].lower()
         if row["source"] == "torchtitan":
             micro = local // pp  # TorchTitan (Dec 2024) split the local batch into as many microbatches as stages
-        ends = 1 if ends_counted(row) else 0
+        ends = int(ends_counted(row))  # the embedding and the loss as a block each, or not
         par = dataclasses.replace(par, pipeline_parallel_schedule=PipelineSchedule["Interleaved1F1B" if interleaved else "1F1B"],
                                   pipeline_parallel_microbatch_size=micro,
                                   pipeline_parallel_stages_per_rank=(vp if vp > 1 else 2) if interleaved else 1,

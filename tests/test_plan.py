@@ -14,8 +14,11 @@ import pytest
 import yaml
 
 from conftest import REPO, compose, job_config
+from titan_exp.parallel.pipeline import layer_split, rank_loads
 from titan_exp.perf import planner
-from titan_exp.perf.memory import AS_COUNTED, GpuMemory
+from titan_exp.perf.devices import SPECS, spec_profile
+from titan_exp.perf.memory import AS_COUNTED, GpuMemory, predict_memory
+from titan_exp.perf.step import predict_step
 from titan_exp.validation import resolve, validate
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=8"]
@@ -192,11 +195,6 @@ def test_the_model_ends_count_as_blocks_so_405b_splits_over_128_stages():
     first/last_stage_less_layers and Megatron's account_for_*_in_pipeline_split count them: then
     the first stage holds the embedding alone, the last the output alone, and the end ranks one
     block fewer, which the planner prices and the memory model counts."""
-    from titan_exp.parallel.pipeline import layer_split, rank_loads
-    from titan_exp.perf.devices import SPECS, spec_profile
-    from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.step import predict_step
-
     assert [len(r) for r in layer_split(8, 4, 1, 1)] == [2, 3, 2, 1]  # 10 counted over 4: 3 3 2 2, less the ends
     layout = ["model=llama3_405b", "training.seq_len=8192", "parallelism.tensor_parallel_degree=4",
               "parallelism.pipeline_parallel_degree=16", "parallelism.pipeline_parallel_schedule=Interleaved1F1B",
