@@ -40,6 +40,12 @@ for Megatron-Bridge's H100 rows, in the fitting set, and reaches them too).
 Megatron-Bridge's Llama 3.1 405B rows at 16 x 8 stages, refused before, were first planned on
 2026-11-27 with the pipeline split that counts the model's ends as blocks (`ends_counted`), held
 out by declaration before any was predicted.
+Megatron-Bridge's MoE rows with TP 2 and EP over more ranks than data parallel has (Qwen3-235B,
+EP 32 on TP 2 x DP 16), refused before, were first planned on 2026-11-27, when expert parallel
+came to spread over TP's ranks (titan_exp.parallel.expert; Megatron-Core's folding with
+expert_tensor_parallel_size 1, which Megatron-Bridge's Qwen3 recipes set,
+src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py): held out by declaration before any was
+predicted (`ep_over_tp`).
 
 The last line is the summary the issue's targets are stated on:
 `held-out: N rows from K sources; tokens/s median |error| X %, worst Y %; memory median ..., worst ...`.
@@ -292,7 +298,7 @@ def job_for(row: Row):
     - Megatron data parallel without FSDP: replicated (its distributed optimizer shards only the
       optimizer states, which moves memory, not the step's traffic) where that composes, that is
       without TP, PP, CP or EP; with them, sharded (FSDP), the data parallel that composes here
-      (expert parallel is carved out of it); in an MoE model, sharded over the EP group only and
+      (expert parallel is carved out of it and TP); in an MoE model, sharded over the EP group only and
       replicated across the rest (HSDP): Megatron's distributed optimizer moves parameters and
       gradients across data parallel once a step, not each microbatch, and a rank's experts stay
       whole on it (set 2026-11-25 after the rows were examined: MOVED_TO_FIT);
@@ -370,13 +376,21 @@ def ends_counted(row: Row) -> bool:
 
 
 def moe_replicas(row: Row) -> int:
-    """An MoE row without FSDP: its data-parallel ranks over the EP group's (ep / cp), each group
-    a replica (HSDP, job_for); else 1."""
+    """An MoE row without FSDP: its data-parallel ranks over the EP group's (ep / (cp x tp)), each
+    group a replica (HSDP, job_for); else 1."""
     gpus, tp, pp, cp, ep = (int(row.num(k, 1)) for k in ("gpus", "tp", "pp", "cp", "ep"))
     dp = gpus // (tp * pp * cp)
-    if is_moe(row) and row["fsdp"] in ("", "0", "false") and ep % cp == 0 and dp % (ep // cp) == 0:
-        return dp // (ep // cp)
+    if is_moe(row) and row["fsdp"] in ("", "0", "false") and ep % (cp * tp) == 0 and dp % (ep // (cp * tp)) == 0:
+        return dp // (ep // (cp * tp))
     return 1
+
+
+def ep_over_tp(row: Row) -> bool:
+    """Whether a row's expert parallel reaches into its TP ranks (EP > data parallel x CP): the
+    rows first planned when EP came to spread over TP (2026-11-27); held out, named here before
+    any was predicted."""
+    gpus, tp, pp, cp, ep = (int(row.num(k, 1)) for k in ("gpus", "tp", "pp", "cp", "ep"))
+    return is_moe(row) and tp > 1 and ep > (gpus // (tp * pp * cp)) * cp
 
 
 def gpus_per_node(row: Row) -> int:
@@ -628,6 +642,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{models}); the {len(held_dense)} dense rows: median {100 * median_abs(held_dense):.0f} %, "
               f"worst {100 * max(held_dense):.0f} %")
         print(f"Megatron-Bridge's held-out MoE rows by what their recipe ran ({RECIPES.name}): {recipe_groups(listed)}")
+        over = [(p.row, e) for p, _, e in listed if ep_over_tp(p.row)]
+        if over:
+            print(f"Of them, EP reaching into TP's ranks (ep_over_tp, first planned 2026-11-27): {len(over)} rows: "
+                  + ", ".join(f"{r['table'].split()[0]} {r['gpu']} {100 * e:+.0f} %" for r, e in over))
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

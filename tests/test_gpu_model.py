@@ -525,6 +525,26 @@ def olmoe_job(ep: int, *overrides: str):
                                 f"parallelism.expert_parallel_degree={ep}", "cluster.nproc_per_node=8", *overrides]))
 
 
+def test_expert_parallel_over_tp_ranks_dispatches_a_sequence_shard_on_each():
+    """EP spreads over TP's ranks (parallel.expert): a TP 2 rank of EP 8 dispatches its half of
+    the sequence, so its routed experts cost what a TP 1 rank's cost on half the tokens and its
+    all-to-alls carry half the bytes; without EP every TP rank runs them on all the tokens."""
+    def job(tp: int, ep: int, seq: int):
+        return olmoe_job(ep, f"parallelism.tensor_parallel_degree={tp}", f"training.seq_len={seq}",
+                         f"parallelism.data_parallel_shard_degree={8 // tp}", f"training.global_batch_size={8 // tp}")
+
+    def routed(j, tokens):
+        return gpu.routed_experts(j, tokens, K100, "bfloat16", "bfloat16", None, "compiled", model_ops.LLAMA)
+
+    experts = ("up", "down", "bwd")  # the router and the per-token copies see every token on every TP rank
+    tp2, tp1 = routed(job(2, 8, 1024), 1024), routed(job(1, 8, 1024), 512)
+    assert [getattr(tp2, f) for f in experts] == pytest.approx([getattr(tp1, f) for f in experts])
+    assert routed(job(2, 1, 1024), 1024).up == pytest.approx(routed(job(1, 1, 1024), 1024).up)
+    profile = spec_profile(H100, 8, 8)
+    tp2, tp1 = (predict_step(j, profile, cuda=True).parts["ep"] for j in (job(2, 8, 1024), job(1, 8, 512)))
+    assert tp2 == pytest.approx(tp1) and tp2 < predict_step(job(1, 8, 1024), profile, cuda=True).parts["ep"]
+
+
 def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():
     """OLMoE (64 experts of 2048 x 1024, 8 a token), 1,024 tokens a rank: 8,192 routed rows. At EP 1
     each expert gets 128 rows and the grouped GEMM reads all 64 experts' weights, so it is bound by
@@ -587,6 +607,8 @@ def test_an_moe_layers_host_ops_are_what_this_toolkits_layer_issues():
     try:
         layer.ep_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("ep",))
         assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS + ours.ep_ops
+        layer.tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))  # EP over TP's ranks too
+        assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS + ours.ep_ops + ours.ep_tp_ops
     finally:
         dist.destroy_process_group()
 

@@ -26,7 +26,8 @@ W4 = ["cluster.nproc_per_node=4", "training.local_batch_size=2"]
 EP = {  # name -> overrides; every one must equal the single process
     "ep2": ["parallelism=ep", *W2],
     "dp_shard4_ep2": ["parallelism=ep", "parallelism.data_parallel_shard_degree=4", *W4],  # experts also FSDP over 2
-    "tp2_ep2": ["parallelism=2d", "parallelism.expert_parallel_degree=2", *W4],
+    "tp2_ep2": ["parallelism=2d", "parallelism.expert_parallel_degree=2", *W4],  # EP over the TP ranks
+    "tp2_ep4": ["parallelism=2d", "parallelism.expert_parallel_degree=4", *W4],  # over FSDP x TP
     "pp2_ep2": ["parallelism=pp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
     "hsdp_ep2": ["parallelism=hsdp", "parallelism.expert_parallel_degree=2", *W4],
     "cp2_ep2": ["parallelism=cp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
@@ -34,7 +35,8 @@ EP = {  # name -> overrides; every one must equal the single process
     "ep2_compile_full_ac": ["parallelism=ep", "compile.enable=true", "activation_checkpoint.mode=full", *W2],
     "3d_ep": ["parallelism=3d_ep", "cluster.nproc_per_node=8", "training.local_batch_size=4"],
 }
-FAST = ("dp_shard4_ep2", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below
+FAST = ("tp2_ep4", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below, dp_shard4_ep2's layout in
+# test_experts_fewer_than_their_fsdp_ranks_shard_by_rows
 
 
 def ok(code, summary):
@@ -192,9 +194,11 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
       "parallelism.data_parallel_shard_degree=3"],
      "does not divide model.n_experts = 8"),
     (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=3", "parallelism.data_parallel_shard_degree=3"],
-     "ep / cp = 2 must divide data_parallel_shard_degree = 3"),
+     "ep / (cp x tp) = 2 must divide data_parallel_shard_degree = 3"),
+    (["model=moe_debug", "parallelism=2d", "parallelism.expert_parallel_degree=3", "cluster.nproc_per_node=4",
+      "model.n_experts=6"], "must be a multiple of context_parallel_degree x tensor_parallel_degree = 1 x 2"),
     (["model=moe_debug", "parallelism=cp", "parallelism.expert_parallel_degree=3", "parallelism.data_parallel_shard_degree=3",
-      "cluster.nproc_per_node=6", "model.n_experts=6"], "must be a multiple of context_parallel_degree = 2"),
+      "cluster.nproc_per_node=6", "model.n_experts=6"], "must be a multiple of context_parallel_degree x tensor_parallel_degree = 2 x 1"),
     (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=2", "activation_checkpoint.mode=selective"],
      "activation_checkpoint.selective_ac_option = 'op': torch's per-op selective checkpoint"),
     (["model=moe_debug", "parallelism=cp", "cluster.nproc_per_node=2", "model.aux_loss_coeff=0.01"],
@@ -219,7 +223,11 @@ def test_planner_searches_expert_parallel():
 
     job = job_config(["model=moe_debug", "training.seq_len=64", "training.global_batch_size=8"])
     plans = {pl.name: pl for pl in plan(job, 4, device_memory_gib=100, profile=defaults("cpu", "gloo", 4, 1))}
-    assert {"dp_shard4", "dp_shard4 x ep2", "dp_shard4 x ep4", "dp_shard2 x tp2 x ep2", "cp4 x ep4"} <= set(plans)
+    assert {"dp_shard4", "dp_shard4 x ep2", "dp_shard4 x ep4", "dp_shard2 x tp2 x ep2", "dp_shard2 x tp2 x ep4",
+            "cp4 x ep4"} <= set(plans)
+    # EP spreads over TP's ranks: 4 of them shard the routed experts, where TP alone leaves them whole
+    tp_ep4, tp = plans["dp_shard2 x tp2 x ep4"], plans["dp_shard2 x tp2"]
+    assert tp_ep4.parts_gib["states"] < tp.parts_gib["states"]
     assert "parallelism.expert_parallel_degree=1" in plans["dp_shard4"].overrides
     ep4, fsdp = plans["dp_shard4 x ep4"], plans["dp_shard4"]
     assert ep4.step.parts["ep"] > 0 and "ep" not in fsdp.step.parts

@@ -65,7 +65,7 @@ MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 DEGREE_FIELDS = {"pp": "pipeline_parallel_degree", "dp_replicate": "data_parallel_replicate_degree",
                  "dp_shard": "data_parallel_shard_degree", "cp": "context_parallel_degree",
                  "tp": "tensor_parallel_degree"}
-# ... and of a layout, which adds expert parallel (carved out of dp_shard x cp: not a mesh dim).
+# ... and of a layout, which adds expert parallel (carved out of dp_shard x cp x tp: not a mesh dim).
 LAYOUT_FIELDS = DEGREE_FIELDS | {"ep": "expert_parallel_degree"}
 
 
@@ -270,7 +270,8 @@ class ParallelismConfig:
            "option; 1 there, and Megatron's account_for_loss_in_pipeline_split)", min=0)
     context_parallel_degree: int = doc(1, "context parallel degree (sequence sharding in attention)", min=1)
     expert_parallel_degree: int = doc(1, "expert parallel degree: ranks the routed experts are split over, carved "
-                                         "out of data_parallel_shard_degree x context_parallel_degree", min=1)
+                                         "out of data_parallel_shard_degree x context_parallel_degree x "
+                                         "tensor_parallel_degree (all of cp and tp)", min=1)
     fsdp_reshard_after_forward: str = doc("default", "default | always | never | N (reshard to groups of N ranks)")
     enable_async_tensor_parallel: bool = doc(False, "fuse TP collectives with matmuls (CUDA + compile)")
     disable_loss_parallel: bool = doc(False, "gather logits before the loss instead of a parallel loss")
@@ -282,7 +283,7 @@ class ParallelismConfig:
 
     @property
     def layout(self) -> dict[str, int]:
-        """The degrees, and ep when expert parallel is on (ep is carved out of dp_shard x cp, so it
+        """The degrees, and ep when expert parallel is on (ep is carved out of dp_shard x cp x tp, so it
         is not a factor of the world size): what summaries and reports name a layout by."""
         return self.degrees | ({"ep": self.expert_parallel_degree} if self.expert_parallel_degree > 1 else {})
 

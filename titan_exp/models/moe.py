@@ -9,8 +9,11 @@ optional sequence-wise balance loss (`model.aux_loss_coeff`) enters through the 
 Dispatch sorts the tokens by expert. Without expert parallel the experts then run locally; with it
 (`ep_mesh` set by titan_exp.parallel.expert) each rank holds n_experts / ep of them, the token
 counts per expert are exchanged first, then the tokens themselves go to their experts' ranks in
-one all-to-all and come back in another (`_exchange`). The routing, the combine and the order of
-every sum are the same either way, so an EP layout computes what one process does.
+one all-to-all and come back in another (`_exchange`). Under tensor parallel the layer sees the
+whole (gathered) sequence; with expert parallel over the TP ranks too (`tp_mesh`), every TP rank
+routes all of it but dispatches only the tokens of its own sequence shard, the one it keeps of
+the output, so no routed expert runs twice. The routing, the combine and the order of every sum
+are the same either way, so an EP layout computes what one process does.
 
 Shape letters: T tokens, D model dim, E experts, e local experts, K top-k, N = T*K routed rows.
 """
@@ -81,8 +84,9 @@ class GroupedExperts(nn.Module):
     Under expert parallel an expert's gradient is the sum over the tokens of all ep ranks (the
     all-to-all's backward brings them), where every other gradient is one rank's share, averaged by
     FSDP over the data-parallel ranks. FSDP averages the experts over efsdp only, so `grad_scale`
-    (1 / ep, set by titan_exp.parallel.expert) divides by the rest: every gradient is then the
-    mean over all data-parallel ranks, as in one process."""
+    (tp / ep, set by titan_exp.parallel.expert) divides by the rest, the data-parallel ranks in
+    ep (TP's ranks dispatch parts of the same sequences: their shares add up): every gradient is
+    then the mean over all data-parallel ranks, as in one process."""
 
     grad_scale = 1.0
 
@@ -138,6 +142,22 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale if ctx.scale != 1.0 else grad, None
 
 
+class _SumGradOver(torch.autograd.Function):
+    """The identity, whose backward sums the gradient over `mesh`'s ranks (each rank's gradient
+    holds its own tokens' share)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, mesh) -> torch.Tensor:
+        ctx.mesh = mesh
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        from torch.distributed._functional_collectives import all_reduce, wait_tensor
+
+        return wait_tensor(all_reduce(grad.contiguous(), "sum", ctx.mesh)), None
+
+
 class _AddAuxLoss(torch.autograd.Function):
     """Returns x unchanged; in backward, gives `aux` the gradient 1, as if it had been added to
     the loss. The balance loss so needs no second output, which a pipeline stage could not carry."""
@@ -152,8 +172,9 @@ class _AddAuxLoss(torch.autograd.Function):
 
 
 class MoE(nn.Module):
-    # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over.
-    ep_mesh = None
+    # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over, and
+    # the TP mesh inside it, whose ranks dispatch their own sequence shards.
+    ep_mesh = tp_mesh = None
     # Whether a forward with gradients counts its tokens per expert (off for a pipeline stage's
     # shape inference: titan_exp.parallel.pipeline.Stage).
     counting = True
@@ -190,7 +211,15 @@ class MoE(nn.Module):
         if self.counting and torch.is_grad_enabled():  # training forwards only (validation runs without grad)
             self.tokens_per_expert.add_(counts_E)
         # Sort the (token, choice) pairs by expert; stable, so the order never depends on layout.
-        order_N = choices.argsort(stable=True)
+        if self.tp_mesh is None:
+            order_N = choices.argsort(stable=True)
+        else:  # this TP rank's sequence shard's pairs only, in the same order
+            pairs_N = self._own_pairs(bsz, seqlen, x.device)
+            order_N = pairs_N[choices[pairs_N].argsort(stable=True)]
+            counts_E = torch.zeros_like(counts_E).scatter_add_(0, choices[pairs_N], torch.ones_like(pairs_N))
+            # Each rank's combine weighs its own tokens: their gradients add up over TP, so the
+            # router, which every TP rank runs whole, gets the same gradient on each.
+            weights_TK = _SumGradOver.apply(weights_TK, self.tp_mesh)
         token_N = order_N // self.top_k
         routed_ND = self._exchange(x_TD.to(compute_dtype(x_TD))[token_N], counts_E)
         weighted = routed_ND.float() * weights_TK.flatten()[order_N, None]
@@ -201,6 +230,15 @@ class MoE(nn.Module):
             aux = self.aux_loss_coeff * self.aux_loss_scale * sequence_balance_loss(scores_TE, ids_TK, bsz, self.top_k)
             out_TD = _AddAuxLoss.apply(out_TD, aux)
         return out_TD.view(bsz, seqlen, dim)
+
+    def _own_pairs(self, bsz: int, seqlen: int, device) -> torch.Tensor:
+        """The (token, choice) pairs, as indices into the flattened top-k ids, of this TP rank's
+        sequence shard (sequence parallel's Shard(1): an equal run of positions of every
+        sequence), in order; as many whatever the routing, so no host sync."""
+        shard = seqlen // self.tp_mesh.size()
+        first = torch.arange(bsz, device=device)[:, None] * seqlen + self.tp_mesh.get_local_rank() * shard
+        tokens = (first + torch.arange(shard, device=device)).flatten()
+        return (tokens[:, None] * self.top_k + torch.arange(self.top_k, device=device)).flatten()
 
     def _exchange(self, rows_ND: torch.Tensor, counts_E: torch.Tensor) -> torch.Tensor:
         """The experts' outputs for rows sorted by expert. Under expert parallel: send each row to

@@ -1,6 +1,6 @@
 """Apply the configured parallelisms and speed-ups to one model part, in TorchTitan's order:
 EP -> TP (+SP, loss parallel) -> async TP -> CP -> activation checkpointing -> compile -> FSDP/HSDP or DDP.
-(EP first: TP then replicates over its mesh only the MoE parameters EP left whole.)
+(EP first: TP then replicates over its mesh only the MoE parameters EP left whole, the router's.)
 (Low-precision converters run before this, on the whole meta model: see titan_exp.precision.)"""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
 def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
     p = job.precision
     if dims.ep > 1:
-        apply_ep(model, dims.mesh("ep"))
+        apply_ep(model, dims.mesh("ep"), dims.mesh("tp"))
     if dims.tp > 1:
         tp_mesh = dims.mesh("tp")
         float8 = float8_collectives(job, cuda=tp_mesh.device_type == "cuda")

@@ -4,10 +4,11 @@
 technique asks it for the mesh of its purpose (`dims.mesh("tp")`, `dims.mesh("fsdp")`, ...)
 instead of slicing the world mesh itself.
 
-Expert parallel is not a dimension of its own: as in TorchTitan, its ranks are carved out of
-dp_shard x cp. With ep > 1, dp_shard is split into dp_shard_mod_ep (outer) x dp_shard_in_ep, and
-the experts are split over ep = dp_shard_in_ep x cp and sharded by FSDP over the rest
-(dp_shard_mod_ep, with dp_replicate outside it): "efsdp".
+Expert parallel is not a dimension of its own: as in TorchTitan (expert_tensor_parallel_degree
+1), its ranks are carved out of dp_shard x cp x tp. With ep > 1, dp_shard is split into
+dp_shard_mod_ep (outer) x dp_shard_in_ep, and the experts are split over
+ep = dp_shard_in_ep x cp x tp and sharded by FSDP over the rest (dp_shard_mod_ep, with
+dp_replicate outside it): "efsdp".
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ FLATTENED = {
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
-    "ep": ("dp_shard_in_ep", "cp"),
+    "ep": ("dp_shard_in_ep", "cp", "tp"),
 }
 # What each technique asks for -> the (possibly flattened) mesh dimension that serves it.
 PURPOSES = {
@@ -74,7 +75,7 @@ class ParallelDims:
         it is the experts' FSDP mesh)."""
         if self.ep == 1:
             return self.degrees
-        in_ep = self.ep // self.cp
+        in_ep = self.ep // (self.cp * self.tp)
         split = {"dp_shard_mod_ep": self.dp_shard // in_ep, "dp_shard_in_ep": in_ep}
         out = {}
         for name, d in self.degrees.items():

@@ -350,11 +350,14 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float:
     """An MoE layer's host seconds beyond the dense block's, forward: its ops (Elementwise.moe_ops)
     less the SwiGLU's it takes the place of (none where shared experts run one beside it), and,
-    under EP, the exchange's, eager whether or not the job compiles (perf.model_ops)."""
-    compiled = job.compile.enable
+    under EP, the exchange's (and, over TP's ranks too, the picking of a rank's own tokens), eager
+    whether or not the job compiles (perf.model_ops)."""
+    compiled, p = job.compile.enable, job.parallelism
     per_op = kern.host_compiled_s if compiled else kern.host_eager_s
     own = elementwise.moe_ops[compiled] - (0 if job.model.n_shared_experts else elementwise.ffn_ops[compiled])
-    ep = elementwise.ep_ops if job.parallelism.expert_parallel_degree > 1 else 0
+    ep = 0
+    if p.expert_parallel_degree > 1:
+        ep = elementwise.ep_ops + (elementwise.ep_tp_ops if p.tensor_parallel_degree > 1 else 0)
     return own * per_op + ep * kern.host_eager_s
 
 
@@ -393,14 +396,17 @@ class RoutedTimes:
 def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, high: str, recipe: str | None,
                    casts: str, elementwise: Elementwise) -> RoutedTimes:
     """An MoE layer's router and routed experts on one rank, for a microbatch of `tokens` tokens
-    (all of them on every TP rank: the experts run whole). Its tokens x top_k routed rows reach
+    (all of them on every TP rank, which routes them all; under EP it dispatches its sequence
+    shard's, 1/tp of them, as parallel.expert spreads EP over TP; without EP the experts run
+    whole on every TP rank). Its routed rows reach
     its n_experts / ep local experts, as many as it sends (balanced routing; an assumption), so
     each local expert's GEMMs have rows / local rows, in one grouped kernel (linear_s's groups):
     every local expert's weights are read whatever its rows, which is what expert parallel
     saves. The router's GEMM scores every expert in fp32. The dispatch copies the routed rows
     as `elementwise` counts, twice that in backward (with the rest of the memory-bound kernels)."""
     m, ep = job.model, job.parallelism.expert_parallel_degree
-    rows, local = tokens * m.top_k, m.n_experts / ep
+    tp = job.parallelism.tensor_parallel_degree if ep > 1 else 1
+    rows, local = tokens * m.top_k / tp, m.n_experts / ep
     d, h = m.dim, m.expert_hidden_dim
     up = linear_s(kern, rows / local, d, h, dtype, high, recipe, casts, local)  # w1, and w3 alike
     down = linear_s(kern, rows / local, h, d, dtype, high, recipe, casts, local)

@@ -40,10 +40,11 @@
 The CPU constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
-MoE models: the routed experts and router run whole on every TP rank, so their states are
-divided by dp_shard x cp only (under EP too: ep x efsdp is that product), their activations are
-those of top_k experts per token plus the dispatched copies of the tokens (DISPATCH_COPIES), not
-divided by tp; FSDP gathers 1/ep of the routed experts under EP.
+MoE models: without EP the routed experts run whole on every TP rank, so their states are
+divided by dp_shard x cp only and their activations (those of top_k experts per token plus the
+dispatched copies of the tokens, DISPATCH_COPIES) not by tp; under EP, which spreads over TP's
+ranks too (parallel.expert), ep x efsdp = dp_shard x cp x tp ranks shard the routed experts, and
+each TP rank dispatches 1/tp of the tokens. FSDP gathers 1/ep of the routed experts under EP.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
     shard = dps * cp * tp
     bytes_param = 2 if job.precision.full_bf16 else 4
-    local_params = (params - worst.blocks * routed) / shard + worst.blocks * routed / (dps * cp)
+    experts_over = shard if ep > 1 else dps * cp  # ep x efsdp, or FSDP's ranks (whole on every TP rank)
+    local_params = (params - worst.blocks * routed) / shard + worst.blocks * routed / experts_over
     states = local_params * (2 * bytes_param + 8)
     # What one TP rank gathers of a block and of its stage: the dense part, and its routed experts.
     params = (params - worst.blocks * routed) / tp + worst.blocks * routed / ep
@@ -172,8 +174,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # whole sequence, and their first linears save that gathered copy for backward (2 of the
     # ACT_PER_TOKEN_D), so those two are not divided by tp.
     per_block += SP_GATHERED * tokens * m.dim * act_bytes * (1 - 1 / tp)
-    # Routed experts, whole on every TP rank: top_k experts' SwiGLU per token, and the token copies.
-    per_block += moe_share * tokens * m.top_k * (ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim) * act_bytes
+    # Routed experts: top_k experts' SwiGLU per token, and the token copies; of every token on each
+    # TP rank without EP, of its sequence shard's under EP.
+    dispatched = tokens / (tp if p.expert_parallel_degree > 1 else 1)
+    per_block += moe_share * dispatched * m.top_k * (ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim) * act_bytes
     inputs = tokens * m.dim * act_bytes / tp
     # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside
     # (ACT_PER_TOKEN_* above: fitted constants), and `checkpoints`, the block inputs activation

@@ -100,7 +100,7 @@ def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int, *, l
 def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
     """Every assignment of degrees to the five mesh dims whose product is `world`; for an MoE
     model (`n_experts` > 0) each also with every expert parallel degree that divides the experts
-    and dp_shard x cp (validation decides which of those can be carved)."""
+    and dp_shard x cp x tp (validation decides which of those can be carved)."""
     divisors = [d for d in range(1, world + 1) if world % d == 0]
     out = []
     for pp, rep, shard, cp in itertools.product(divisors, repeat=4):
@@ -108,8 +108,8 @@ def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
         if world % rest == 0:
             degrees = dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest)))
             out.append(degrees)
-            out += [degrees | {"ep": ep} for ep in range(2, shard * cp + 1)
-                    if n_experts % ep == 0 and (shard * cp) % ep == 0]
+            carved = shard * cp * degrees["tp"]
+            out += [degrees | {"ep": ep} for ep in range(2, carved + 1) if n_experts % ep == 0 and carved % ep == 0]
     return out
 
 

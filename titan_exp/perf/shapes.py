@@ -36,7 +36,8 @@ def float8_gathered(job: JobConfig) -> tuple[float, float]:
 def block_tensors(job: JobConfig) -> Sizes:
     """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
     the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
-    three stacked weights (1/ep of the experts, whole over TP) and the shared experts'."""
+    three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, whole
+    on every TP rank) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
     q, kv = m.dim * m.n_heads * m.head_size / tp, m.dim * m.kv_heads * m.head_size / tp

@@ -47,11 +47,12 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
   PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
          its parts, only what the schedule cannot hide (gpu.p2p_exposed).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
-         backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks,
-         and the token-count exchange before each forward one, over the network only where ep x tp
-         ranks outgrow a node (ep_spans_nodes), and then only the bytes for other nodes' ranks
+         backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks
+         (each TP rank's 1/tp of the tokens: EP spreads over TP, parallel.expert), and the
+         token-count exchange before each forward one, over the network only where ep ranks
+         outgrow a node (ep_spans_nodes), and then only the bytes for other nodes' ranks
          (ep_node_ranks: half of them over two nodes). The routed experts are gathered by
-         FSDP over efsdp = dp_shard x cp / ep ranks only, 1/ep of them per rank.
+         FSDP over efsdp = dp_shard x cp x tp / ep ranks only, 1/ep of them per rank.
 A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
 has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
 GPUs moves its bytes 8 x faster than HSDP's replicas, one rank per node, do.
@@ -158,9 +159,9 @@ def ranks_in_a_node(job: JobConfig) -> int:
 
 def ep_node_ranks(job: JobConfig) -> int:
     """How many ranks of an expert-parallel group sit in one node: its ranks are the innermost of
-    the dp_shard x cp group (parallel/dims.py: dp_shard_in_ep x cp), so it leaves a node only when
-    ep x tp ranks do not fit in one, however far data-parallel sharding reaches."""
-    return min(job.parallelism.expert_parallel_degree, node_ranks(job, ("dp_shard", "cp")))
+    the dp_shard x cp x tp group (parallel/dims.py: dp_shard_in_ep x cp x tp), so it leaves a node
+    only when ep ranks do not fit in one, however far data-parallel sharding reaches."""
+    return min(job.parallelism.expert_parallel_degree, node_ranks(job, ("dp_shard", "cp", "tp")))
 
 
 def ep_spans_nodes(job: JobConfig) -> bool:
@@ -318,7 +319,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             block_u = units[0]
             lines = gathers * block_ag + rs(block_u * 4)
             comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / (2 * ag(block_u * 4) + rs(block_u * 4)) - lines)
-        efsdp = shard // ep
+        efsdp = shard * tp // ep
         if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
             eag, ers = profile.collective("all_gather", efsdp, wide), profile.collective("reduce_scatter", efsdp, wide)
             comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
@@ -337,7 +338,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if rep > 1:
             ar = line("all_reduce", rep, ("dp_replicate",))
             parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
-                worst.blocks * ar(routed / shard * 4) if ep > 1 else 0.0)
+                worst.blocks * ar(routed / (shard * tp) * 4) if ep > 1 else 0.0)
     elif rep > 1:
         ar = line("all_reduce", rep, ("dp_replicate",))
         grad_bytes = sum(units) * 4
@@ -386,7 +387,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                                        else sends * send)
     if ep > 1:
         a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
-        routed_bytes = mb * t.seq_len / cp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
+        routed_bytes = mb * t.seq_len / cp / tp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
         moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
         per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
         parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
@@ -397,7 +398,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     for part in COMM_PARTS:
         if part in parts:
             parts[part] = max(0.0, parts[part]) * profile.corrections.communication
-    local_params = sum(units) / shard + (worst.blocks * routed / shard if ep > 1 else 0.0)
+    local_params = sum(units) / shard + (worst.blocks * routed / (shard * tp) if ep > 1 else 0.0)
     if tp > 1 and cost.update is not None:  # a real TP model's, measured: its blocks and its rest
         rest = (worst.first + worst.last) / 2  # the embedding's and the output's halves of it
         parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * worst.blocks
