@@ -226,8 +226,10 @@ def test_planner_searches_expert_parallel():
     assert {"dp_shard4", "dp_shard4 x ep2", "dp_shard4 x ep4", "dp_shard2 x tp2 x ep2", "dp_shard2 x tp2 x ep4",
             "cp4 x ep4"} <= set(plans)
     # EP spreads over TP's ranks: 4 of them shard the routed experts, where TP alone leaves them whole
+    # and each TP rank dispatches half the tokens
     tp_ep4, tp = plans["dp_shard2 x tp2 x ep4"], plans["dp_shard2 x tp2"]
     assert tp_ep4.parts_gib["states"] < tp.parts_gib["states"]
+    assert tp_ep4.step.parts["compute"] < tp.step.parts["compute"]
     assert "parallelism.expert_parallel_degree=1" in plans["dp_shard4"].overrides
     ep4, fsdp = plans["dp_shard4 x ep4"], plans["dp_shard4"]
     assert ep4.step.parts["ep"] > 0 and "ep" not in fsdp.step.parts

@@ -224,12 +224,14 @@ class ModelConfig:
         (they run replicated over TP; titan_exp.parallel.tensor)."""
         return self.n_moe_layers * (self.n_experts * self.expert_params + self.dim * self.n_experts) / self.n_layers
 
-    def block_matmul_params(self, tp: int = 1) -> float:
+    def block_matmul_params(self, tp: int = 1, experts_split: bool = False) -> float:
         """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
         token are twice this, before attention's scores): the routed experts it goes to and the
-        router whole, the rest split by tp."""
-        routed = self.n_moe_layers * (self.top_k * self.expert_params + self.dim * self.n_experts) / self.n_layers
-        return (self.active_block_params - routed) / tp + routed
+        router whole, the rest split by tp; the routed experts split by tp too where expert
+        parallel spreads over TP's ranks (`experts_split`: each dispatches 1/tp of the tokens)."""
+        experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
+        router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
+        return (self.active_block_params - experts - router) / tp + router + experts / (tp if experts_split else 1)
 
     def _params(self, active: bool) -> int:
         return (self.embedding_params + self.n_layers * self._attention_and_norms + self._ffn_params(active)

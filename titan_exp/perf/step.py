@@ -68,7 +68,9 @@ step; at 1 MiB every layout pays for its gradients too. Activations are in the c
 costs, which were measured under the calibration job's threshold.
 
 MoE models: a block's FLOPs are those of its active parameters (the experts a token goes to);
-under TP the router and routed experts run whole on every TP rank, so only the rest is divided
+under TP the router runs whole on every TP rank, and the routed experts too unless expert
+parallel spreads over TP's ranks (each then dispatches 1/tp of the tokens: a calibrated block,
+measured with them whole, is taken at the share of its FLOPs left), so only the rest is divided
 by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well; a GPU
 block from its parts prices the router, the grouped GEMM over the local experts and the
 dispatch's copies (gpu.routed_experts).
@@ -227,6 +229,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 scale /= profile.compile_speedup
             else:
                 notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
+        if p.expert_parallel_degree > 1 and tp > 1:  # measured with the routed experts whole on every TP rank
+            scale *= m.block_matmul_params(tp, experts_split=True) / m.block_matmul_params(tp)
         block = cost.fwd_bwd(seqs) * scale
         fwd = cost.fwd(seqs) * scale
         head = cost.head(seqs) * scale
