@@ -298,12 +298,14 @@ def test_a_pipeline_stage_of_dense_blocks_only_reports_the_others_load(tmp_path)
 
 
 @slow
-def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path):
-    """The sequence-wise balance loss over microbatches of pipeline stages with EP equals one
-    process's (each microbatch adds its sequences' share)."""
+@pytest.mark.parametrize("name", ["pp2_ep2", "tp2_ep4"])
+def test_balance_loss_is_the_same_under_pipeline_and_expert_parallel(tmp_path, name):
+    """The sequence-wise balance loss over microbatches of pipeline stages with EP, or over TP
+    ranks that each dispatch their sequence shard, equals one process's (each microbatch adds its
+    sequences' share; every TP rank routes, and so scores, the whole sequence)."""
     aux = [*MOE, "model.aux_loss_coeff=0.01"]
     single = ok(*run_job(aux, tmp_path / "single"))
-    same_run(ok(*run_job([*aux, *EP["pp2_ep2"]], tmp_path / "pp2_ep2")), single)
+    same_run(ok(*run_job([*aux, *EP[name]], tmp_path / name)), single)
 
 
 @pytest.mark.parametrize("target", [pytest.param(["parallelism=ep", "parallelism.data_parallel_shard_degree=4",
