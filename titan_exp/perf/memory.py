@@ -177,7 +177,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # Routed experts: top_k experts' SwiGLU per token, and the token copies; of every token on each
     # TP rank without EP, of its sequence shard's under EP.
     dispatched = tokens / (tp if p.expert_parallel_degree > 1 else 1)
-    per_block += moe_share * dispatched * m.top_k * (ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim) * act_bytes
+    per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim
+    per_block += moe_share * dispatched * m.top_k * per_routed_row * act_bytes
     inputs = tokens * m.dim * act_bytes / tp
     # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside
     # (ACT_PER_TOKEN_* above: fitted constants), and `checkpoints`, the block inputs activation
