@@ -224,14 +224,13 @@ class ModelConfig:
         (they run replicated over TP; titan_exp.parallel.tensor)."""
         return self.n_moe_layers * (self.n_experts * self.expert_params + self.dim * self.n_experts) / self.n_layers
 
-    def block_matmul_params(self, tp: int = 1, experts_split: bool = False) -> float:
+    def block_matmul_params(self, tp: int = 1, dispatch_split: int = 1) -> float:
         """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
-        token are twice this, before attention's scores): the routed experts it goes to and the
-        router whole, the rest split by tp; the routed experts split by tp too where expert
-        parallel spreads over TP's ranks (`experts_split`: each dispatches 1/tp of the tokens)."""
+        token are twice this, before attention's scores): the router whole, the routed experts it
+        goes to over `dispatch_split` (ParallelismConfig.dispatch_split), the rest split by tp."""
         experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
         router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
-        return (self.active_block_params - experts - router) / tp + router + experts / (tp if experts_split else 1)
+        return (self.active_block_params - experts - router) / tp + router + experts / dispatch_split
 
     def _params(self, active: bool) -> int:
         return (self.embedding_params + self.n_layers * self._attention_and_norms + self._ffn_params(active)
@@ -288,6 +287,13 @@ class ParallelismConfig:
         """The degrees, and ep when expert parallel is on (ep is carved out of dp_shard x cp x tp, so it
         is not a factor of the world size): what summaries and reports name a layout by."""
         return self.degrees | ({"ep": self.expert_parallel_degree} if self.expert_parallel_degree > 1 else {})
+
+    @property
+    def dispatch_split(self) -> int:
+        """The ranks a microbatch's routed tokens are split over within one TP group: all tp of
+        them under expert parallel, which spreads over TP (parallel.expert); 1 without it (every
+        TP rank runs the routed experts on every token)."""
+        return self.tensor_parallel_degree if self.expert_parallel_degree > 1 else 1
 
     @property
     def known_degree(self) -> int:

@@ -203,11 +203,8 @@ class MoE(nn.Module):
         x_TD = x.reshape(-1, dim)
         bias = self.expert_bias if self.load_balance_coeff is not None else None
         weights_TK, ids_TK, scores_TE = self.router(x_TD, bias)
-        # Tokens per expert by scatter-add into E slots, not bincount, whose output size depends
-        # on the data: a host sync on CUDA and a graph break under compile, every MoE layer.
         choices = ids_TK.flatten()
-        counts_E = torch.zeros(self.n_experts, dtype=torch.int64, device=x.device).scatter_add_(
-            0, choices, torch.ones_like(choices))
+        counts_E = self._counts(choices)
         if self.counting and torch.is_grad_enabled():  # training forwards only (validation runs without grad)
             self.tokens_per_expert.add_(counts_E)
         # Sort the (token, choice) pairs by expert; stable, so the order never depends on layout.
@@ -215,8 +212,8 @@ class MoE(nn.Module):
             order_N = choices.argsort(stable=True)
         else:  # this TP rank's sequence shard's pairs only, in the same order
             pairs_N = self._own_pairs(bsz, seqlen, x.device)
-            order_N = pairs_N[choices[pairs_N].argsort(stable=True)]
-            counts_E = torch.zeros_like(counts_E).scatter_add_(0, choices[pairs_N], torch.ones_like(pairs_N))
+            own_N = choices[pairs_N]
+            order_N, counts_E = pairs_N[own_N.argsort(stable=True)], self._counts(own_N)
             # Each rank's combine weighs its own tokens: their gradients add up over TP, so the
             # router, which every TP rank runs whole, gets the same gradient on each.
             weights_TK = _SumGradOver.apply(weights_TK, self.tp_mesh)
@@ -230,6 +227,12 @@ class MoE(nn.Module):
             aux = self.aux_loss_coeff * self.aux_loss_scale * sequence_balance_loss(scores_TE, ids_TK, bsz, self.top_k)
             out_TD = _AddAuxLoss.apply(out_TD, aux)
         return out_TD.view(bsz, seqlen, dim)
+
+    def _counts(self, choices_N: torch.Tensor) -> torch.Tensor:
+        """Rows per expert, by scatter-add into E slots, not bincount, whose output size depends
+        on the data: a host sync on CUDA and a graph break under compile, every MoE layer."""
+        ones = torch.ones_like(choices_N)
+        return torch.zeros(self.n_experts, dtype=torch.int64, device=choices_N.device).scatter_add_(0, choices_N, ones)
 
     def _own_pairs(self, bsz: int, seqlen: int, device) -> torch.Tensor:
         """The (token, choice) pairs, as indices into the flattened top-k ids, of this TP rank's

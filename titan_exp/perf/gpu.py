@@ -357,7 +357,7 @@ def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float
     own = elementwise.moe_ops[compiled] - (0 if job.model.n_shared_experts else elementwise.ffn_ops[compiled])
     ep = 0
     if p.expert_parallel_degree > 1:
-        ep = elementwise.ep_ops + (elementwise.ep_tp_ops if p.tensor_parallel_degree > 1 else 0)
+        ep = elementwise.ep_ops + (elementwise.ep_tp_ops if p.dispatch_split > 1 else 0)
     return own * per_op + ep * kern.host_eager_s
 
 
@@ -405,8 +405,7 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     saves. The router's GEMM scores every expert in fp32. The dispatch copies the routed rows
     as `elementwise` counts, twice that in backward (with the rest of the memory-bound kernels)."""
     m, ep = job.model, job.parallelism.expert_parallel_degree
-    tp = job.parallelism.tensor_parallel_degree if ep > 1 else 1
-    rows, local = tokens * m.top_k / tp, m.n_experts / ep
+    rows, local = tokens * m.top_k / job.parallelism.dispatch_split, m.n_experts / ep
     d, h = m.dim, m.expert_hidden_dim
     up = linear_s(kern, rows / local, d, h, dtype, high, recipe, casts, local)  # w1, and w3 alike
     down = linear_s(kern, rows / local, h, d, dtype, high, recipe, casts, local)

@@ -176,7 +176,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     per_block += SP_GATHERED * tokens * m.dim * act_bytes * (1 - 1 / tp)
     # Routed experts: top_k experts' SwiGLU per token, and the token copies; of every token on each
     # TP rank without EP, of its sequence shard's under EP.
-    dispatched = tokens / (tp if p.expert_parallel_degree > 1 else 1)
+    dispatched = tokens / p.dispatch_split
     per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim
     per_block += moe_share * dispatched * m.top_k * per_routed_row * act_bytes
     inputs = tokens * m.dim * act_bytes / tp

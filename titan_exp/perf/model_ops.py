@@ -40,7 +40,7 @@ class Elementwise:
     moe_ops: tuple[int, int] = (21 + GROUPED_EXPERT_OPS, 17)
     ffn_ops: tuple[int, int] = (5, 4)
     ep_ops: int = 22
-    ep_tp_ops: int = 14
+    ep_tp_ops: int = 13
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -79,6 +79,6 @@ EP_SORT_BYTES = 8
 # counted the same way on a one-rank group: the counts' all-to-all and its wait, the rows' sums
 # to send and receive, joined for the one .tolist() that waits for the GPU, the rows' two
 # all-to-alls, the regrouping by expert; eager under compile, where .tolist() breaks the graph.
-# Where EP spreads over TP, a TP rank's own tokens add 14 (their pairs' indices from aranges, the
+# Where EP spreads over TP, a TP rank's own tokens add 13 (their pairs' indices from aranges, the
 # sort of their experts, their counts), counted the same way on one-rank groups.
 # Megatron's MoE layer (the published rows) is taken to issue as many (an assumption).

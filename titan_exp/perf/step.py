@@ -229,8 +229,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 scale /= profile.compile_speedup
             else:
                 notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
-        if p.expert_parallel_degree > 1 and tp > 1:  # measured with the routed experts whole on every TP rank
-            scale *= m.block_matmul_params(tp, experts_split=True) / m.block_matmul_params(tp)
+        # measured with the routed experts whole on every TP rank: the share a rank keeps
+        scale *= m.block_matmul_params(tp, p.dispatch_split) / m.block_matmul_params(tp)
         block = cost.fwd_bwd(seqs) * scale
         fwd = cost.fwd(seqs) * scale
         head = cost.head(seqs) * scale
@@ -391,7 +391,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                                        else sends * send)
     if ep > 1:
         a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
-        routed_bytes = mb * t.seq_len / cp / tp * m.top_k * m.dim * (2 if job.precision.param_dtype == "bfloat16" else 4)
+        routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
+                        * (2 if job.precision.param_dtype == "bfloat16" else 4))
         moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
         per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
         parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
