@@ -1,5 +1,6 @@
 """Expert parallel 1, 2 and 4 of the debug MoE against the dense debugmodel of equal active
-parameters, on 4 local ranks under FSDP, measured in one run (issue 18).
+parameters, on 4 local ranks under FSDP, and under FSDP 2 x TP 2 with and without EP, measured
+in one run (issues 18 and 36).
 
     python benchmarks/bench_moe.py [--steps 12] [--seq-len 256] [--repeats 2]
 
@@ -24,11 +25,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 from conftest import job_config, run_job  # noqa: E402
 
+TP2 = ["parallelism.data_parallel_shard_degree=2", "parallelism.tensor_parallel_degree=2",
+       "training.local_batch_size=4"]  # the same global batch of 8, no accumulation
 ROWS = {
     "dense debugmodel, FSDP 4": ["model=debugmodel"],
     "moe_debug, FSDP 4 (EP 1)": ["model=moe_debug"],
     "moe_debug, FSDP 4 x EP 2": ["model=moe_debug", "parallelism.expert_parallel_degree=2"],
     "moe_debug, FSDP 4 x EP 4": ["model=moe_debug", "parallelism.expert_parallel_degree=4"],
+    # TP without EP splits each routed expert's width; EP 4 spreads over FSDP 2 x TP 2 instead
+    "moe_debug, FSDP 2 x TP 2": ["model=moe_debug", *TP2],
+    "moe_debug, FSDP 2 x TP 2 x EP 4": ["model=moe_debug", *TP2, "parallelism.expert_parallel_degree=4"],
 }
 
 

@@ -21,6 +21,9 @@ LAYOUTS = {  # name: (overrides, the rank to build)
     "3d": (["parallelism.pipeline_parallel_degree=2", "parallelism.tensor_parallel_degree=2",
             "parallelism.data_parallel_shard_degree=16", "training.global_batch_size=32",
             "training.local_batch_size=2"], 40),
+    # without EP: TP splits each routed expert's width, FSDP 32 shards the slices
+    "tp_moe": (["model=moe_debug", "parallelism.data_parallel_shard_degree=32", "parallelism.tensor_parallel_degree=2",
+                "training.global_batch_size=32", "training.local_batch_size=1"], 13),
     # one expert per rank, EP over 4 FSDP x 2 TP ranks, efsdp 8
     "tp_ep": (["model=moe_debug", "parallelism.data_parallel_shard_degree=32", "parallelism.tensor_parallel_degree=2",
                "parallelism.expert_parallel_degree=8", "training.global_batch_size=32", "training.local_batch_size=1"], 13),

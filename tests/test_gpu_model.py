@@ -528,10 +528,12 @@ def olmoe_job(ep: int, *overrides: str):
 def test_expert_parallel_over_tp_ranks_dispatches_a_sequence_shard_on_each():
     """EP spreads over TP's ranks (parallel.expert): a TP 2 rank of EP 8 dispatches its half of
     the sequence, so its routed experts cost what a TP 1 rank's cost on half the tokens and its
-    all-to-alls carry half the bytes; without EP every TP rank runs them on all the tokens."""
-    def job(tp: int, ep: int, seq: int):
+    all-to-alls carry half the bytes; without EP every TP rank runs all the tokens through half of
+    every expert's width (parallel.tensor), what experts half as wide cost at TP 1."""
+    def job(tp: int, ep: int, seq: int, *more: str):
         return olmoe_job(ep, f"parallelism.tensor_parallel_degree={tp}", f"training.seq_len={seq}",
-                         f"parallelism.data_parallel_shard_degree={8 // tp}", f"training.global_batch_size={8 // tp}")
+                         f"parallelism.data_parallel_shard_degree={8 // tp}", f"training.global_batch_size={8 // tp}",
+                         *more)
 
     def routed(j, tokens):
         return gpu.routed_experts(j, tokens, K100, "bfloat16", "bfloat16", None, "compiled", model_ops.LLAMA)
@@ -539,7 +541,9 @@ def test_expert_parallel_over_tp_ranks_dispatches_a_sequence_shard_on_each():
     experts = ("up", "down", "bwd")  # the router and the per-token copies see every token on every TP rank
     tp2, tp1 = routed(job(2, 8, 1024), 1024), routed(job(1, 8, 1024), 512)
     assert [getattr(tp2, f) for f in experts] == pytest.approx([getattr(tp1, f) for f in experts])
-    assert routed(job(2, 1, 1024), 1024).up == pytest.approx(routed(job(1, 1, 1024), 1024).up)
+    half_width = routed(job(1, 1, 1024, "model.moe_hidden_dim=512"), 1024)  # OLMoE's experts are 1024 wide
+    assert [getattr(routed(job(2, 1, 1024), 1024), f) for f in experts] == pytest.approx(
+        [getattr(half_width, f) for f in experts])
     profile = spec_profile(H100, 8, 8)
     a2a_tp2, a2a_tp1 = (predict_step(j, profile, cuda=True).parts["ep"] for j in (job(2, 8, 1024), job(1, 8, 512)))
     assert a2a_tp2 == pytest.approx(a2a_tp1)
@@ -606,9 +610,12 @@ def test_an_moe_layers_host_ops_are_what_this_toolkits_layer_issues():
     assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        layer.ep_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("ep",))
+        tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))
+        layer.tp_mesh = tp_mesh  # TP without EP (a slice of every expert's width): its gradient sums are views forward
+        assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS
+        layer.tp_mesh, layer.ep_mesh = None, init_device_mesh("cpu", (1,), mesh_dim_names=("ep",))
         assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS + ours.ep_ops
-        layer.tp_mesh = init_device_mesh("cpu", (1,), mesh_dim_names=("tp",))  # EP over TP's ranks too
+        layer.tp_mesh = tp_mesh  # EP over TP's ranks too
         assert count() == ours.moe_ops[0] - model_ops.GROUPED_EXPERT_OPS + ours.ep_ops + ours.ep_tp_ops
     finally:
         dist.destroy_process_group()

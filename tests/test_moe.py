@@ -3,7 +3,7 @@
 In one process: the MoE layer against a token-by-token reference (forward and gradients), the
 balance loss's gradient against adding it to the loss, the bias update, the published shapes, the
 validation rules and the planner's EP layouts. Then real gloo runs of the debug MoE: every EP
-layout gives one process's losses and gradient norms (fp32, deterministic; the norms catch a
+layout, and TP without EP (each expert's width split), gives one process's losses and gradient norms (fp32, deterministic; the norms catch a
 wrong expert gradient scale, which AdamW's updates would hide from the losses), and an EP 2
 checkpoint continues under EP 4 and in one process (DCP reshards the experts).
 """
@@ -31,11 +31,13 @@ EP = {  # name -> overrides; every one must equal the single process
     "pp2_ep2": ["parallelism=pp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
     "hsdp_ep2": ["parallelism=hsdp", "parallelism.expert_parallel_degree=2", *W4],
     "cp2_ep2": ["parallelism=cp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
-    "tp2": ["parallelism=tp", *W2],
+    "tp2": ["parallelism=tp", *W2],  # each expert's width split over TP
+    "fsdp2_tp2": ["parallelism=2d", *W4],  # and FSDP over the slices
+    "3d": ["parallelism=3d", "cluster.nproc_per_node=8", "training.local_batch_size=4"],  # PP x FSDP x TP, no EP
     "ep2_compile_full_ac": ["parallelism=ep", "compile.enable=true", "activation_checkpoint.mode=full", *W2],
     "3d_ep": ["parallelism=3d_ep", "cluster.nproc_per_node=8", "training.local_batch_size=4"],
 }
-FAST = ("tp2_ep4", "pp2_ep2")  # ep2 itself runs in the checkpoint fixture below, dp_shard4_ep2's layout in
+FAST = ("tp2_ep4", "pp2_ep2", "fsdp2_tp2")  # ep2 itself runs in the checkpoint fixture below, dp_shard4_ep2's layout in
 # test_experts_fewer_than_their_fsdp_ranks_shard_by_rows
 
 
@@ -204,6 +206,10 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
      "activation_checkpoint.selective_ac_option = 'op': torch's per-op selective checkpoint"),
     (["model=moe_debug", "parallelism=cp", "cluster.nproc_per_node=2", "model.aux_loss_coeff=0.01"],
      "model.aux_loss_coeff = 0.01: the sequence-wise balance loss needs whole sequences"),
+    (["model=moe_debug", "parallelism=tp", "cluster.nproc_per_node=2", "model.moe_hidden_dim=129",
+      "model.n_shared_experts=2"],  # the shared experts' 258 divide by 2, the routed experts' 129 do not
+     "parallelism.tensor_parallel_degree = 2: does not divide the routed experts' width (model.moe_hidden_dim; "
+     "without expert parallel TP splits every expert) = 129"),
     (["model=moe_debug", "model.top_k=9"], "model.top_k = 9: exceeds model.n_experts = 8"),
     (["model=moe_debug", "model.route_scale=0"], "model.route_scale = 0.0: must be > 0"),
     (["model=moe_debug", "model.n_dense_layers=6"], "model.n_dense_layers = 6: leaves no MoE layer"),
@@ -226,11 +232,13 @@ def test_planner_searches_expert_parallel():
     plans = {pl.name: pl for pl in plan(job, 4, device_memory_gib=100, profile=defaults("cpu", "gloo", 4, 1))}
     assert {"dp_shard4", "dp_shard4 x ep2", "dp_shard4 x ep4", "dp_shard2 x tp2 x ep2", "dp_shard2 x tp2 x ep4",
             "cp4 x ep4"} <= set(plans)
-    # EP spreads over TP's ranks: 4 of them shard the routed experts, where TP alone leaves them whole
-    # and each TP rank dispatches half the tokens
+    # Both split the routed experts over the 4 FSDP x TP ranks, and the routed work over TP: EP by
+    # experts (each TP rank dispatching half the tokens), TP alone by each expert's width (every
+    # token through half of it). FSDP gathers a quarter of the experts under EP, half of each without.
     tp_ep4, tp = plans["dp_shard2 x tp2 x ep4"], plans["dp_shard2 x tp2"]
-    assert tp_ep4.parts_gib["states"] < tp.parts_gib["states"]
-    assert tp_ep4.step.parts["compute"] < tp.step.parts["compute"]
+    assert tp_ep4.parts_gib["states"] == pytest.approx(tp.parts_gib["states"], rel=0.01)  # the router: whole over TP
+    assert tp_ep4.step.parts["compute"] == pytest.approx(tp.step.parts["compute"])
+    assert tp_ep4.parts_gib["fsdp_working_set"] < tp.parts_gib["fsdp_working_set"]
     assert "parallelism.expert_parallel_degree=1" in plans["dp_shard4"].overrides
     ep4, fsdp = plans["dp_shard4 x ep4"], plans["dp_shard4"]
     assert ep4.step.parts["ep"] > 0 and "ep" not in fsdp.step.parts

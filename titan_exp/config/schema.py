@@ -220,17 +220,29 @@ class ModelConfig:
 
     @property
     def routed_params_per_block(self) -> float:
-        """The routed experts and router of the mean block: the MoE parameters TP leaves whole
-        (they run replicated over TP; titan_exp.parallel.tensor)."""
+        """The routed experts and router of the mean block: the MoE parameters FSDP shards apart
+        from the rest under expert parallel (titan_exp.parallel.fsdp)."""
         return self.n_moe_layers * (self.n_experts * self.expert_params + self.dim * self.n_experts) / self.n_layers
 
-    def block_matmul_params(self, tp: int = 1, dispatch_split: int = 1) -> float:
+    def routed_params_on_tp_rank(self, tp: int, ep: int) -> float:
+        """The mean block's routed experts and router as one TP rank holds them before FSDP shards
+        them: under expert parallel 1/ep of them (whole experts, titan_exp.parallel.expert);
+        without it 1/tp of every expert's width, and the router whole (titan_exp.parallel.tensor)."""
+        if ep > 1:
+            return self.routed_params_per_block / ep
+        router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
+        return (self.routed_params_per_block - router) / tp + router
+
+    def block_matmul_params(self, tp: int = 1, experts_split: int | None = None) -> float:
         """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
-        token are twice this, before attention's scores): the router whole, the routed experts it
-        goes to over `dispatch_split` (ParallelismConfig.dispatch_split), the rest split by tp."""
+        token are twice this, before attention's scores): the router whole, the rest split by tp,
+        and the routed experts it goes to over `experts_split` ranks: tp unless said, as every TP
+        layout splits them (ParallelismConfig.dispatch_split x expert_width_split); 1 for a block
+        measured with them whole (titan_exp.perf.measure_compute.sharded_block)."""
         experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
         router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
-        return (self.active_block_params - experts - router) / tp + router + experts / dispatch_split
+        split = tp if experts_split is None else experts_split
+        return (self.active_block_params - experts - router) / tp + router + experts / split
 
     def _params(self, active: bool) -> int:
         return (self.embedding_params + self.n_layers * self._attention_and_norms + self._ffn_params(active)
@@ -292,8 +304,16 @@ class ParallelismConfig:
     def dispatch_split(self) -> int:
         """The ranks a microbatch's routed tokens are split over within one TP group: all tp of
         them under expert parallel, which spreads over TP (parallel.expert); 1 without it (every
-        TP rank runs the routed experts on every token)."""
+        TP rank runs every routed token, through its slice of each expert: expert_width_split)."""
         return self.tensor_parallel_degree if self.expert_parallel_degree > 1 else 1
+
+    @property
+    def expert_width_split(self) -> int:
+        """The ranks each routed expert's hidden width is split over: all tp of them without
+        expert parallel (parallel.tensor, TorchTitan's expert tensor parallel); 1 under it, whose
+        ranks hold whole experts and split the tokens instead (dispatch_split). Either way a TP
+        rank does 1/tp of its TP group's routed work."""
+        return 1 if self.expert_parallel_degree > 1 else self.tensor_parallel_degree
 
     @property
     def known_degree(self) -> int:

@@ -9,11 +9,14 @@ optional sequence-wise balance loss (`model.aux_loss_coeff`) enters through the 
 Dispatch sorts the tokens by expert. Without expert parallel the experts then run locally; with it
 (`ep_mesh` set by titan_exp.parallel.expert) each rank holds n_experts / ep of them, the token
 counts per expert are exchanged first, then the tokens themselves go to their experts' ranks in
-one all-to-all and come back in another (`_exchange`). Under tensor parallel the layer sees the
-whole (gathered) sequence; with expert parallel over the TP ranks too (`tp_mesh`), every TP rank
-routes all of it but dispatches only the tokens of its own sequence shard, the one it keeps of
-the output, so no routed expert runs twice. The routing, the combine and the order of every sum
-are the same either way, so an EP layout computes what one process does.
+one all-to-all and come back in another (`_exchange`). Under tensor parallel (`tp_mesh`) the layer
+sees the whole (gathered) sequence and every TP rank routes all of it; no routed expert's work is
+done twice. With expert parallel, which spreads over the TP ranks, each TP rank dispatches only the
+tokens of its own sequence shard, the one it keeps of the output. Without it, each TP rank holds a
+slice of every expert's hidden width (titan_exp.parallel.tensor) and runs every routed token
+through it, so its output is a partial sum that TP reduce-scatters, as a dense SwiGLU's. The
+routing, the combine and the order of every sum are the same either way, so a TP or EP layout
+computes what one process does.
 
 Shape letters: T tokens, D model dim, E experts, e local experts, K top-k, N = T*K routed rows.
 """
@@ -122,8 +125,9 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 
 def _local(w: torch.Tensor) -> torch.Tensor:
-    """A weight as this rank holds it: its experts under EP (a DTensor sharded over experts), the
-    whole weight under TP (a DTensor replicated over it; parallel/tensor.py)."""
+    """A weight as this rank holds it: its experts under EP (a DTensor sharded over experts), its
+    slice of every expert's width under TP without EP, the router whole (a DTensor replicated over
+    TP; parallel/tensor.py)."""
     from torch.distributed.tensor import DTensor
 
     return w.to_local() if isinstance(w, DTensor) else w
@@ -172,8 +176,9 @@ class _AddAuxLoss(torch.autograd.Function):
 
 
 class MoE(nn.Module):
-    # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over, and
-    # the TP mesh inside it, whose ranks dispatch their own sequence shards.
+    # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over; and by
+    # titan_exp.parallel.tensor.moe_plan: the TP mesh, whose ranks dispatch their own sequence
+    # shards under EP, or each run a slice of every expert's width without it.
     ep_mesh = tp_mesh = None
     # Whether a forward with gradients counts its tokens per expert (off for a pipeline stage's
     # shape inference: titan_exp.parallel.pipeline.Stage).
@@ -208,17 +213,21 @@ class MoE(nn.Module):
         if self.counting and torch.is_grad_enabled():  # training forwards only (validation runs without grad)
             self.tokens_per_expert.add_(counts_E)
         # Sort the (token, choice) pairs by expert; stable, so the order never depends on layout.
-        if self.tp_mesh is None:
-            order_N = choices.argsort(stable=True)
-        else:  # this TP rank's sequence shard's pairs only, in the same order
+        x_routed = x_TD
+        if self.tp_mesh is not None and self.ep_mesh is not None:  # this TP rank's sequence shard's pairs only
             pairs_N = self._own_pairs(bsz, seqlen, x.device)
             own_N = choices[pairs_N]
             order_N, counts_E = pairs_N[own_N.argsort(stable=True)], self._counts(own_N)
-            # Each rank's combine weighs its own tokens: their gradients add up over TP, so the
-            # router, which every TP rank runs whole, gets the same gradient on each.
+        else:
+            order_N = choices.argsort(stable=True)
+            if self.tp_mesh is not None:  # each TP rank's slice of the experts' width adds its share of x's gradient
+                x_routed = _SumGradOver.apply(x_TD, self.tp_mesh)
+        if self.tp_mesh is not None:
+            # Each rank's combine weighs its own tokens or its partial outputs: their gradients add
+            # up over TP, so the router, which every TP rank runs whole, gets the same gradient on each.
             weights_TK = _SumGradOver.apply(weights_TK, self.tp_mesh)
         token_N = order_N // self.top_k
-        routed_ND = self._exchange(x_TD.to(compute_dtype(x_TD))[token_N], counts_E)
+        routed_ND = self._exchange(x_routed.to(compute_dtype(x_TD))[token_N], counts_E)
         weighted = routed_ND.float() * weights_TK.flatten()[order_N, None]
         out_TD = torch.zeros_like(x_TD).index_add_(0, token_N, weighted.to(x_TD.dtype))
         if self.shared_experts is not None:

@@ -61,7 +61,8 @@ def apply_fsdp(
     Under expert parallel (`experts_mesh`, the efsdp mesh) an MoE block's routed experts are a
     unit of their own, sharded over efsdp only (the ep ranks already split them). FSDP averages
     their gradients over efsdp; the experts themselves divide by ep (models.moe.GroupedExperts:
-    gloo has no pre-multiplied sum for FSDP's own divide factor)."""
+    gloo has no pre-multiplied sum for FSDP's own divide factor). Without it they stay in their
+    block's unit. Either way experts_placement says along which dim FSDP shards them."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = dict(mesh=dp_mesh, mp_policy=mp)
     if model.tok_embeddings is not None:
@@ -73,22 +74,26 @@ def apply_fsdp(
             fully_shard(block.moe.experts, mesh=experts_mesh, mp_policy=mp,
                         reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
                         shard_placement_fn=experts_placement(block.moe.experts, experts_mesh))
-        fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last), **kwargs)
+        placement = experts_placement(block.moe.experts, dp_mesh) if experts_mesh is None and hasattr(block, "moe") else None
+        fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
+                    shard_placement_fn=placement, **kwargs)
     if model.output is not None:
         fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
     fully_shard(model, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
 
 
-def experts_placement(experts: nn.Module, experts_mesh):
-    """FSDP shards dim 0 by default; a rank's experts (dim 0 under EP) are often fewer than the
-    efsdp ranks (8 experts, EP 8, efsdp 8: one each), which would leave most ranks no share and
-    one the whole expert. Then the experts are sharded along their rows (dim 1), as TorchTitan does."""
+def experts_placement(experts: nn.Module, mesh):
+    """FSDP shards dim 0 by default; a rank's experts (dim 0) are often fewer than the ranks
+    sharding them (8 experts, EP 8, efsdp 8: one each; or, without EP, 8 experts over FSDP 32),
+    which would pad most ranks' shares to a whole expert's. Then the experts are sharded along
+    their rows (dim 1), as TorchTitan does; the block's other parameters keep dim 0."""
     from torch.distributed.tensor import DTensor, Shard
 
     local = experts.w1.to_local() if isinstance(experts.w1, DTensor) else experts.w1
-    if local.shape[0] % experts_mesh.size(experts_mesh.ndim - 1) == 0:
+    if local.shape[0] % mesh.size(mesh.ndim - 1) == 0:
         return None
-    return lambda param: Shard(1)
+    ids = {id(p) for p in experts.parameters()}
+    return lambda param: Shard(1) if id(param) in ids else None
 
 
 def apply_ddp(model: nn.Module, dp_mesh) -> None:

@@ -20,7 +20,7 @@ compiled-graph boundaries, pytorch/pytorch#118671.)
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -52,6 +52,9 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
                              ("ffn hidden size (from model.dim/multiple_of/ffn_dim_multiplier)", m.ffn_hidden_dim),
                              ("the shared experts' width (model.moe_hidden_dim x n_shared_experts)",
                               m.expert_hidden_dim * m.n_shared_experts),
+                             *([("the routed experts' width (model.moe_hidden_dim; without expert parallel "
+                                 "TP splits every expert)", m.expert_hidden_dim)]
+                               if m.is_moe and dims.ep == 1 else []),
                              ("the sequence per rank (training.seq_len / cp, sequence parallel)",
                               job.training.seq_len // dims.cp)):
             if value % dims.tp:
@@ -113,8 +116,8 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
             "ffn_norm": SequenceParallel(),
         }
         if hasattr(block, "moe"):
-            plan |= moe_plan(block.moe)
-            replicate_rest(block.moe, tp_mesh)
+            plan |= moe_plan(block.moe, tp_mesh)
+            distribute_moe_params(block.moe, tp_mesh)
         else:
             plan |= {
                 "feed_forward": prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
@@ -125,31 +128,41 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
         parallelize_module(block, tp_mesh, plan)
 
 
-def replicate_rest(moe: nn.Module, tp_mesh) -> None:
-    """The router, and the routed experts unless EP split them, as DTensors replicated over TP:
-    then every parameter of a TP model is a DTensor, which the optimizer's foreach ops need even
-    where no FSDP makes them so. (MoE.forward computes with their local tensors.)"""
+def distribute_moe_params(moe: nn.Module, tp_mesh) -> None:
+    """The router as a DTensor replicated over TP, and the routed experts, unless EP split them,
+    sharded over TP along their hidden width (each expert's w1 and w3 by rows, w2 by columns:
+    TorchTitan's expert tensor parallel, of degree tp); then every parameter of a TP model is a
+    DTensor, which the optimizer's foreach ops need even where no FSDP makes them so.
+    (MoE.forward computes with their local tensors.)"""
     from torch.distributed.tensor import DTensor, distribute_tensor
 
+    hidden = {"w1": Shard(1), "w3": Shard(1), "w2": Shard(2)}  # (E, hidden, dim) and (E, dim, hidden)
     for module in (moe.router.gate, moe.experts):
         for name, param in list(module.named_parameters(recurse=False)):
             if not isinstance(param, DTensor):
-                setattr(module, name, nn.Parameter(distribute_tensor(param, tp_mesh, [Replicate()])))
+                placement = hidden[name] if module is moe.experts else Replicate()
+                setattr(module, name, nn.Parameter(distribute_tensor(param, tp_mesh, [placement])))
 
 
-def moe_plan(moe: nn.Module) -> dict[str, object]:
-    """An MoE layer under TP: it takes the whole (gathered) sequence as a plain tensor, so the
-    router and routed experts run replicated on every TP rank (their gradients agree, no reduction
-    over TP is needed), and hands back its sequence shard (a local slice; its backward gathers).
-    The shared experts are split column-/row-wise as a dense SwiGLU is, their output all-reduced."""
+def moe_plan(moe: nn.Module, tp_mesh) -> dict[str, object]:
+    """An MoE layer under TP: it takes the whole (gathered) sequence as a plain tensor, and every
+    TP rank runs the router on all of it. Under expert parallel (`moe.ep_mesh` set: EP spreads over
+    TP's ranks) each rank dispatches its own sequence shard's tokens to whole experts, so its
+    output's rows of that shard are complete, and it hands back that shard (a local slice; its
+    backward gathers); the shared experts' output is all-reduced. Without EP every rank runs every
+    routed token through its slice of each expert's width (distribute_moe_params), as the shared experts
+    run their column- and row-wise slices, so the layer's output is a partial sum, reduce-scattered
+    to the sequence shards as a dense SwiGLU's is. The layer learns which from its `tp_mesh`."""
     from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 
+    moe.tp_mesh = tp_mesh
+    out = Replicate() if moe.ep_mesh is not None else Partial()
     plan: dict[str, object] = {"moe": PrepareModuleInputOutput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,
-        output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),), use_local_output=True)}
+        output_layouts=(out,), desired_output_layouts=(Shard(1),), use_local_output=True)}
     if moe.shared_experts is not None:
         plan |= {"moe.shared_experts.w1": ColwiseParallel(), "moe.shared_experts.w3": ColwiseParallel(),
-                 "moe.shared_experts.w2": RowwiseParallel(output_layouts=Replicate())}
+                 "moe.shared_experts.w2": RowwiseParallel(output_layouts=out)}
     return plan
 
 

@@ -397,16 +397,17 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
                    casts: str, elementwise: Elementwise) -> RoutedTimes:
     """An MoE layer's router and routed experts on one rank, for a microbatch of `tokens` tokens
     (all of them on every TP rank, which routes them all; under EP it dispatches its sequence
-    shard's, 1/tp of them, as parallel.expert spreads EP over TP; without EP the experts run
-    whole on every TP rank). Its routed rows reach
+    shard's, 1/tp of them, as parallel.expert spreads EP over TP; without EP it runs all of them
+    through its 1/tp of every expert's width, parallel.tensor). Its routed rows reach
     its n_experts / ep local experts, as many as it sends (balanced routing; an assumption), so
     each local expert's GEMMs have rows / local rows, in one grouped kernel (linear_s's groups):
     every local expert's weights are read whatever its rows, which is what expert parallel
     saves. The router's GEMM scores every expert in fp32. The dispatch copies the routed rows
     as `elementwise` counts, twice that in backward (with the rest of the memory-bound kernels)."""
-    m, ep = job.model, job.parallelism.expert_parallel_degree
-    rows, local = tokens * m.top_k / job.parallelism.dispatch_split, m.n_experts / ep
-    d, h = m.dim, m.expert_hidden_dim
+    m, p = job.model, job.parallelism
+    ep = p.expert_parallel_degree
+    rows, local = tokens * m.top_k / p.dispatch_split, m.n_experts / ep
+    d, h = m.dim, m.expert_hidden_dim / p.expert_width_split
     up = linear_s(kern, rows / local, d, h, dtype, high, recipe, casts, local)  # w1, and w3 alike
     down = linear_s(kern, rows / local, h, d, dtype, high, recipe, casts, local)
     f32 = "float32" if "float32" in kern.matmul_tflops else high

@@ -40,11 +40,13 @@
 The CPU constants were fitted once on this project's CPU machine (BENCHMARKS.md records predicted
 vs measured peak memory per layout).
 
-MoE models: without EP the routed experts run whole on every TP rank, so their states are
-divided by dp_shard x cp only and their activations (those of top_k experts per token plus the
-dispatched copies of the tokens, DISPATCH_COPIES) not by tp; under EP, which spreads over TP's
-ranks too (parallel.expert), ep x efsdp = dp_shard x cp x tp ranks shard the routed experts, and
-each TP rank dispatches 1/tp of the tokens. FSDP gathers 1/ep of the routed experts under EP.
+MoE models: without EP each TP rank holds 1/tp of every routed expert's width (parallel.tensor),
+so their states are divided by dp_shard x cp x tp (the router's by dp_shard x cp: it runs whole on
+every TP rank), and every TP rank dispatches every token: the dispatched copies of the tokens
+(DISPATCH_COPIES) are not divided by tp, the experts' hidden activations are. Under EP, which
+spreads over TP's ranks too (parallel.expert), ep x efsdp = dp_shard x cp x tp ranks shard the
+routed experts, and each TP rank dispatches 1/tp of the tokens through whole experts. FSDP gathers
+1/ep of the routed experts under EP.
 """
 
 from __future__ import annotations
@@ -116,7 +118,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         return max((predict_memory(job, cuda=cuda, pp_rank=k, gpu=gpu) for k in range(pp)),
                    key=lambda parts: parts["total"])
     block = m.block_params
-    routed = m.routed_params_per_block  # 0 for a dense model; not split by tp
+    routed = m.routed_params_per_block  # 0 for a dense model
+    routed_rank = m.routed_params_on_tp_rank(tp, p.expert_parallel_degree)  # of them, on one TP rank
     ep = p.expert_parallel_degree
     loads = rank_loads(p, m.n_layers)
     per_rank = loads[0].stages
@@ -124,12 +127,13 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
     shard = dps * cp * tp
     bytes_param = 2 if job.precision.full_bf16 else 4
-    experts_over = shard if ep > 1 else dps * cp  # ep x efsdp, or FSDP's ranks (whole on every TP rank)
-    local_params = (params - worst.blocks * routed) / shard + worst.blocks * routed / experts_over
+    # ep x efsdp ranks shard the routed experts under EP; without it FSDP's shard a TP rank's slice
+    experts = routed / shard if ep > 1 else routed_rank / (dps * cp)
+    local_params = (params - worst.blocks * routed) / shard + worst.blocks * experts
     states = local_params * (2 * bytes_param + 8)
     # What one TP rank gathers of a block and of its stage: the dense part, and its routed experts.
-    params = (params - worst.blocks * routed) / tp + worst.blocks * routed / ep
-    block = (block - routed) / tp + routed / ep
+    params = (params - worst.blocks * routed) / tp + worst.blocks * routed_rank
+    block = (block - routed) / tp + routed_rank
     # The largest FSDP unit of the stage: the embedding and the output layer are units of their
     # own (parallel/fsdp.py), larger than a block when the vocabulary is large (Llama 3's 128k).
     unit = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params / tp)
@@ -174,10 +178,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # whole sequence, and their first linears save that gathered copy for backward (2 of the
     # ACT_PER_TOKEN_D), so those two are not divided by tp.
     per_block += SP_GATHERED * tokens * m.dim * act_bytes * (1 - 1 / tp)
-    # Routed experts: top_k experts' SwiGLU per token, and the token copies; of every token on each
-    # TP rank without EP, of its sequence shard's under EP.
+    # Routed experts: top_k experts' SwiGLU per token (a TP rank's slice of its width without EP),
+    # and the token copies; of every token on each TP rank without EP, of its sequence shard's under EP.
     dispatched = tokens / p.dispatch_split
-    per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim + DISPATCH_COPIES * m.dim
+    per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim / p.expert_width_split + DISPATCH_COPIES * m.dim
     per_block += moe_share * dispatched * m.top_k * per_routed_row * act_bytes
     inputs = tokens * m.dim * act_bytes / tp
     # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside

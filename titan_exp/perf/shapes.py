@@ -36,15 +36,15 @@ def float8_gathered(job: JobConfig) -> tuple[float, float]:
 def block_tensors(job: JobConfig) -> Sizes:
     """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
     the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
-    three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, whole
-    on every TP rank) and the shared experts'."""
+    three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, 1/tp
+    of each one's width) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
     q, kv = m.dim * m.n_heads * m.head_size / tp, m.dim * m.kv_heads * m.head_size / tp
     moe = m.n_moe_layers / m.n_layers
     out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
     if moe:
-        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim, 3 * moe)]
+        out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim / p.expert_width_split, 3 * moe)]
         if m.n_shared_experts:
             out += [(m.n_shared_experts * m.dim * m.expert_hidden_dim / tp, 3 * moe)]
     return out

@@ -68,10 +68,10 @@ step; at 1 MiB every layout pays for its gradients too. Activations are in the c
 costs, which were measured under the calibration job's threshold.
 
 MoE models: a block's FLOPs are those of its active parameters (the experts a token goes to);
-under TP the router runs whole on every TP rank, and the routed experts too unless expert
-parallel spreads over TP's ranks (each then dispatches 1/tp of the tokens: a calibrated block,
-measured with them whole, is taken at the share of its FLOPs left), so only the rest is divided
-by tp. A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well; a GPU
+under TP the router runs whole on every TP rank and the rest is divided by tp, the routed experts
+too: expert parallel spreads over TP's ranks (each dispatches 1/tp of the tokens), or without it
+each TP rank runs 1/tp of every expert's width (a calibrated block, measured with them whole, is
+taken at the share of its FLOPs left). A calibrated MoE block (calibrate model=<an MoE model>) measures dispatch as well; a GPU
 block from its parts prices the router, the grouped GEMM over the local experts and the
 dispatch's copies (gpu.routed_experts).
 """
@@ -222,7 +222,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                          f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
             cost = estimated_block(job, tp, profile)
         gemm32 = profile.gemm.get("float32")
-        block_fwd_flops = 2 * m.block_matmul_params(tp) * mb * t.seq_len / cp
+        block_fwd_flops = 2 * m.block_matmul_params(tp, experts_split=1) * mb * t.seq_len / cp  # as measured
         scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
         if job.compile.enable:
             if profile.compile_speedup:
@@ -230,7 +230,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             else:
                 notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
         # measured with the routed experts whole on every TP rank: the share a rank keeps
-        scale *= m.block_matmul_params(tp, p.dispatch_split) / m.block_matmul_params(tp)
+        scale *= m.block_matmul_params(tp) / m.block_matmul_params(tp, experts_split=1)
         block = cost.fwd_bwd(seqs) * scale
         fwd = cost.fwd(seqs) * scale
         head = cost.head(seqs) * scale
@@ -279,7 +279,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     routed = m.routed_params_per_block  # 0 for a dense model
     # Per-TP-rank parameter counts of the FSDP units over dp_shard x cp: the blocks (less their
     # routed experts under EP, which are a unit of their own), the embedding, the output.
-    units = [(m.block_params - routed) / tp + (routed if ep == 1 else 0)] * worst.blocks + (
+    units = [(m.block_params - routed) / tp + (m.routed_params_on_tp_rank(tp, 1) if ep == 1 else 0)] * worst.blocks + (
         [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
     compute_window = parts["compute"] + parts["recompute"]
     shard = dps * cp
