@@ -13,8 +13,8 @@ from titan_exp.config import compose_job
 from titan_exp.perf import float8_casts as f8c
 from titan_exp.perf import gpu, model_ops
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
-from titan_exp.perf.profile import Kernels, MachineProfile
-from titan_exp.perf.step import across_nodes, node_ranks, predict_step
+from titan_exp.perf.profile import Kernels, Line, MachineProfile
+from titan_exp.perf.step import across_nodes, moe_tp_extra, node_ranks, predict_step
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
@@ -548,6 +548,27 @@ def test_expert_parallel_over_tp_ranks_dispatches_a_sequence_shard_on_each():
     a2a_tp2, a2a_tp1 = (predict_step(j, profile, cuda=True).parts["ep"] for j in (job(2, 8, 1024), job(1, 8, 512)))
     assert a2a_tp2 == pytest.approx(a2a_tp1)
     assert a2a_tp2 < predict_step(job(1, 8, 1024), profile, cuda=True).parts["ep"]  # TP 1, the whole sequence
+
+
+def test_an_moe_layers_tp_collectives_are_those_its_plan_runs():
+    """parallel.tensor.moe_plan's collectives beside a dense SwiGLU's (an all-gather and a
+    reduce-scatter each way), at ring costs (an all-reduce moves twice a reduce-scatter's bytes):
+    without EP the routed tokens' input gradient and the shared experts' are all-reduced where a
+    SwiGLU reduce-scatters one; under EP over TP nothing is reduce-scattered, forward or backward,
+    only the shared experts' output and input gradient all-reduced. Both all-reduce the combine
+    weights' gradient, tokens x top_k in fp32. OLMoE: every layer MoE, top 8, no shared experts."""
+    rs, ar = Line(0.0, 1e-9), Line(0.0, 2e-9)
+    act_elements = 1024 * 2048  # tokens x dim
+    act, weights = act_elements * 2, ar(1024 * 8 * 4)
+
+    def extra(ep, *more, full=0):
+        return moe_tp_extra(olmoe_job(ep, "parallelism.tensor_parallel_degree=2", *more), rs, ar, act_elements, act, full)
+    assert extra(1) == pytest.approx(rs(act) + weights)  # all-reduced where reduce-scattered
+    assert extra(1, "model.n_shared_experts=1") == pytest.approx(3 * rs(act) + weights)
+    assert extra(8) == pytest.approx(-2 * rs(act) + weights)
+    assert extra(8, full=1) == pytest.approx(-3 * rs(act) + weights)  # the recomputed forward's too
+    assert extra(8, "model.n_shared_experts=1") == pytest.approx(2 * rs(act) + weights)
+    assert moe_tp_extra(resolve(compose_job(["model=llama3_8b"])), rs, ar, act_elements, act, 0) == 0.0
 
 
 def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():

@@ -41,6 +41,7 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
          Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
          parts, those torch's pass fuses (gpu.async_tp_exposed); else by the measured overlap.
+         An MoE layer's collectives differ from a dense SwiGLU's (moe_tp_extra), waited for in full.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
@@ -177,6 +178,30 @@ def across_nodes(job: JobConfig) -> set[str]:
     degrees = job.parallelism.degrees
     return ({d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
             | ({"ep"} if ep_spans_nodes(job) else set()))
+
+
+def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_bytes: float,
+                 full: int) -> float:
+    """The mean block's TP collectives per microbatch beyond a dense block's, from its MoE layers
+    (parallel.tensor.moe_plan; a dense SwiGLU all-gathers its input and reduce-scatters its output
+    forward, and the same backward). Without EP the MoE layer's output is reduce-scattered as a
+    SwiGLU's; backward, the routed tokens' input gradient and the shared experts' (column-wise)
+    are each all-reduced over TP, where a SwiGLU reduce-scatters one. Under EP over TP the
+    forward's output is the shared experts' all-reduce (nothing without them), and backward only
+    theirs. Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. The
+    forward repeats under full AC (`full`)."""
+    m = job.model
+    if not m.n_moe_layers:
+        return 0.0
+    shared = 1 if m.n_shared_experts else 0
+    weights = ar(act_elements / m.dim * m.top_k * 4)
+    if job.parallelism.expert_parallel_degree > 1:
+        forward = shared * ar(act_bytes) - rs(act_bytes)
+        backward = shared * ar(act_bytes) + weights - rs(act_bytes)
+    else:
+        forward = 0.0
+        backward = (1 + shared) * ar(act_bytes) + weights - rs(act_bytes)
+    return m.n_moe_layers / m.n_layers * ((1 + full) * forward + backward)
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
@@ -371,6 +396,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
                                                      tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
                 per_block = (1 + full) * forward + backward
+            per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
             ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
         parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
         if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
