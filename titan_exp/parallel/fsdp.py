@@ -74,7 +74,8 @@ def apply_fsdp(
             fully_shard(block.moe.experts, mesh=experts_mesh, mp_policy=mp,
                         reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
                         shard_placement_fn=experts_placement(block.moe.experts, experts_mesh))
-        placement = experts_placement(block.moe.experts, dp_mesh) if experts_mesh is None and hasattr(block, "moe") else None
+        in_block = experts_mesh is None and hasattr(block, "moe")  # the routed experts, in the block's unit
+        placement = experts_placement(block.moe.experts, dp_mesh) if in_block else None
         fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
                     shard_placement_fn=placement, **kwargs)
     if model.output is not None:

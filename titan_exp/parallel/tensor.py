@@ -150,9 +150,10 @@ def moe_plan(moe: nn.Module, tp_mesh) -> dict[str, object]:
     TP's ranks) each rank dispatches its own sequence shard's tokens to whole experts, so its
     output's rows of that shard are complete, and it hands back that shard (a local slice; its
     backward gathers); the shared experts' output is all-reduced. Without EP every rank runs every
-    routed token through its slice of each expert's width (distribute_moe_params), as the shared experts
-    run their column- and row-wise slices, so the layer's output is a partial sum, reduce-scattered
-    to the sequence shards as a dense SwiGLU's is. The layer learns which from its `tp_mesh`."""
+    routed token through its slice of each expert's width (distribute_moe_params), as the shared
+    experts run their column- and row-wise slices, so the layer's output is a partial sum,
+    reduce-scattered to the sequence shards as a dense SwiGLU's is. The layer learns which from
+    its `tp_mesh`."""
     from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 
     moe.tp_mesh = tp_mesh

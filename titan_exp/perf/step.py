@@ -304,7 +304,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     routed = m.routed_params_per_block  # 0 for a dense model
     # Per-TP-rank parameter counts of the FSDP units over dp_shard x cp: the blocks (less their
     # routed experts under EP, which are a unit of their own), the embedding, the output.
-    units = [(m.block_params - routed) / tp + (m.routed_params_on_tp_rank(tp, 1) if ep == 1 else 0)] * worst.blocks + (
+    block_unit = (m.block_params - routed) / tp + (m.routed_params_on_tp_rank(tp, 1) if ep == 1 else 0)
+    units = [block_unit] * worst.blocks + (
         [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
     compute_window = parts["compute"] + parts["recompute"]
     shard = dps * cp
