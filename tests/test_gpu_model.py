@@ -553,10 +553,11 @@ def test_expert_parallel_over_tp_ranks_dispatches_a_sequence_shard_on_each():
 def test_an_moe_layers_tp_collectives_are_those_its_plan_runs():
     """parallel.tensor.moe_plan's collectives beside a dense SwiGLU's (an all-gather and a
     reduce-scatter each way), at ring costs (an all-reduce moves twice a reduce-scatter's bytes):
-    without EP the routed tokens' input gradient and the shared experts' are all-reduced where a
-    SwiGLU reduce-scatters one; under EP over TP nothing is reduce-scattered, forward or backward,
-    only the shared experts' output and input gradient all-reduced. Both all-reduce the combine
-    weights' gradient, tokens x top_k in fp32. OLMoE: every layer MoE, top 8, no shared experts."""
+    without EP the routed tokens' input gradient is all-reduced, and the shared experts' twice
+    (w1's and w3's), where a SwiGLU reduce-scatters one; under EP over TP nothing is
+    reduce-scattered, forward or backward, only the shared experts' output all-reduced, and their
+    input gradient twice. Both all-reduce the combine weights' gradient, tokens x top_k in fp32.
+    OLMoE: every layer MoE, top 8, no shared experts. (tests/test_moe.py counts them on the layer.)"""
     rs, ar = Line(0.0, 1e-9), Line(0.0, 2e-9)
     act_elements = 1024 * 2048  # tokens x dim
     act, weights = act_elements * 2, ar(1024 * 8 * 4)
@@ -564,10 +565,10 @@ def test_an_moe_layers_tp_collectives_are_those_its_plan_runs():
     def extra(ep, *more, full=0):
         return moe_tp_extra(olmoe_job(ep, "parallelism.tensor_parallel_degree=2", *more), rs, ar, act_elements, act, full)
     assert extra(1) == pytest.approx(rs(act) + weights)  # all-reduced where reduce-scattered
-    assert extra(1, "model.n_shared_experts=1") == pytest.approx(3 * rs(act) + weights)
+    assert extra(1, "model.n_shared_experts=1") == pytest.approx(5 * rs(act) + weights)
     assert extra(8) == pytest.approx(-2 * rs(act) + weights)
     assert extra(8, full=1) == pytest.approx(-3 * rs(act) + weights)  # the recomputed forward's too
-    assert extra(8, "model.n_shared_experts=1") == pytest.approx(2 * rs(act) + weights)
+    assert extra(8, "model.n_shared_experts=1") == pytest.approx(4 * rs(act) + weights)
     assert moe_tp_extra(resolve(compose_job(["model=llama3_8b"])), rs, ar, act_elements, act, 0) == 0.0
 
 

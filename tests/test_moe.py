@@ -249,6 +249,66 @@ def test_planner_searches_expert_parallel():
     assert not any("ep" in pl.degrees for pl in dense)
 
 
+@pytest.mark.quick
+def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
+    """One rank of TP 2 on torch's fake process group: the collectives a 2-block model runs with
+    its second block MoE, beside the same model all dense, counted by kind, forward and backward,
+    without EP and with EP 2 over the TP ranks, with and without shared experts, are what
+    perf.step.moe_tp_extra prices one MoE layer beyond a dense block (an all-reduce and a
+    reduce-scatter told apart by their cost)."""
+    import collections
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_exp.cluster.dry_run import balanced_expert_counts
+    from titan_exp.models.llama import Transformer
+    from titan_exp.parallel.expert import apply_ep
+    from titan_exp.parallel.tensor import apply_tp
+    from titan_exp.perf.profile import Line
+    from titan_exp.perf.step import moe_tp_extra
+
+    cost = {"reduce_scatter_tensor": 1, "all_reduce": 1000}  # rs and ar by their latency, in counts
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.cost = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.cost += cost.get(func.overloadpacket.__name__, 0)
+            return func(*args, **(kwargs or {}))
+
+    def counted(overrides, ep):
+        job = job_config(["model.n_layers=2", "training.seq_len=64", *overrides])
+        model = Transformer(job.model)
+        if ep:
+            apply_ep(model, mesh, mesh)
+        apply_tp(model, mesh, loss_parallel=False)
+        model.init_weights(0)
+        with balanced_expert_counts(), Count() as forward:
+            out = model(torch.randint(0, job.model.vocab_size, (2, 64)))
+        with balanced_expert_counts(), Count() as backward:
+            out.sum().backward()
+        return job, forward.cost + backward.cost
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        _, dense = counted(["model=debugmodel"], ep=False)
+        for shared in (1, 0):
+            for ep in (False, True):
+                moe = ["model=moe_debug", "model.n_dense_layers=1", f"model.n_shared_experts={shared}",
+                       f"parallelism.expert_parallel_degree={2 if ep else 1}"]
+                job, total = counted(moe, ep)
+                priced = moe_tp_extra(job, Line(1, 0), Line(1000, 0), 1, 1, full=0)
+                assert total - dense == pytest.approx(priced * job.model.n_layers / job.model.n_moe_layers), (shared, ep)
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")
 def test_grouped_matmul_equals_the_loop():
     from titan_exp.models.moe import GroupedExperts

@@ -185,11 +185,12 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     """The mean block's TP collectives per microbatch beyond a dense block's, from its MoE layers
     (parallel.tensor.moe_plan; a dense SwiGLU all-gathers its input and reduce-scatters its output
     forward, and the same backward). Without EP the MoE layer's output is reduce-scattered as a
-    SwiGLU's; backward, the routed tokens' input gradient and the shared experts' (column-wise)
-    are each all-reduced over TP, where a SwiGLU reduce-scatters one. Under EP over TP the
-    forward's output is the shared experts' all-reduce (nothing without them), and backward only
-    theirs. Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. The
-    forward repeats under full AC (`full`)."""
+    SwiGLU's; backward, where a SwiGLU reduce-scatters its input gradient once, the routed tokens'
+    input gradient is all-reduced over TP, and the shared experts' twice (the hooks of their
+    column-wise w1 and w3 each sum their own). Under EP over TP nothing is reduce-scattered: the
+    forward's output is the shared experts' all-reduce (nothing without them), backward their two.
+    Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. The forward
+    repeats under full AC (`full`). tests/test_moe.py counts these on the layer."""
     m = job.model
     if not m.n_moe_layers:
         return 0.0
@@ -197,10 +198,10 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     weights = ar(act_elements / m.dim * m.top_k * 4)
     if job.parallelism.expert_parallel_degree > 1:
         forward = shared * ar(act_bytes) - rs(act_bytes)
-        backward = shared * ar(act_bytes) + weights - rs(act_bytes)
+        backward = 2 * shared * ar(act_bytes) + weights - rs(act_bytes)
     else:
         forward = 0.0
-        backward = (1 + shared) * ar(act_bytes) + weights - rs(act_bytes)
+        backward = (1 + 2 * shared) * ar(act_bytes) + weights - rs(act_bytes)
     return m.n_moe_layers / m.n_layers * ((1 + full) * forward + backward)
 
 
