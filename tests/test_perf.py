@@ -225,6 +225,30 @@ def test_a_measured_fsdp_block_replaces_the_lines(base):
         assert fsdp(other, measured) == pytest.approx(fsdp(other, plain))
 
 
+@pytest.mark.quick
+@pytest.mark.parametrize("model", ["debugmodel", "moe_debug"])
+def test_what_a_real_tp_block_adds_is_counted_against_the_block_it_computes(model, monkeypatch):
+    """Calibration's TP cost is the real TP block less the plain sharded block it computes. An MoE
+    block's plain measurement holds its routed experts whole (measure_compute.sharded_block), where
+    a real TP rank runs 1/tp of their work (its slice of each expert's width): the plain block is
+    taken at that share of its FLOPs, as the step model takes it, so the two add up to the real
+    block. (Subtracting the whole block left nothing: the real TP block was the faster.)"""
+    from titan_exp.perf import measure
+
+    m = job_config([f"model={model}", "training.seq_len=64"]).model
+    plain, real = Line(1e-3, 4e-3), Line(2e-3, 5e-3)  # (latency, per sequence): fwd + bwd
+    monkeypatch.setattr(measure, "measure_compute", lambda *a: (
+        {1: (plain, plain), 2: (plain, plain)}, {1: (plain, Line(3e-3, 6e-3), None), 2: (real, Line(3e-3, 6e-3), None)}, 1.0))
+    monkeypatch.setattr(measure, "measure_cp_blocks", lambda *a: {})
+    monkeypatch.setattr(measure, "measure_fsdp_blocks", lambda *a: {})
+    profile = synthetic(job_config([f"model={model}"]), 2)
+    measure._measure_blocks(profile, "shape", m, 64, 2, None, None)
+    share = m.block_matmul_params(2) / m.block_matmul_params(2, experts_split=1)
+    assert (share == 1) == (model == "debugmodel")
+    tp_comm = profile.blocks["shape"][2].tp_comm
+    assert (tp_comm.latency_s, tp_comm.per_unit_s) == pytest.approx((2e-3 - 1e-3 * share, 5e-3 - 4e-3 * share))
+
+
 def test_a_measured_tp_optimizer_phase_replaces_the_per_parameter_cost(base):
     """Under TP the optimizer phase is the calibrated real TP model's, by the rank's blocks and its
     share of the rest (a pipeline stage without the embedding or the output pays none of theirs);

@@ -86,11 +86,16 @@ def _measure_blocks(profile: MachineProfile, shape: str, m: ModelConfig, seq_len
     for tp, (fwd, fwd_bwd) in plain.items():
         in_situ_block, one, updates = real[tp]
         fwd, fwd_bwd = (Line(x.latency_s * in_situ, x.per_unit_s * in_situ) for x in (fwd, fwd_bwd))
+        # The block as the real model at this tp computes it: an MoE block's routed experts are
+        # measured whole (sharded_block), where a TP rank runs 1/tp of their work; the step
+        # model takes the block at that share of its FLOPs (perf.step), and so does this.
+        share = m.block_matmul_params(tp) / m.block_matmul_params(tp, experts_split=1)
+        ran = Line(fwd_bwd.latency_s * share, fwd_bwd.per_unit_s * share)
         # The rest of the model: the 1-block model minus its block. What TP adds: the real TP
         # block (real_model_lines) minus its compute. Both floored at 0 (noise).
-        rest = Line(max(0.0, one.latency_s - fwd_bwd.latency_s), max(0.0, one.per_unit_s - fwd_bwd.per_unit_s))
-        tp_comm = Line(max(0.0, in_situ_block.latency_s - fwd_bwd.latency_s),
-                       max(0.0, in_situ_block.per_unit_s - fwd_bwd.per_unit_s)) if tp > 1 else None
+        rest = Line(max(0.0, one.latency_s - ran.latency_s), max(0.0, one.per_unit_s - ran.per_unit_s))
+        tp_comm = Line(max(0.0, in_situ_block.latency_s - ran.latency_s),
+                       max(0.0, in_situ_block.per_unit_s - ran.per_unit_s)) if tp > 1 else None
         # What CP adds: the real CP block on seq/cp positions minus the block on as many tokens.
         cp_extra = {cp: Line(max(0.0, line.latency_s - fwd_bwd.latency_s),
                              max(0.0, line.per_unit_s - fwd_bwd.per_unit_s / cp))
