@@ -2,10 +2,11 @@
 
 In one process: the MoE layer against a token-by-token reference (forward and gradients), the
 balance loss's gradient against adding it to the loss, the bias update, the published shapes, the
-validation rules and the planner's EP layouts. Then real gloo runs of the debug MoE: every EP
-layout, and TP without EP (each expert's width split), gives one process's losses and gradient norms (fp32, deterministic; the norms catch a
-wrong expert gradient scale, which AdamW's updates would hide from the losses), and an EP 2
-checkpoint continues under EP 4 and in one process (DCP reshards the experts).
+validation rules, the planner's EP layouts and the TP collectives the step model prices. Then
+real gloo runs of the debug MoE: every EP layout, and TP without EP (each expert's width split),
+gives one process's losses and gradient norms (fp32, deterministic; the norms catch a wrong
+expert gradient scale, which AdamW's updates would hide from the losses), and an EP 2 checkpoint
+continues under EP 4 and in one process (DCP reshards the experts).
 """
 
 from __future__ import annotations
@@ -256,8 +257,6 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
     without EP and with EP 2 over the TP ranks, with and without shared experts, are what
     perf.step.moe_tp_extra prices one MoE layer beyond a dense block (an all-reduce and a
     reduce-scatter told apart by their cost)."""
-    import collections
-
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
