@@ -243,7 +243,7 @@ def test_what_a_real_tp_block_adds_is_counted_against_the_block_it_computes(mode
     monkeypatch.setattr(measure, "measure_fsdp_blocks", lambda *a: {})
     profile = synthetic(job_config([f"model={model}"]), 2)
     measure._measure_blocks(profile, "shape", m, 64, 2, None, None)
-    share = m.block_matmul_params(2) / m.block_matmul_params(2, experts_split=1)
+    share = m.measured_block_share(2)
     assert (share == 1) == (model == "debugmodel")
     tp_comm = profile.blocks["shape"][2].tp_comm
     assert (tp_comm.latency_s, tp_comm.per_unit_s) == pytest.approx((2e-3 - 1e-3 * share, 5e-3 - 4e-3 * share))

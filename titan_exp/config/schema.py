@@ -219,10 +219,15 @@ class ModelConfig:
         return self.dim + (0 if self.tie_word_embeddings else self.vocab_size * self.dim)
 
     @property
+    def router_params_per_block(self) -> float:
+        """The mean block's router (dim x n_experts in each MoE layer): whole on every TP rank."""
+        return self.n_moe_layers * self.dim * self.n_experts / self.n_layers
+
+    @property
     def routed_params_per_block(self) -> float:
         """The routed experts and router of the mean block: the MoE parameters FSDP shards apart
         from the rest under expert parallel (titan_exp.parallel.fsdp)."""
-        return self.n_moe_layers * (self.n_experts * self.expert_params + self.dim * self.n_experts) / self.n_layers
+        return self.n_moe_layers * self.n_experts * self.expert_params / self.n_layers + self.router_params_per_block
 
     def routed_params_on_tp_rank(self, tp: int, ep: int) -> float:
         """The mean block's routed experts and router as one TP rank holds them before FSDP shards
@@ -230,19 +235,23 @@ class ModelConfig:
         without it 1/tp of every expert's width, and the router whole (titan_exp.parallel.tensor)."""
         if ep > 1:
             return self.routed_params_per_block / ep
-        router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
-        return (self.routed_params_per_block - router) / tp + router
+        return (self.routed_params_per_block - self.router_params_per_block) / tp + self.router_params_per_block
 
-    def block_matmul_params(self, tp: int = 1, experts_split: int | None = None) -> float:
+    def block_matmul_params(self, tp: int = 1, experts_whole: bool = False) -> float:
         """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
         token are twice this, before attention's scores): the router whole, the rest split by tp,
-        and the routed experts it goes to over `experts_split` ranks: tp unless said, as every TP
-        layout splits them (ParallelismConfig.dispatch_split x expert_width_split); 1 for a block
-        measured with them whole (titan_exp.perf.measure_compute.sharded_block)."""
+        the routed experts it goes to too (every TP layout splits their work: expert parallel by
+        tokens, ParallelismConfig.dispatch_split, or without it by width, expert_width_split),
+        unless `experts_whole`, as calibration's block holds them (measure_compute.sharded_block)."""
         experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
-        router = self.n_moe_layers * self.dim * self.n_experts / self.n_layers
-        split = tp if experts_split is None else experts_split
-        return (self.active_block_params - experts - router) / tp + router + experts / split
+        router = self.router_params_per_block
+        return (self.active_block_params - experts - router) / tp + router + experts / (1 if experts_whole else tp)
+
+    def measured_block_share(self, tp: int) -> float:
+        """A TP rank's block FLOPs over those of the block calibration measures for it, whose
+        routed experts are whole (measure_compute.sharded_block): under 1 for an MoE model at
+        tp > 1, else 1. The step model and calibration's TP cost both take the block at it."""
+        return self.block_matmul_params(tp) / self.block_matmul_params(tp, experts_whole=True)
 
     def _params(self, active: bool) -> int:
         return (self.embedding_params + self.n_layers * self._attention_and_norms + self._ffn_params(active)

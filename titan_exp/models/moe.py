@@ -177,8 +177,8 @@ class _AddAuxLoss(torch.autograd.Function):
 
 class MoE(nn.Module):
     # Set by titan_exp.parallel.expert.apply_ep: the mesh the routed experts are split over; and by
-    # titan_exp.parallel.tensor.moe_plan: the TP mesh, whose ranks dispatch their own sequence
-    # shards under EP, or each run a slice of every expert's width without it.
+    # titan_exp.parallel.tensor.distribute_moe_params (tp > 1): the TP mesh, whose ranks dispatch
+    # their own sequence shards under EP, or each run a slice of every expert's width without it.
     ep_mesh = tp_mesh = None
     # Whether a forward with gradients counts its tokens per expert (off for a pipeline stage's
     # shape inference: titan_exp.parallel.pipeline.Stage).

@@ -49,7 +49,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
 def apply_ep(model: nn.Module, ep_mesh, tp_mesh=None) -> None:
     """Split every MoE layer's routed experts over `ep_mesh` (dim 0 of each expert weight) and
     let the layer dispatch over it; under TP (`tp_mesh`, inside ep_mesh) each TP rank dispatches
-    the tokens of its own sequence shard."""
+    the tokens of its own sequence shard (the layer gets its TP mesh where TP is applied:
+    parallel.tensor.distribute_moe_params)."""
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from titan_exp.models.moe import MoE
@@ -59,4 +60,4 @@ def apply_ep(model: nn.Module, ep_mesh, tp_mesh=None) -> None:
         for name, param in list(moe.experts.named_parameters()):
             setattr(moe.experts, name, nn.Parameter(distribute_tensor(param, ep_mesh, [Shard(0)])))
         moe.experts.grad_scale = tp / ep_mesh.size()  # see GroupedExperts
-        moe.ep_mesh, moe.tp_mesh = ep_mesh, tp_mesh
+        moe.ep_mesh = ep_mesh

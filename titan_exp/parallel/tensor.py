@@ -116,7 +116,7 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
             "ffn_norm": SequenceParallel(),
         }
         if hasattr(block, "moe"):
-            plan |= moe_plan(block.moe, tp_mesh)
+            plan |= moe_plan(block.moe)
             distribute_moe_params(block.moe, tp_mesh)
         else:
             plan |= {
@@ -133,8 +133,11 @@ def distribute_moe_params(moe: nn.Module, tp_mesh) -> None:
     sharded over TP along their hidden width (each expert's w1 and w3 by rows, w2 by columns:
     TorchTitan's expert tensor parallel, of degree tp); then every parameter of a TP model is a
     DTensor, which the optimizer's foreach ops need even where no FSDP makes them so.
-    (MoE.forward computes with their local tensors.)"""
+    (MoE.forward computes with their local tensors, and learns from its `tp_mesh` which split
+    it runs: see moe_plan.)"""
     from torch.distributed.tensor import DTensor, distribute_tensor
+
+    moe.tp_mesh = tp_mesh
 
     hidden = {"w1": Shard(1), "w3": Shard(1), "w2": Shard(2)}  # (E, hidden, dim) and (E, dim, hidden)
     for module in (moe.router.gate, moe.experts):
@@ -144,7 +147,7 @@ def distribute_moe_params(moe: nn.Module, tp_mesh) -> None:
                 setattr(module, name, nn.Parameter(distribute_tensor(param, tp_mesh, [placement])))
 
 
-def moe_plan(moe: nn.Module, tp_mesh) -> dict[str, object]:
+def moe_plan(moe: nn.Module) -> dict[str, object]:
     """An MoE layer under TP: it takes the whole (gathered) sequence as a plain tensor, and every
     TP rank runs the router on all of it. Under expert parallel (`moe.ep_mesh` set: EP spreads over
     TP's ranks) each rank dispatches its own sequence shard's tokens to whole experts, so its
@@ -152,11 +155,9 @@ def moe_plan(moe: nn.Module, tp_mesh) -> dict[str, object]:
     backward gathers); the shared experts' output is all-reduced. Without EP every rank runs every
     routed token through its slice of each expert's width (distribute_moe_params), as the shared
     experts run their column- and row-wise slices, so the layer's output is a partial sum,
-    reduce-scattered to the sequence shards as a dense SwiGLU's is. The layer learns which from
-    its `tp_mesh`."""
+    reduce-scattered to the sequence shards as a dense SwiGLU's is."""
     from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 
-    moe.tp_mesh = tp_mesh
     out = Replicate() if moe.ep_mesh is not None else Partial()
     plan: dict[str, object] = {"moe": PrepareModuleInputOutput(
         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_input=True,

@@ -89,7 +89,7 @@ def _measure_blocks(profile: MachineProfile, shape: str, m: ModelConfig, seq_len
         # The block as the real model at this tp computes it: an MoE block's routed experts are
         # measured whole (sharded_block), where a TP rank runs 1/tp of their work; the step
         # model takes the block at that share of its FLOPs (perf.step), and so does this.
-        share = m.block_matmul_params(tp) / m.block_matmul_params(tp, experts_split=1)
+        share = m.measured_block_share(tp)
         ran = Line(fwd_bwd.latency_s * share, fwd_bwd.per_unit_s * share)
         # The rest of the model: the 1-block model minus its block. What TP adds: the real TP
         # block (real_model_lines) minus its compute. Both floored at 0 (noise).

@@ -248,15 +248,14 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                          f"(python -m titan_exp.perf.calibrate model={m.flavor} training.seq_len={t.seq_len})")
             cost = estimated_block(job, tp, profile)
         gemm32 = profile.gemm.get("float32")
-        block_fwd_flops = 2 * m.block_matmul_params(tp, experts_split=1) * mb * t.seq_len / cp  # as measured
+        block_fwd_flops = 2 * m.block_matmul_params(tp, experts_whole=True) * mb * t.seq_len / cp  # as measured
         scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(seqs), notes) * profile.corrections.compute
         if job.compile.enable:
             if profile.compile_speedup:
                 scale /= profile.compile_speedup
             else:
                 notes.append("compile speed-up not calibrated (calibrate --compile): modelled as eager")
-        # measured with the routed experts whole on every TP rank: the share a rank keeps
-        scale *= m.block_matmul_params(tp) / m.block_matmul_params(tp, experts_split=1)
+        scale *= m.measured_block_share(tp)  # measured with the routed experts whole on every TP rank
         block = cost.fwd_bwd(seqs) * scale
         fwd = cost.fwd(seqs) * scale
         head = cost.head(seqs) * scale
