@@ -6,6 +6,7 @@ perf.model_ops.Elementwise descriptions, `TORCHTITAN_LLAMA` and `MPT`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from titan_exp.perf.model_ops import Elementwise
@@ -87,8 +88,16 @@ MPT = Elementwise(eager_bytes=(2 * 4 + 2 * 6, 0, 4 * 3 / 2), compiled_bytes=(2 *
                   compiled_kernels=8, loss_bytes_eager=6, loss_bytes_compiled=6, float8_casts="transformer_engine")
 
 
+# Megatron keeps its parameters in bf16 (fp32 copies in its optimizer) and runs no autocast: a
+# replica without FSDP pays none of autocast's casts (Elementwise.autocast_bytes), which TorchTitan
+# and Composer, running torch's autocast over fp32 parameters there, do.
+MEGATRON_LLAMA = dataclasses.replace(TORCHTITAN_LLAMA, autocast_bytes=(0, 0), autocast_weight_bytes=(0, 0))
+
+
 def elementwise(row) -> Elementwise:
     """The memory-bound kernels of the model a row ran: MPT's for an MPT (LLM Foundry's rows), else
-    TorchTitan's Llama (Megatron's GPT rows too: an assumption, their engine fuses them as compile
-    does)."""
-    return MPT if row["model"].startswith("mpt") else TORCHTITAN_LLAMA
+    TorchTitan's Llama (Megatron's GPT rows too, without autocast's casts: an assumption, their
+    engine fuses them as compile does)."""
+    if row["model"].startswith("mpt"):
+        return MPT
+    return MEGATRON_LLAMA if row.source.startswith("megatron") else TORCHTITAN_LLAMA

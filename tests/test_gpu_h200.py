@@ -172,13 +172,19 @@ def test_what_a_block_saves_is_counted_on_the_block(model, precision, compiled, 
     assert saved_by_one_block(job, compiled) == pytest.approx(mg.autocast_saved(job, mode) - extra, abs=1)
 
 
-def test_the_gpu_trace_reads_as_it_did_on_the_gpu(tmp_path):
-    """titan_exp.perf.trace.gpu_summary on the bf16 + compile step traced on the H200 gives what
-    it gave there: 2,790 kernels, the GPU idle ~1.4 % of the step."""
+def test_the_gpu_trace_reads_one_steps_own_device_work(tmp_path):
+    """titan_exp.perf.trace.gpu_summary on the bf16 + compile step traced on the H200: of the
+    2,790 kernels in the file, the 1,937 the step's host range launched. The others are the
+    previous step's optimizer phase, still running when the range opened: read with them, the
+    step's fused AdamW took twice its time (68 ms, BENCHMARKS.md until 2026-11-28). Busy time by
+    kind adds up to the kernels' time, the optimizer phase one AdamW and one gradient norm."""
     trace = DATA / "gpu_h200_trace_llama3_3b_bf16_compile.json.gz"
-    there = next(r["trace"] for r in rows() if r["model"] == "llama3_3b" and r["config"] == "bf16 + compile, traced")
     path = tmp_path / "trace.json"
     path.write_bytes(gzip.decompress(trace.read_bytes()))
+    events = json.loads(path.read_text())["traceEvents"]
     here = gpu_summary(path)
-    assert here == there
-    assert here["kernels"] == 2790 and here["idle_s"] / here["window_s"] < 0.02
+    assert sum(e.get("cat") == "kernel" for e in events) == 2790 and here["kernels"] == 1937
+    assert here["idle_s"] / here["window_s"] < 0.02 and here["compiled_regions"] == 29
+    kinds = here["busy_by_kind_ms"]
+    assert sum(kinds.values()) == pytest.approx(here["busy_s"] * 1e3, rel=0.01)
+    assert kinds["optimizer"] == pytest.approx(34.2, abs=0.1) and kinds["gemm"] > kinds["attention"] > kinds["memory_bound"]

@@ -4,6 +4,7 @@ by what it physically changes. Arithmetic only (seconds to run)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 
@@ -145,19 +146,39 @@ def test_a_blocks_memory_bound_kernels_are_priced_as_its_model_runs_them():
 
 
 def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
-    """perf.model_ops.LLAMA counted on titan_exp's own block: every aten op of its forward but the
-    matmuls and attention, by the bytes it reads and writes (an expanded input once), the norms as
-    the fused kernel a CUDA torch runs them with (on CPU they run as separate ops)."""
+    """perf.model_ops.LLAMA counted on titan_exp's own block in bf16 (block_bytes): every aten op
+    of its forward but the matmuls and attention, by the bytes it reads and writes (an expanded
+    input once), the norms as the fused kernel a CUDA torch runs them with (on CPU they run as
+    separate ops); and its kernels, the matmuls' and attention's among them."""
+    m = compose_job(["model=debugmodel"]).model
+    counted = block_bytes([], autocast=False)
+    qk = (m.n_heads + m.kv_heads) * m.head_size
+    repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_size * 2  # GQA's K and V copied to every head (block_times)
+    eager = model_ops.LLAMA.eager_bytes
+    assert counted["fwd"] == eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv
+    assert counted["kernels"] == model_ops.LLAMA.eager_ops
+
+
+def block_bytes(overrides: list[str], autocast: bool, seq: int = 48) -> dict[str, float]:
+    """What this toolkit's block (debugmodel, with `overrides`) runs, forward and backward: bytes a
+    token moved by memory-bound ops (every aten op but views, matmuls and attention, by what it
+    reads and writes, an expanded input once; the norms' forward as the fused kernel a CUDA torch
+    runs, their backward as CPU runs it), fwd and bwd; bytes a parameter of its weights' casts,
+    weights_fwd and weights_bwd; and its forward's kernels (every op but views, a norm one). In
+    bf16, or fp32 under CPU bf16 autocast. Weight casts are the casts of a parameter forward and
+    casts to a parameter's shape backward (no activation has one at this sequence length)."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from titan_exp.models.llama import TransformerBlock, rope_tables
 
-    m = compose_job(["model=debugmodel"]).model
-    block = TransformerBlock(m).to(torch.bfloat16)
-    cos, sin = rope_tables(m.head_size, 64, m.rope_theta)
+    m = compose_job(["model=debugmodel", *overrides]).model
+    block = TransformerBlock(m) if autocast else TransformerBlock(m).to(torch.bfloat16)
+    params = list(block.parameters())
+    owned, shapes = {p.untyped_storage().data_ptr() for p in params}, {tuple(p.shape) for p in params}
+    cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
     tables = {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}  # per position, not per token
-    moved, kernels, in_norm = [0], [0], [0]
+    moved, in_norm = {"rows": 0, "weights": 0, "kernels": 0}, [0]
 
     def physical(t):  # an expanded dimension (stride 0) is read once
         return math.prod(n for n, st in zip(t.shape, t.stride()) if st) * t.element_size()
@@ -167,30 +188,86 @@ def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
             out = func(*args, **(kwargs or {}))
             ins = [a for a in torch.utils._pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
             outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
-            storages = {a.untyped_storage().data_ptr() for a in ins}
-            if in_norm[0] or all(o.untyped_storage().data_ptr() in storages for o in outs):  # a view
+            if in_norm[0] or all(o.untyped_storage().data_ptr() in {a.untyped_storage().data_ptr() for a in ins}
+                                 for o in outs):  # inside a fused norm, or a view
                 return out
-            kernels[0] += 1
-            if func.__name__.split(".")[0] not in ("mm", "_scaled_dot_product_flash_attention_for_cpu"):
-                moved[0] += sum(physical(t) for t in ins + outs if t.untyped_storage().data_ptr() not in tables)
+            moved["kernels"] += 1
+            name = func.__name__.split(".")[0]
+            if name in ("mm", "_scaled_dot_product_flash_attention_for_cpu",
+                        "_scaled_dot_product_flash_attention_for_cpu_backward"):
+                return out
+            size = sum(physical(t) for t in ins + outs if t.untyped_storage().data_ptr() not in tables)
+            weight = name == "_to_copy" and (ins[0].untyped_storage().data_ptr() in owned or tuple(outs[0].shape) in shapes)
+            moved["weights" if weight else "rows"] += size
             return out
 
-    def enter(_module, args):
+    def enter(_module, args):  # a CUDA torch's fused norm forward reads the row and writes it
         in_norm[0] += 1
-        moved[0] += 2 * physical(args[0])  # the fused kernel reads the row and writes it
-        kernels[0] += 1
+        moved["rows"] += 2 * physical(args[0])
+        moved["kernels"] += 1
 
     for norm in (block.attention_norm, block.ffn_norm):
         norm.register_forward_pre_hook(enter)
         norm.register_forward_hook(lambda *_: in_norm.__setitem__(0, in_norm[0] - 1))
-    x = torch.randn(2, 64, m.dim, dtype=torch.bfloat16)
-    with torch.no_grad(), Count():
-        block(x, cos, sin)
-    tokens, qk = 2 * 64, (m.n_heads + m.kv_heads) * m.head_size
-    repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_size * 2  # GQA's K and V copied to every head (block_times)
-    eager = model_ops.LLAMA.eager_bytes
-    assert moved[0] == tokens * (eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv)
-    assert kernels[0] == model_ops.LLAMA.eager_ops
+    x = torch.randn(2, seq, m.dim, dtype=torch.float32 if autocast else torch.bfloat16, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        with Count():
+            y = block(x, cos, sin)
+    forward = dict(moved)
+    grad = torch.randn_like(y)
+    with Count():
+        y.backward(grad)
+    tokens, n = 2 * seq, sum(p.numel() for p in params)
+    return {"fwd": forward["rows"] / tokens, "bwd": (moved["rows"] - forward["rows"]) / tokens,
+            "weights_fwd": forward["weights"] / n, "weights_bwd": (moved["weights"] - forward["weights"]) / n,
+            "kernels": forward["kernels"]}
+
+
+def test_autocasts_casts_and_fp32_stream_are_what_this_toolkits_block_moves():
+    """model_ops.Elementwise.autocast_bytes and autocast_weight_bytes counted on titan_exp's own
+    block, fp32 under bf16 autocast (a single GPU's run) against the same block in bf16: 46 bytes a
+    token per unit of dim more forward and 48 backward, at two widths of dim (not of the SwiGLU's
+    or the heads'); each weight cast to bf16 forward and its gradient to fp32 backward, 6 bytes a
+    parameter each (the norms' weights, never cast, keep it just under)."""
+    forward, backward = model_ops.LLAMA.autocast_bytes
+    cast_fwd, cast_bwd = model_ops.LLAMA.autocast_weight_bytes
+    for overrides in ([], ["model.dim=512"], ["model.ffn_dim_multiplier=2.0"]):
+        dim = compose_job(["model=debugmodel", *overrides]).model.dim
+        bf16, autocast = block_bytes(overrides, False), block_bytes(overrides, True)
+        assert autocast["fwd"] - bf16["fwd"] == pytest.approx(forward * dim, rel=1e-3), overrides
+        assert autocast["bwd"] - bf16["bwd"] == pytest.approx(backward * dim, rel=1e-3), overrides
+        assert (bf16["weights_fwd"], bf16["weights_bwd"]) == (0, pytest.approx(0, abs=0.01))
+        assert 0.99 * cast_fwd < autocast["weights_fwd"] <= cast_fwd and 0.99 * cast_bwd < autocast["weights_bwd"] <= cast_bwd
+
+
+def test_a_single_gpus_step_pays_for_autocasts_casts():
+    """perf.gpu prices autocast's work where a replica runs under it (perf.memory_gpu.autocast_replica)
+    and nowhere else: eager, its rows' bytes and its weights' casts; compiled, its weights' casts
+    alone (Inductor fuses the rest: not counted); a float8 block's weights no cast to bf16 forward
+    (torchao casts them from fp32), their gradients' all the same; the output layer, bf16 under
+    either, both; under FSDP, which casts the parameters, none."""
+    job = llama8b("training.local_batch_size=1", "training.global_batch_size=1", "parallelism.data_parallel_shard_degree=1",
+                  "cluster.nproc_per_node=1")
+    sharded = llama8b()
+    k, hbm = K100, gpu.hbm(K100)
+    tokens, dim, weights = 8192, 4096, job.model.block_matmul_params(1)
+    rows = dict(zip(("fwd", "bwd"), model_ops.LLAMA.autocast_bytes))
+    cast = dict(zip(("fwd", "bwd"), model_ops.LLAMA.autocast_weight_bytes))
+    none = dataclasses.replace(model_ops.LLAMA, autocast_bytes=(0, 0), autocast_weight_bytes=(0, 0))
+    for precision, compiled in itertools.product(("bf16", "float8"), (False, True)):
+        on = llama8b_like(dataclasses.replace(job, precision=compose_job([f"precision={precision}"]).precision), compiled)
+        priced, bare = gpu.block_times(on, 1, k), gpu.block_times(on, 1, k, none)
+        for phase in ("fwd", "bwd"):
+            cast_weights = 0 if (precision, phase) == ("float8", "fwd") else weights
+            extra = (0 if compiled else tokens * dim * rows[phase]) + cast_weights * cast[phase]
+            assert priced.kinds[phase]["memory_bound"] - bare.kinds[phase]["memory_bound"] == pytest.approx(extra / hbm)
+        assert priced.head - bare.head == pytest.approx(128256 * dim * (cast["fwd"] + cast["bwd"]) / hbm)
+    off = llama8b_like(sharded, False)
+    assert gpu.block_times(off, 1, k).kinds == gpu.block_times(off, 1, k, none).kinds
+
+
+def llama8b_like(job, compiled: bool):
+    return dataclasses.replace(job, compile=dataclasses.replace(job.compile, enable=compiled))
 
 
 def test_float8_recipes_pay_for_their_casts_and_their_gemms():
@@ -261,6 +338,65 @@ def test_eager_float8_casts_are_what_torchaos_linear_runs(recipe):
     rescaled = {"rowwise": rows * k + k * n, "rowwise_with_gw_hp": rows * k}.get(recipe, 0)
     assert fwd_bytes + bwd_bytes + rescaled * f8c.RESCALE_BYTES["torchao"] == pytest.approx(
         f8c.cast_bytes(rows * k, k * n, rows * n, recipe, "torchao"), rel=1e-2)
+
+
+@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+def test_torchaos_linear_under_autocast_casts_its_fp32_weight_and_its_gradients(recipe):
+    """A single GPU's float8 linear: torchao's Float8Linear with an fp32 weight, its input fp32
+    under bf16 autocast (CPU's), against the same linear in bf16. Forward, its casts move as many
+    bytes (the fp32 weight cast to float8 at once, the input cast to bf16 by torchao as by
+    autocast); backward, 6 bytes more a weight element and 6 more an input element, their
+    gradients cast to fp32: Elementwise.autocast_weight_bytes's backward for every linear, and no
+    forward weight cast beside the float8 one (perf.gpu)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    rows, k, n = 256, 512, 1024
+
+    def moved(fp32: bool) -> dict[str, float]:
+        linear = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False))
+        linear = linear if fp32 else linear.to(torch.bfloat16)
+        convert_to_float8_training(linear, config=Float8LinearConfig.from_recipe_name(recipe))
+        x = torch.randn(rows, k, dtype=torch.float32 if fp32 else torch.bfloat16, requires_grad=True)
+        grad = torch.randn(rows, n, dtype=torch.bfloat16)
+        by = {"weight": 0, "input": 0}
+
+        class Count(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                tensors = [t for t in torch.utils._pytree.tree_leaves((args, kwargs, out)) if isinstance(t, torch.Tensor)]
+                outs = [o for o in torch.utils._pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+                if any(type(t) is not torch.Tensor for t in tensors) or func.__name__.split(".")[0] in ("mm", "_scaled_mm"):
+                    return out  # torchao's subclass (its matmul, its views), or a GEMM
+                if {o.untyped_storage().data_ptr() for o in outs} <= {
+                        t.untyped_storage().data_ptr() for t in torch.utils._pytree.tree_leaves((args, kwargs))
+                        if isinstance(t, torch.Tensor)}:
+                    return out  # a view
+                largest = max(t.numel() for t in tensors)
+                if largest >= rows * k:  # a tensor's cast, not its scale's arithmetic
+                    by["weight" if largest == k * n else "input"] += sum(
+                        math.prod(d for d, st in zip(t.shape, t.stride()) if st) * t.element_size() for t in tensors)
+                return out
+
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=fp32):
+            linear(x).backward(grad)  # once, so no first-call work is counted
+            linear.zero_grad(set_to_none=True)  # and a first microbatch's backward, no gradient to add to
+            x.grad = None
+            with Count():
+                y = linear(x)
+        forward = dict(by)
+        with Count():
+            y.backward(grad)
+        return {"weight_fwd": forward["weight"] / (k * n), "input_fwd": forward["input"] / (rows * k),
+                "weight_bwd": (by["weight"] - forward["weight"]) / (k * n),
+                "input_bwd": (by["input"] - forward["input"]) / (rows * k)}
+
+    bf16, autocast = moved(False), moved(True)
+    assert autocast["weight_fwd"] == pytest.approx(bf16["weight_fwd"], rel=1e-3)
+    assert autocast["input_fwd"] == pytest.approx(bf16["input_fwd"], rel=1e-3)
+    assert autocast["weight_bwd"] - bf16["weight_bwd"] == pytest.approx(model_ops.LLAMA.autocast_weight_bytes[1], abs=0.05)
+    assert autocast["input_bwd"] - bf16["input_bwd"] == pytest.approx(6, abs=0.1)
 
 
 def test_a_rowwise_backward_gemm_rescales_its_output_after_tensorwise_cublas():

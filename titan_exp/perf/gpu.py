@@ -105,10 +105,11 @@ Sources (checked 2026-11):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from titan_exp.config import JobConfig
 from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of, torchao_eager
+from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import float8_gathered
@@ -266,6 +267,10 @@ class BlockTimes:
     tp_groups: tuple[float, float, float, float]  # q/k/v, o, w1/w3, w2 GEMMs, forward
     head: float
     notes: list[str]
+    # The GPU's work in the same seconds by kind of kernel (perf.trace.KINDS: gemm, attention,
+    # memory_bound), as a trace splits a step: a block's forward, its backward, what selective AC
+    # recomputes, the head. The host's time, where it is longer, is not among them.
+    kinds: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise = LLAMA,
@@ -324,9 +329,19 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     mem_fwd += moe * routed.dispatch_bytes * scale / hbm(kern)
     if kv < heads:  # GQA: K and V repeated to every query head before SDPA
         mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(kern)
+    # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
+    # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
+    fwd_mem, bwd_mem = mem_fwd + cast_s / 3, 2 * mem_fwd + 2 * cast_s / 3
+    autocast = autocast_replica(job)
+    if autocast:
+        weights = m.block_matmul_params(1)
+        cast_fwd = 0.0 if low == "float8" else weights  # torchao casts a float8 linear's fp32 weight itself
+        rows = 0.0 if compiled else tokens * m.dim  # compiled: fused, not counted (model_ops)
+        fwd_mem += (rows * elementwise.autocast_bytes[0] + cast_fwd * elementwise.autocast_weight_bytes[0]) / hbm(kern)
+        bwd_mem += (rows * elementwise.autocast_bytes[1] + weights * elementwise.autocast_weight_bytes[1]) / hbm(kern)
 
-    fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + mem_fwd + cast_s / 3
-    bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + 2 * mem_fwd + 2 * cast_s / 3
+    fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + fwd_mem
+    bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + bwd_mem
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     host += moe * moe_host_s(job, kern, elementwise)
     if low == "float8":
@@ -338,13 +353,19 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
     # GEMMs (not aten.mm) and the router whole.
-    selective = sum(fwd_gemms[1::2]) + moe * (routed.up + routed.down + routed.router) + mem_fwd + cast_s / 3
+    selective = sum(fwd_gemms[1::2]) + moe * (routed.up + routed.down + routed.router) + fwd_mem
 
     vocab = m.vocab_size / tp
     head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
                   + gemm_s(kern, m.dim, vocab, tokens, high))
     logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / hbm(kern)
-    return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes)
+    if autocast:  # the output layer's weight cast and its gradient's (a bf16 linear under float8 too; tied or not)
+        logits += vocab * m.dim * sum(elementwise.autocast_weight_bytes) / hbm(kern)
+    kinds = {"fwd": {"gemm": sum(fwd_groups) + moe * routed.router, "attention": attn_fwd, "memory_bound": fwd_mem},
+             "bwd": {"gemm": bwd_gemm + 2 * moe * routed.router, "attention": attn_bwd, "memory_bound": bwd_mem},
+             "selective": {"gemm": selective - fwd_mem, "attention": 0.0, "memory_bound": fwd_mem},
+             "head": {"gemm": head_gemms, "attention": 0.0, "memory_bound": logits}}
+    return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes, kinds)
 
 
 def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float:

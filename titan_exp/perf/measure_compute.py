@@ -277,10 +277,10 @@ def optimizer_phase(m: ModelConfig, opts: Options, device: torch.device, room: i
     """Seconds per parameter of a step's optimizer phase as training runs it: the gradient norm
     and clipping (train.optim.clip_grad_norm_), then AdamW's step with the device's kernels (fused
     on a GPU), over the model's own tensors in its order, at most `room` parameters (one at least).
-    On a GPU its kernels launch over lists of tensors, so their shapes may count beside their
-    bytes: fused AdamW alone over square dim x dim matrices, as a CPU is timed, took 9.1 ps a
-    parameter on an H200, where in a 3B's traced step it took 18.8 and the gradient norm 2.5 more
-    (BENCHMARKS.md, 2026-11-27); which of the differences accounts for it, a GPU has yet to say."""
+    On an H200 (2026-11-28) this measured 9.4 ps a parameter over the 8-layer 8B's tensors, and a
+    3B's traced step spent 10.5 in the phase (fused AdamW 9.2, the gradient norm 1.3: 34 ms);
+    read with the previous step's optimizer kernels, which its trace's window also held, that
+    step had seemed to spend twice as much (BENCHMARKS.md)."""
     from titan_exp.models.llama import Transformer
 
     with torch.device("meta"):

@@ -41,6 +41,12 @@ class Elementwise:
     ffn_ops: tuple[int, int] = (5, 4)
     ep_ops: int = 22
     ep_tp_ops: int = 13
+    # One replica under bf16 autocast with fp32 parameters (perf.memory_gpu.autocast_replica: no
+    # FSDP to cast them): bytes per token per unit of dim beyond the tables above, forward and
+    # backward, eager; and bytes per parameter of a bf16 linear, its weight's cast forward and its
+    # gradient's cast back (below LLAMA: what they are).
+    autocast_bytes: tuple[float, float] = (46, 48)
+    autocast_weight_bytes: tuple[float, float] = (6, 6)
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -82,3 +88,14 @@ EP_SORT_BYTES = 8
 # Where EP spreads over TP, a TP rank's own tokens add 13 (their pairs' indices from aranges, the
 # sort of their experts, their counts), counted the same way on one-rank groups.
 # Megatron's MoE layer (the published rows) is taken to issue as many (an assumption).
+# Under bf16 autocast with fp32 parameters (a single GPU's run: no FSDP casts them), the residual
+# stream and the norms stay fp32 and autocast casts each linear's input and weight to bf16 on its
+# own: forward, the five casts of the normed rows (q, k, v; w1, w3) 5 x 6, the two residual adds
+# reading and writing fp32 2 x 4 more, the two norms 2 x 4 more: 46 a token per unit of dim;
+# backward 48 (the casts' gradients back to fp32 and their sums in fp32); each weight 6 a
+# parameter forward, its bf16 gradient cast to fp32 6 backward. Counted on this toolkit's block
+# under CPU autocast by tests/test_gpu_model.py, eager; compiled, Inductor fuses the activations'
+# part into its kernels (not counted: the tables above stand), and the weights' casts remain.
+# A float8 linear (torchao's) casts its fp32 weight to float8 in as many bytes as a bf16 one (no
+# forward cast to bf16 beside it), and its weight's gradient to fp32 all the same, 6 backward:
+# counted on torchao's Float8Linear under CPU autocast, by the same test file.

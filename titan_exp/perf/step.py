@@ -447,3 +447,36 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     step = sum(parts.values())
     tokens = t.global_batch_size * t.seq_len
     return StepPrediction(step, tokens / step / world, parts, notes)
+
+
+def gpu_work_by_kind(job: JobConfig, profile: MachineProfile, elementwise: Elementwise = LLAMA) -> dict[str, float]:
+    """Seconds of one GPU's device work in a step of `job` (one replica: no PP, TP, CP or EP) by
+    kind of kernel, as perf.trace.gpu_summary splits a traced step (busy_by_kind_ms): the blocks'
+    and the head's GEMMs, attention and memory-bound kernels, recomputation included, at
+    `profile`'s kernel rates and compute correction, and the optimizer phase. What a prediction
+    says of each part, to set beside a trace of the step."""
+    job = resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job
+    p, t, m = job.parallelism, job.training, job.model
+    if max(p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree,
+           p.expert_parallel_degree) > 1:
+        raise ValueError("gpu_work_by_kind prices one replica's blocks: a layout without PP, TP, CP or EP")
+    if not profile.kernels or profile.kernels.architecture == "cpu":
+        raise ValueError(f"profile {profile.name} has no GPU kernel rates: a GPU's calibrated or spec-sheet profile")
+    times = block_times(job, 1, profile.kernels, elementwise)
+    ac = job.activation_checkpoint
+    fwd = times.kinds["fwd"]
+    if ac.mode == ACMode.full:
+        recompute = fwd
+    elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
+        recompute = times.kinds["selective"]
+    elif ac.mode == ACMode.selective:  # every n-th block whole
+        recompute = {kind: s / int(ac.selective_ac_option) for kind, s in fwd.items()}
+    else:
+        recompute = dict.fromkeys(fwd, 0.0)
+    microbatches = max(1, t.global_batch_size // (t.local_batch_size * p.data_parallel_replicate_degree
+                                                   * p.data_parallel_shard_degree))
+    c = profile.corrections.compute
+    work = {kind: c * microbatches * (m.n_layers * (fwd[kind] + times.kinds["bwd"][kind] + recompute[kind])
+                                      + times.kinds["head"][kind]) for kind in times.kinds["fwd"]}
+    work["optimizer"] = predict_step(job, profile, cuda=True, elementwise=elementwise).parts["optimizer"]
+    return work

@@ -57,29 +57,58 @@ def latest_trace(run_dir: Path, folder: str = "profile_traces", rank: int = 0) -
 
 # -- one GPU's trace: where the device waited ---------------------------------------------------
 DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCHES = ("cuda_runtime", "cuda_driver")  # the host's calls that start device work (cuLaunchKernel: Triton's)
 # The host waiting on the device. (aten::item alone is no sign: on a CPU tensor it waits for nothing.)
 SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
+# What kind of work a kernel is, by its name, in the parts perf.gpu prices a step by: matmuls
+# (cuBLAS's nvjet and sm90 kernels, CUTLASS, Inductor's GEMM templates), attention (cuDNN's and
+# FlashAttention's SDPA kernels), the optimizer phase (multi-tensor kernels: fused AdamW and the
+# gradient norm's foreach reduction) and the memory-bound rest (elementwise, norms, casts, copies;
+# every kernel Inductor generates but its templates, whatever ops its name lists).
+KINDS = (("gemm", re.compile(r"^triton_tem_|nvjet|gemm|cutlass|xmma|^sm90_", re.IGNORECASE)),
+         ("memory_bound", re.compile(r"^triton_")),
+         ("attention", re.compile(r"sdpa|flash|fmha", re.IGNORECASE)),
+         ("optimizer", re.compile(r"multi_tensor_apply")))
+
+
+def kernel_kind(name: str) -> str:
+    """gemm, attention, optimizer or memory_bound (KINDS)."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), "memory_bound")
 
 
 def gpu_summary(trace: Path, top: int = 8) -> dict | None:
-    """What a GPU did in a traced step: the window from its first to its last kernel, the time
-    some kernel ran (busy) and the rest (idle: the host was late, a sync, the data loader), the
+    """What a GPU did for the traced step: the device work the step's host range launched (the
+    last `ProfilerStep#N`; its kernels matched to their launches by correlation id, so that the
+    previous step's optimizer kernels, still running when the step's range opens, are not counted
+    again), the window from its first to its last kernel, the time some kernel ran (busy) and the
+    rest (idle: the host was late, a sync, the data loader), the busy time by kind (KINDS), the
     kernel count, host waits on the device (syncs), compiled regions entered (more than the
-    compiled modules' count means graph breaks) and the longest-running kernels. None if the
-    trace holds no device work."""
+    compiled modules' count means graph breaks) and the longest-running kernels. Without a step
+    range, all device work in the file. None if the trace holds no device work."""
     events = [e for e in json.loads(Path(trace).read_text()).get("traceEvents", []) if e.get("ph") == "X"]
     work = [e for e in events if e.get("cat") in DEVICE_WORK]
+    steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+    if steps:
+        step = max(steps, key=lambda e: e["ts"])
+        opened, closed = step["ts"], step["ts"] + step["dur"]
+        launched = {e["args"]["correlation"] for e in events if e.get("cat") in LAUNCHES
+                    and opened <= e["ts"] < closed and "correlation" in e.get("args", {})}
+        work = [e for e in work if e.get("args", {}).get("correlation") in launched]
+        events = [e for e in events if opened <= e["ts"] < closed]
     if not work:
         return None
     start, end = min(e["ts"] for e in work), max(e["ts"] + e["dur"] for e in work)
     busy = _union([(e["ts"], e["ts"] + e["dur"]) for e in work])
     by_name: dict[str, float] = {}
+    by_kind = dict.fromkeys((kind for kind, _ in KINDS), 0.0)
     for e in work:
         by_name[e["name"][:80]] = by_name.get(e["name"][:80], 0.0) + e["dur"]
+        by_kind[kernel_kind(e["name"])] += e["dur"]
     syncs = [e for e in events if e["name"] in SYNCS]
     ordered = sorted(work, key=lambda e: e["ts"])
     gaps = sorted((b["ts"] - (a["ts"] + a["dur"]) for a, b in zip(ordered, ordered[1:])), reverse=True)
     return {"window_s": (end - start) / 1e6, "busy_s": busy / 1e6, "idle_s": (end - start - busy) / 1e6,
+            "busy_by_kind_ms": {k: round(v / 1e3, 3) for k, v in by_kind.items()},
             "kernels": sum(e.get("cat") == "kernel" for e in work),
             "host_to_device_copies": sum("HtoD" in e["name"] for e in work if e.get("cat") == "gpu_memcpy"),
             "syncs": len(syncs), "sync_s": sum(e["dur"] for e in syncs) / 1e6,
