@@ -295,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         cache = Path(tmp) / "cache"
-        if args.no_calibrate and "TITAN_EXP_CACHE" in os.environ:  # its profile, and a fresh compile cache
-            shutil.copytree(Path(os.environ["TITAN_EXP_CACHE"]) / "perf", cache / "perf", dirs_exist_ok=True)
+        profiles = Path(os.environ.get("TITAN_EXP_CACHE", "/nonexistent")) / "perf"
+        if args.no_calibrate and profiles.is_dir():  # its profile (none on a fresh machine), and a fresh compile cache
+            shutil.copytree(profiles, cache / "perf", dirs_exist_ok=True)
         os.environ["TITAN_EXP_CACHE"] = str(cache)  # compile starts cold
         for model in models:
             base = overrides_for(model, steps, args.smoke)

@@ -6,6 +6,7 @@ and spec-sheet code is tested by default elsewhere (tests/test_gpu_model.py, tes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -37,6 +38,13 @@ def test_gpu_suite_smoke_writes_its_table_and_json(tmp_path):
     table = (tmp_path / "gpu_suite.md").read_text()
     assert "| bf16 + compile, AC full | ok |" in table and "planner memory" in table
     assert "planner step time (calibrated profile)" in table and "reading the loss only on log steps" in table
+    # --no-calibrate on a fresh machine, whose cache holds no profile yet (it stopped on the H200, 2026-11-28)
+    fresh = subprocess.run([sys.executable, "benchmarks/gpu_suite.py", "--smoke", "--configs", "bf16 eager", "--no-tests",
+                            "--no-calibrate", "--out", str(tmp_path / "fresh")], cwd=REPO, capture_output=True, text=True,
+                           timeout=900, env={**os.environ, "TITAN_EXP_CACHE": str(tmp_path / "empty")})
+    assert fresh.returncode == 0, fresh.stderr[-2000:]
+    row = json.loads((tmp_path / "fresh" / "gpu_suite.json").read_text())["models"]["smoke"][0]
+    assert row["status"] == "ok" and row["step_profile"] != "calibrated"
 
 
 @pytest.mark.slow
