@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.config import MESH_DIMS, ACMode, JobConfig
+from titan_exp.config import MESH_DIMS, ACMode, ActivationCheckpointConfig, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.gpu import async_tp_exposed, block_times, fsdp_exposed, hbm, p2p_exposed
@@ -205,6 +205,17 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     return m.n_moe_layers / m.n_layers * ((1 + full) * forward + backward)
 
 
+def recomputed(ac: ActivationCheckpointConfig, fwd: float, per_op: float) -> float:
+    """What activation checkpointing recomputes of a block whose forward takes `fwd`: all of it
+    (full), `per_op` (per-op selective: what its policy does not save), or every n-th block's
+    forward (selective_ac_option n), spread over the blocks; in `fwd`'s units."""
+    if ac.mode == ACMode.full:
+        return fwd
+    if ac.mode == ACMode.selective:
+        return per_op if ac.selective_ac_option == "op" else fwd / int(ac.selective_ac_option)
+    return 0.0
+
+
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
                  elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline",
                  float8_experts: bool = False) -> StepPrediction:
@@ -261,19 +272,12 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         head = cost.head(seqs) * scale
         kept = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd  # the matmuls
     ac = job.activation_checkpoint
-    if ac.mode == ACMode.full:
-        recompute = fwd
-    elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
-        recompute = max(0.0, fwd - kept)
-        if gpu is not None and not job.compile.enable:
-            notes.append("selective AC without compile: its per-op policy runs in Python on every op, forward and "
-                         "recompute, which this time leaves out; on one H200 the 1B's such step was bound by its host, "
-                         "slower than full AC and 26-38 % slower than predicted (BENCHMARKS.md, the 1B's grid): "
-                         "take it as optimistic, or compile")
-    elif ac.mode == ACMode.selective:
-        recompute = fwd / int(ac.selective_ac_option)
-    else:
-        recompute = 0.0
+    recompute = recomputed(ac, fwd, max(0.0, fwd - kept))
+    if ac.mode == ACMode.selective and ac.selective_ac_option == "op" and gpu is not None and not job.compile.enable:
+        notes.append("selective AC without compile: its per-op policy runs in Python on every op, forward and "
+                     "recompute, which this time leaves out; on one H200 the 1B's such step was bound by its host, "
+                     "slower than full AC and 26-38 % slower than predicted (BENCHMARKS.md, the 1B's grid): "
+                     "take it as optimistic, or compile")
 
     # Compute, the bubble, and the machine's ranks competing for its cores.
     loads = rank_loads(p, m.n_layers)
@@ -463,16 +467,8 @@ def gpu_work_by_kind(job: JobConfig, profile: MachineProfile, elementwise: Eleme
     if not profile.kernels or profile.kernels.architecture == "cpu":
         raise ValueError(f"profile {profile.name} has no GPU kernel rates: a GPU's calibrated or spec-sheet profile")
     times = block_times(job, 1, profile.kernels, elementwise)
-    ac = job.activation_checkpoint
     fwd = times.kinds["fwd"]
-    if ac.mode == ACMode.full:
-        recompute = fwd
-    elif ac.mode == ACMode.selective and ac.selective_ac_option == "op":
-        recompute = times.kinds["selective"]
-    elif ac.mode == ACMode.selective:  # every n-th block whole
-        recompute = {kind: s / int(ac.selective_ac_option) for kind, s in fwd.items()}
-    else:
-        recompute = dict.fromkeys(fwd, 0.0)
+    recompute = {kind: recomputed(job.activation_checkpoint, fwd[kind], times.kinds["selective"][kind]) for kind in fwd}
     microbatches = max(1, t.global_batch_size // (t.local_batch_size * p.data_parallel_replicate_degree
                                                    * p.data_parallel_shard_degree))
     c = profile.corrections.compute
