@@ -59,6 +59,13 @@ def job_config(overrides: list[str]):
     return to_job_config(compose(overrides))
 
 
+def as_ran(data: dict) -> list[str]:
+    """Overrides for the model a recorded GPU run held (benchmarks/data): the 1B's and 3B's runs up
+    to 2026-11-28 trained an untied output projection (to_empty had given it a Parameter of its
+    own), which their files say in `model_ran_untied`."""
+    return ["model.tie_word_embeddings=false"] if data.get("model_ran_untied") else []
+
+
 def run_job(overrides: list[str], run_dir: Path, *, multirun: bool = False) -> tuple[int, dict | None]:
     """Launch through titan_exp.launch (ranks are real processes); (exit code, summary.json as read)."""
     from titan_exp.launch import launch

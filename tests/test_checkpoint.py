@@ -122,6 +122,17 @@ def test_save_load_round_trip_is_bit_identical_per_layout(name, tmp_path):
     assert again["losses"] == first["losses"][2:]
 
 
+def test_tied_embeddings_save_under_fsdp_and_continue_in_one_process(tmp_path):
+    """A tied model's one matrix, sharded in FSDP's unit with the output, saves under FSDP 2 and
+    loads, resharded, into one process, which goes on as FSDP 2 did."""
+    overrides = [*SMALL, "training.steps=4", "checkpoint=default", "checkpoint.interval=2", "model.tie_word_embeddings=true"]
+    first = ok(*run_job([*overrides, *FSDP2], tmp_path / "fsdp2"))
+    again = ok(*run_job([*overrides, f"checkpoint.initial_load_path={tmp_path}/fsdp2/checkpoints/step-2",
+                         "checkpoint.initial_load_model_only=false"], tmp_path / "single"))
+    assert again["start_step"] == 3
+    assert again["losses"] == pytest.approx(first["losses"][2:], abs=1e-5)
+
+
 # Into a pipeline with -m slow: the other way (a pipeline's checkpoint without one) runs by default, below.
 @pytest.mark.parametrize("name", ["single", "tp2", pytest.param("pp2", marks=slow), pytest.param("fsdp4", marks=slow)])
 def test_fsdp2_checkpoint_continues_in_another_layout(name, fsdp2_run, tmp_path):

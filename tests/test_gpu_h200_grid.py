@@ -2,8 +2,9 @@
 bf16 / float8 tensorwise / rowwise at one sequence of 8192), measured beside the planner's
 predictions from the profile calibrated in the same session and from the spec sheet. The 1B's
 (benchmarks/data/gpu_h200_grid.json, 2026-11-27) was the held-out check named on 2026-11-26; the
-8B's cut to 8 layers (gpu_h200_grid_8b.json, 2026-11-28) the one named on 2026-11-27
-(BENCHMARKS.md). Measured, neither is held out any more, and a change of the model that moves
+8B's cut to 8 layers (gpu_h200_grid_8b.json, 2026-11-28) the one named on 2026-11-27; the 3B's
+(gpu_h200_grid_3b.json, 2026-11-28) the one named after the 8B's (BENCHMARKS.md). The 1B and the
+3B ran with an untied output (as_ran): their rows are predicted as that model. Measured, neither is held out any more, and a change of the model that moves
 these numbers says so where it is recorded. Checked here on any machine."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 import statistics
 
 import pytest
-from conftest import REPO, job_config
+from conftest import REPO, as_ran, job_config
 
 from titan_exp.perf.devices import SPECS, spec_profile
 from titan_exp.perf.fit import spearman
@@ -26,7 +27,7 @@ from titan_exp.validation import resolve
 
 DATA = REPO / "benchmarks" / "data"
 GRIDS = {name: json.loads((DATA / f"{file}.json").read_text())
-         for name, file in (("1b", "gpu_h200_grid"), ("8b", "gpu_h200_grid_8b"))}
+         for name, file in (("1b", "gpu_h200_grid"), ("8b", "gpu_h200_grid_8b"), ("3b", "gpu_h200_grid_3b"))}
 PROFILES = {name: MachineProfile.from_dict(json.loads((DATA / grid["profile"]).read_text()))
             for name, grid in GRIDS.items()}
 GRID, PROFILE = GRIDS["1b"], PROFILES["1b"]
@@ -52,7 +53,7 @@ def job_of(row: dict, grid: str = "1b"):
 @functools.cache  # resolving a member's job composes its config: once each
 def _job(grid: str, name: str):
     row = next(r for r in GRIDS[grid]["rows"] if r["name"] == name)
-    return resolve(job_config([*GRIDS[grid]["base"].split(), *row["overrides"]]))
+    return resolve(job_config([*GRIDS[grid]["base"].split(), *row["overrides"], *as_ran(GRIDS[grid])]))
 
 
 def errors(predicted: list[float], measured: list[float]) -> list[float]:
@@ -81,13 +82,15 @@ def test_the_planner_ranks_the_grid_and_its_first_choice_measures_near_the_best(
 
 
 def test_the_memory_the_planner_counts_is_what_the_grid_allocated():
-    """The tensors perf.memory_gpu counts (held out: the account was written on 2026-11-26's
-    runs) within 3 % of the allocated peak on 15 of the 18 members and within 8 % on all."""
+    """The tensors perf.memory_gpu counts, for the model that ran (an untied output, as_ran): over
+    the allocated peak on every member, by 1-12 % (median 7.6 %). While the planner took it for the
+    tied 1B, its count was within 3 % on 15 of the 18: two of the account's values, inferred from
+    2026-11-25's runs of the same untied models, made up for the untied matrix's states."""
+    over = []
     for r in ROWS:
         parts = predict_memory(job_of(r), cuda=True)
-        counted = parts["total"] - parts["rounding"] - parts["workspaces"]
-        error = abs(counted / r["peak_allocated_gib"] - 1)
-        assert error <= (0.08 if r["name"] in MEMORY_MISSES else 0.03), (r["name"], counted, r["peak_allocated_gib"])
+        over.append((parts["total"] - parts["rounding"] - parts["workspaces"]) / r["peak_allocated_gib"] - 1)
+    assert 0.0 < min(over) and max(over) < 0.12 and 0.07 < statistics.median(over) < 0.08
 
 
 @pytest.mark.xfail(strict=True, reason="issue 38's targets, missed on the H200 (2026-11-27): tokens/s median |error| "
@@ -171,7 +174,7 @@ def traced(name: str) -> dict:
 
 def predicted_kinds(name: str) -> dict[str, float]:
     job = resolve(job_config(["model=llama3_3b", "training.seq_len=8192", "training.local_batch_size=1",
-                              "training.global_batch_size=1", *TRACES[name][1]]))
+                              "training.global_batch_size=1", *TRACES[name][1], *as_ran(GRIDS["8b"])]))
     return {k: v * 1e3 for k, v in gpu_work_by_kind(job, PROFILES["8b"]).items()}
 
 
@@ -180,12 +183,13 @@ def test_a_traced_steps_attention_gemms_and_optimizer_are_what_the_calibrated_pl
     """Each kind of the 3B's traced step's device work (perf.trace.gpu_summary) beside what the
     plan from the profile calibrated on 2026-11-28 prices it at (perf.step.gpu_work_by_kind):
     attention within 10 % (cuDNN's, at the rates calibration measured), the optimizer phase within
-    12 % (fused AdamW and the gradient norm: 33-34 ms traced, 30 ms priced), bf16's GEMMs within
+    4 % (fused AdamW and the gradient norm over the parameters of the untied model that ran: 33-34
+    ms traced and priced; 30 ms priced for the tied model the planner took it for), bf16's GEMMs within
     10 % and float8's priced 20-25 % slow (the float8 GEMM rate calibration measured, 1,224 TFLOP/s,
     is below what the model's own GEMMs ran at)."""
     here, there = predicted_kinds(name), traced(name)["busy_by_kind_ms"]
     assert here["attention"] == pytest.approx(there["attention"], rel=0.10)
-    assert here["optimizer"] == pytest.approx(there["optimizer"], rel=0.12)
+    assert here["optimizer"] == pytest.approx(there["optimizer"], rel=0.04)
     if "float8" in name:
         assert 1.15 < here["gemm"] / there["gemm"] < 1.3
     else:
@@ -204,13 +208,93 @@ def test_the_eager_3b_steps_named_before_they_ran():
                                               ("float8 tensorwise, traced", "gpu_h200_trace_llama3_3b_float8_eager", 0.25,
                                                0.36)):
         row, named = rows[config], rows[config]["named_prediction"]
-        job = resolve(job_config(["model=llama3_3b", "training.seq_len=8192", "training.local_batch_size=1",
-                                  "training.global_batch_size=1", *TRACES[trace][1]]))
-        assert predict_step(job, PROFILES["8b"], cuda=True).step_s == pytest.approx(named["step_s"], abs=1e-3)
-        assert predicted_kinds(trace) == pytest.approx(named["by_kind_ms"], abs=0.1)
+        named_as = ["model=llama3_3b", "training.seq_len=8192", "training.local_batch_size=1",
+                    "training.global_batch_size=1", *TRACES[trace][1]]
+        # named for the tied 3B the config describes; it ran untied (as_ran), 0.9 % slower as now predicted
+        assert predict_step(resolve(job_config(named_as)), PROFILES["8b"], cuda=True).step_s == pytest.approx(
+            named["step_s"], abs=1e-3)
+        job = resolve(job_config([*named_as, *as_ran(GRIDS["8b"])]))
+        kinds = gpu_work_by_kind(resolve(job_config(named_as)), PROFILES["8b"])
+        assert {k: v * 1e3 for k, v in kinds.items()} == pytest.approx(named["by_kind_ms"], abs=0.1)
         assert 1 - named["step_s"] / row["step_s"] == pytest.approx(fast, abs=0.01)
         assert abs(predict_memory(job, cuda=True)["total"] / row["peak_memory_gib"] - 1) <= 0.05
         there = traced(trace)
         assert 1 - named["by_kind_ms"]["memory_bound"] / there["busy_by_kind_ms"]["memory_bound"] == pytest.approx(
             memory_bound, abs=0.01)
         assert there["busy_s"] / there["window_s"] > 0.95
+
+
+# -- the 3B, 2026-11-28 ----------------------------------------------------------------------------
+
+def test_the_3b_grid_named_before_it_ran():
+    """The check named after the 8B's grid, before it ran: all 18 members measured (14 in the
+    session's first call, 4 and autotune in a second), each with the prediction the planner gave
+    there from the profile calibrated in the same call, which it still gives for the model the grid
+    named (the tied 3B). Ranked: Spearman 0.96 (target 0.9), the first choice the best. Tokens/s:
+    median |error| 14.9 %, worst 34 % (target 10 %), missed; bf16's members within 10 %, float8's
+    5-34 % fast. Predicted as the untied model that ran: 14.0 %, 33.9 %."""
+    grid, rows = GRIDS["3b"], measured("3b")
+    assert len(rows) == 18
+    seconds = [r["step_s"] for r in rows]
+    named = [predict_step(resolve(job_config([*grid["base"].split(), *r["overrides"]])), PROFILES["3b"],
+                          cuda=True).step_s for r in rows]
+    assert named == pytest.approx([r["predicted_step_s"] for r in rows], rel=1e-9)
+    assert spearman([1 / p for p in named], [1 / m for m in seconds]) == pytest.approx(0.959, abs=0.001)
+    assert statistics.median(errors(named, seconds)) == pytest.approx(0.149, abs=0.001)
+    first = rows[min(range(len(rows)), key=lambda i: named[i])]
+    assert first["tokens_per_second"] == max(r["tokens_per_second"] for r in rows)
+    as_ran = step_times(PROFILES["3b"], "3b")
+    assert statistics.median(errors(as_ran, seconds)) == pytest.approx(0.140, abs=0.001)
+    for r, p in zip(rows, as_ran):
+        if "bf16" in r["name"]:
+            assert abs(p / r["step_s"] - 1) <= 0.10, r["name"]
+        else:
+            assert -0.34 < p / r["step_s"] - 1 < -0.05, r["name"]
+
+
+def test_the_3b_grids_memory_as_it_ran():
+    """Issue 38's memory target: on the GPU, for the tied model it took the grid for, the planner
+    was within 10 % of the reserved peak on 13 of 18 members (worst -17 %); for the untied model
+    that ran, on 17 of 18, the miss the eager float8 member with full AC (-10.8 %), whose
+    allocator reserved 10.2 GiB over its allocated peak."""
+    rows = measured("3b")
+    on_the_gpu = [abs(r["predicted_memory_gib"] / r["peak_memory_gib"] - 1) <= 0.10 for r in rows]
+    assert sum(on_the_gpu) == 13
+    misses = [r["name"] for r in rows if abs(predict_memory(job_of(r, "3b"), cuda=True)["total"]
+                                             / r["peak_memory_gib"] - 1) > 0.10]
+    assert misses == ["single, AC full, compile=false, float8 [local batch 1]"]
+
+
+def test_autotune_on_the_3b_found_the_grids_best_in_a_third_of_its_time():
+    """`launch.py -m +sweep=autotune` raced two members and picked the grid's best, float8
+    tensorwise + compile without AC, in 32 % of the grid's 226 s (target 25 %): missed, as on the
+    1B (40 %) and the 8B (37 %); the two launches took 28 and 31 s, most of it process start and
+    compile, against 8-26 s for the same members inside the grid's one process."""
+    at, record = GRIDS["3b"]["autotune"], GRIDS["3b"]["autotune_record"]
+    assert at["winner"] == GRIDS["3b"]["scores_on_the_gpu"]["best"]["name"] and at["winner_of_grid_best"] == 1.0
+    assert 0.3 < at["time_share"] < 0.33 and len(record["rounds"][0]["members"]) == 2
+
+
+def test_the_3b_compiled_steps_traced_again_by_kind():
+    """The named re-trace of the 3B's bf16 and float8 tensorwise + compile steps, their work by kind
+    beside this release's prices for the untied model that ran: bf16 GEMMs, attention and the
+    optimizer phase within 10 %; float8's GEMMs priced 13 % slow (calibration's float8 rate, 1,217
+    TFLOP/s, below the 1,550 the model's forward GEMMs ran at); its memory-bound work priced at
+    under half what it took (the compiled casts, perf.float8_casts). The steps repeat their
+    earlier traces (2026-11-25 and 2026-11-27) within 2 % a kind."""
+    rows = {r["config"]: r for r in GRIDS["3b"]["suite_rows"]}
+    for config, overrides, earlier in (("bf16 + compile, traced", ["precision=bf16"], "gpu_h200_trace_llama3_3b_bf16_compile"),
+                                       ("float8 tensorwise + compile, traced", ["precision=float8"],
+                                        "gpu_h200_trace_llama3_3b_float8_compile")):
+        there = rows[config]["trace"]["busy_by_kind_ms"]
+        job = resolve(job_config(["model=llama3_3b", "training.seq_len=8192", "training.local_batch_size=1",
+                                  "training.global_batch_size=1", "compile.enable=true", *overrides,
+                                  *as_ran(GRIDS["3b"])]))
+        here = {k: v * 1e3 for k, v in gpu_work_by_kind(job, PROFILES["3b"]).items()}
+        assert here["attention"] == pytest.approx(there["attention"], rel=0.10)
+        assert here["optimizer"] == pytest.approx(there["optimizer"], rel=0.10)
+        if config.startswith("bf16"):
+            assert here["gemm"] == pytest.approx(there["gemm"], rel=0.10)
+        else:
+            assert 1.1 < here["gemm"] / there["gemm"] < 1.2 and here["memory_bound"] / there["memory_bound"] < 0.5
+        assert there == pytest.approx(traced(earlier)["busy_by_kind_ms"], rel=0.02)

@@ -438,6 +438,54 @@ def test_a_measured_rowwise_rate_prices_rowwise_forward_gemms_alone():
         assert after[0] == pytest.approx(2 * before[0] if recipe != "tensorwise" else before[0], rel=1e-3)
 
 
+def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():
+    """A float8 block's casts run at Kernels.float8_cast_tb_s's rate for its recipe and casts (the
+    memory rate where none was measured): at half the memory rate they take twice as long, at a
+    quarter four times, and nothing else of the block moves; rowwise_with_gw_hp takes rowwise's."""
+    def kinds(job, rates):
+        kern = dataclasses.replace(K100, float8_cast_tb_s=rates)
+        t = gpu.block_times(job, 1, kern)
+        return {k: sum(part.get(k, 0.0) for part in t.kinds.values()) for k in ("gemm", "attention", "memory_bound")}
+
+    hbm = K100.memory_tb_s
+    for recipe, compiled in (("tensorwise", True), ("rowwise", False), ("rowwise_with_gw_hp", True)):
+        job = llama8b(f"precision=float8", f"precision.float8_recipe={recipe}", f"compile.enable={str(compiled).lower()}")
+        key = f"{'rowwise' if recipe != 'tensorwise' else recipe}/{'compiled' if compiled else 'torchao'}"
+        base, same = kinds(job, {}), kinds(job, {key: hbm})
+        half, quarter = kinds(job, {key: hbm / 2}), kinds(job, {key: hbm / 4})
+        other = kinds(job, {f"tensorwise/{'torchao' if compiled else 'compiled'}": hbm / 4})  # another mode's rate
+        assert same == base and other == base
+        assert half["gemm"] == base["gemm"] and half["attention"] == base["attention"]
+        cast = half["memory_bound"] - base["memory_bound"]
+        assert cast > 0 and quarter["memory_bound"] - base["memory_bound"] == pytest.approx(3 * cast, rel=1e-9)
+
+
+def test_calibration_measures_torchaos_float8_casts_where_float8_runs(monkeypatch):
+    """measure_kernels.float8_cast_tb_s on this CPU (torchao's float8 linear runs here, its matmul
+    emulated), with a float8 GEMM rate in the kernels as on an FP8 GPU: a rate for each recipe and
+    mode asked, the float8 linear's step less its GEMMs priced at those kernels; none without a
+    float8 rate (a GPU without FP8 tensor cores, or this CPU as calibration measures it)."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_exp.perf import measure_kernels as mk
+    from titan_exp.perf.timing import Options
+
+    m = llama8b("model=debugmodel").model
+    slow_gemms = dataclasses.replace(K100, matmul_tflops={k: 1e-3 for k in K100.matmul_tflops})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rates = mk.float8_cast_tb_s(K100, m, 256, Options(tiny=True), torch.device("cpu"), ("torchao",))
+        none = mk.float8_cast_tb_s(dataclasses.replace(K100, matmul_tflops={"bfloat16": 1.0}), m, 256, Options(tiny=True),
+                                   torch.device("cpu"), ("torchao",))
+        # GEMMs priced slower than the whole linear ran: no remainder to be the casts', no rate
+        left_out = mk.float8_cast_tb_s(slow_gemms, m, 256, Options(tiny=True), torch.device("cpu"), ("torchao",))
+    finally:
+        dist.destroy_process_group()
+    assert set(rates) == {"tensorwise/torchao", "rowwise/torchao"} and all(0 < r < 1 for r in rates.values())
+    assert none == {} and left_out == {}
+
+
 def test_calibration_times_the_optimizer_phase_on_the_models_own_tensors(monkeypatch):
     """On a GPU, calibration times the optimizer phase as a step runs it (measure_compute.
     optimizer_phase: gradient norm, clipping and AdamW over the model's own tensors, in its order,

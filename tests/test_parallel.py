@@ -90,3 +90,28 @@ def test_bf16_trains_close_to_fp32(layout, reference, bf16_reference, tmp_path):
     assert code == 0 and summary["precision"] == "bf16"
     assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-2)
     assert summary["losses"] != reference["losses"]  # bf16 really was used
+
+
+TIED = ["model.tie_word_embeddings=true"]  # Llama 3.2 1B's and 3B's one matrix for the embedding and output
+
+
+@pytest.fixture(scope="module")
+def tied_reference(tmp_path_factory):
+    code, summary = run_job([*SMALL, *TIED], tmp_path_factory.mktemp("tied"))
+    assert code == 0 and summary["status"] == "ok", summary.get("error")
+    return summary
+
+
+@pytest.mark.parametrize("name", [pytest.param("fsdp2", marks=pytest.mark.quick), "tp2",
+                                  pytest.param("ddp2", marks=slow), "fsdp2_tp2"])
+def test_tied_embeddings_stay_one_matrix_on_every_layout(name, tied_reference, reference, tmp_path):
+    """Tied, the embedding and the output are one Parameter on every layout: materializing the
+    model (to_empty) and TP's distribution each give a module its own, and FSDP shards the shared one
+    in one unit (parallel.fsdp). A rank whose model holds more parameters than the config makes
+    stops (the trainer checks), and the tied model trains otherwise than the untied one."""
+    overrides, world = LAYOUTS[name]
+    code, summary = run_job([*SMALL, *TIED, *overrides], tmp_path)
+    assert code == 0 and summary["status"] == "ok", summary.get("error")
+    assert summary["losses"] == pytest.approx(tied_reference["losses"], abs=1e-5)
+    assert summary["grad_norms"] == pytest.approx(tied_reference["grad_norms"], rel=2e-4)
+    assert tied_reference["losses"][1:] != pytest.approx(reference["losses"][1:], abs=1e-3)

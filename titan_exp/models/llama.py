@@ -151,7 +151,14 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
-        if cfg.tie_word_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """With `tie_word_embeddings`, make the output projection's weight the embedding's (one
+        Parameter). Whatever builds a new Parameter per module undoes it, and is followed by this:
+        `to_empty` (which materializes a model built on the meta device), TP's distribution of each
+        module's weights."""
+        if self.cfg.tie_word_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -199,12 +206,15 @@ def canonical_name(name: str) -> str:
 
 def _init_param(name: str, t: torch.Tensor, cfg: ModelConfig, gen: torch.Generator) -> None:
     """TorchTitan's Llama init: unit-normal embeddings, 0.02 for input projections, depth-scaled
-    std for projections that write into the residual stream, dim^-0.5 for the output."""
+    std for projections that write into the residual stream, dim^-0.5 for the output. A tied
+    matrix (named tok_embeddings) takes the output's: as the output's weight a unit normal gives
+    logits of size sqrt(dim), a first loss of 250 on the debug model; the first block's norm takes
+    the embedding's scale away."""
     if name.endswith("norm.weight"):
         t.fill_(1.0)
-    elif name.startswith("tok_embeddings"):
+    elif name.startswith("tok_embeddings") and not cfg.tie_word_embeddings:
         t.normal_(0.0, 1.0, generator=gen)
-    elif name.startswith("output"):
+    elif name.startswith(("output", "tok_embeddings")):
         std = cfg.dim**-0.5
         nn.init.trunc_normal_(t, 0.0, std, -3 * std, 3 * std, generator=gen)
     elif name.startswith("layers."):

@@ -36,6 +36,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
         if float8_collectives(job, cuda=True) and not float8:  # the styles would, but not over gloo
             logger.info("float8: TP collectives in high precision (gloo has no float8 dtype); matmuls are float8")
         apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8)
+        model.tie_weights()  # each module's weight was distributed on its own (both Shard(0) on the vocab)
         if job.parallelism.enable_async_tensor_parallel:
             enable_async_tp(tp_mesh)
     if dims.cp > 1:

@@ -56,7 +56,8 @@ def apply_fsdp(
     experts_mesh=None,
 ) -> None:
     """Shard each transformer block as one FSDP unit, the embedding and the norm+output as their
-    own units, then the root (which owns whatever is left, e.g. RoPE tables).
+    own units (tied embeddings: the three in one), then the root (which owns whatever is left, e.g.
+    RoPE tables).
 
     Under expert parallel (`experts_mesh`, the efsdp mesh) an MoE block's routed experts are a
     unit of their own, sharded over efsdp only (the ep ranks already split them). FSDP averages
@@ -65,7 +66,9 @@ def apply_fsdp(
     block's unit. Either way experts_placement says along which dim FSDP shards them."""
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     kwargs = dict(mesh=dp_mesh, mp_policy=mp)
-    if model.tok_embeddings is not None:
+    # Tied embeddings are one Parameter, which FSDP shards once: in one unit with the output.
+    tied = model.tok_embeddings is not None and model.output is not None and model.cfg.tie_word_embeddings
+    if model.tok_embeddings is not None and not tied:
         fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, False), **kwargs)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
@@ -79,7 +82,8 @@ def apply_fsdp(
         fully_shard(block, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, last),
                     shard_placement_fn=placement, **kwargs)
     if model.output is not None:
-        fully_shard([model.norm, model.output], reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
+        fully_shard([model.tok_embeddings, model.norm, model.output] if tied else [model.norm, model.output],
+                    reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
     fully_shard(model, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, True), **kwargs)
 
 

@@ -126,7 +126,9 @@ def kernels_line(k: Kernels) -> str:
             + f"; attention ({k.attention_kernel}) TFLOP/s by sequence (head dim {k.head_dim}) "
             f"forward {curve(k.attention_fwd)}, "
             f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s; "
-            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}")
+            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}"
+            + ("; torchao's float8 casts GB/s " + ", ".join(f"{key} {r * 1e3:.0f}" for key, r in k.float8_cast_tb_s.items())
+               if k.float8_cast_tb_s else ""))
 
 
 def print_table(profile: MachineProfile, shape: str) -> None:

@@ -1,6 +1,8 @@
 """A float8 linear's casts on a GPU (issue 36): the HBM bytes and host time of scaling and casting
 its tensors to float8, as they run (CASTS): fused by torch.compile, torchao's eager kernels, or
-Transformer Engine's. perf.gpu prices each float8 linear of a block with them.
+Transformer Engine's; and the rate those bytes run at (the memory rate, or torchao's casts as
+calibration measured them on the machine: cast_rate). perf.gpu prices each float8 linear of a
+block with them.
 
 Compiled (torchao under Inductor): each tensor's amax read folded into the kernel that produces
 it, and one cast reading bf16 and writing a byte; for the backward GEMMs each again transposed,
@@ -74,6 +76,13 @@ def cast_bytes(x: float, w: float, grad: float, recipe: str | None, casts: str, 
     rescaled = {"rowwise": x + w, "rowwise_with_gw_hp": x}.get(recipe or "", 0.0)
     return ((x + (w if weight_cast else 0.0) + grad) * scale_and_cast + again * transposed
             + rescaled * RESCALE_BYTES.get(casts, 0))
+
+
+def cast_rate(kern: Kernels, recipe: str | None, casts: str) -> float:
+    """Bytes per second of a float8 linear's casts: as calibration measured torchao's run on the
+    machine (Kernels.float8_cast_tb_s; rowwise_with_gw_hp's as rowwise's), else the memory rate."""
+    measured = kern.float8_cast_tb_s.get(f"{'rowwise' if recipe == 'rowwise_with_gw_hp' else recipe}/{casts}")
+    return (measured or kern.memory_tb_s) * 1e12
 
 
 def cast_host_s(kern: Kernels, recipe: str | None, casts: str, weight_gathered: bool = False) -> float:

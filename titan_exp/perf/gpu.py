@@ -108,7 +108,7 @@ import math
 from dataclasses import dataclass, field
 
 from titan_exp.config import JobConfig
-from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, recipe_of, torchao_eager
+from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, cast_rate, recipe_of, torchao_eager
 from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
@@ -315,7 +315,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
         fwd_groups[3] += moe * routed.down
         bwd_gemm += moe * routed.bwd
         casts += moe * routed.cast_bytes
-    cast_s = casts / hbm(kern)
+    cast_s = casts / cast_rate(kern, recipe, cast_mode)
 
     attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
     head_dim = head_dim_share(kern.head_dim, hd, t.seq_len)

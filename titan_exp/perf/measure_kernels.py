@@ -20,7 +20,11 @@ at once, as it would compute in a step; each rate is the slowest rank's.
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host]; and where
   torchao's float8 runs on the device, a tiny eager float8 linear's forward (tensorwise) against a
   tiny bf16 one's, less its casts' kernels at the op's host time: torchao's Python around it
-  (perf.float8_casts' [torchao-eager]).
+  (perf.float8_casts' [torchao-eager]);
+- float8 casts: where the device has FP8 tensor cores, a Float8Linear of the model's widest shape
+  forward and backward (tensorwise and rowwise; eager, and compiled with `--compile`) less its
+  GEMMs at the rates above: the rate its casts' bytes run at, for perf.gpu to price them at
+  (the memory rate, 3.7 TB/s on an H200, was 2-2.2x too fast for torchao's casts there).
 
 On a CPU these are measured too and kept in the profile, but a CPU's plan reads its measured
 blocks instead (perf.step).
@@ -29,6 +33,7 @@ blocks instead (perf.step).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Callable
 
 import torch
@@ -37,7 +42,8 @@ from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
-from titan_exp.perf.gpu import HOST_COMPILED_S, wave_utilization
+from titan_exp.perf.gpu import HOST_COMPILED_S, hbm, linear_s, wave_utilization
+from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, together
 
@@ -45,6 +51,7 @@ HOST_OPS = 200  # tiny ops per timed chain
 COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
 GROUPS = 8  # experts of the timed grouped GEMM
 FLOAT8_LINEARS = 20  # tiny float8 linears' forwards per timed chain
+FLOAT8_CAST_RECIPES = ("tensorwise", "rowwise")  # torchao's recipes whose casts' rate is measured
 
 
 def sizes(opts: Options, device: torch.device) -> tuple[list[int], list[int], int, int]:
@@ -191,6 +198,48 @@ def host_float8_s(host_op: float, opts: Options, device: torch.device) -> float 
     return max(0.0, extra - 2 * EAGER_CAST_KERNELS["tensorwise"] * host_op)
 
 
+def float8_cast_tb_s(kern: Kernels, m: ModelConfig, rows: int, opts: Options, device: torch.device,
+                     modes: tuple[str, ...]) -> dict[str, float]:
+    """The rate at which torchao's float8 linear casts its tensors here, by "<recipe>/<casts>"
+    (Kernels.float8_cast_tb_s): a Float8Linear of the model's widest shape (dim -> the SwiGLU's
+    width) on `rows` rows, with an fp32 weight under bf16 autocast as a replica runs it, forward
+    and backward, eager (`torchao`) and `compiled` as `modes` name; less its three GEMMs at
+    `kern`'s rates and the weight gradient's fp32 cast (model_ops.Elementwise's, priced apart);
+    what is left runs perf.float8_casts' bytes of that linear. Empty where torchao is missing or
+    the device has no FP8 tensor cores (`kern` measured no float8 rate); a mode whose remainder is
+    not positive (its GEMMs ran faster than `kern` says by more than its casts took) is left out."""
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return {}
+    if "float8" not in kern.matmul_tflops:
+        return {}
+    k, n, out = m.dim, m.ffn_hidden_dim, {}
+    for recipe in FLOAT8_CAST_RECIPES:
+        for casts in modes:
+            plain = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False)).to(device)
+            linear = convert_to_float8_training(plain, config=Float8LinearConfig.from_recipe_name(recipe))
+            run = torch.compile(linear) if casts == "compiled" else linear
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16, requires_grad=True)
+            grad = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+
+            def step(run=run, linear=linear, x=x, grad=grad):
+                linear[0].weight.grad, x.grad = None, None  # as after zero_grad: assigned, not added to
+                with torch.autocast(device.type, dtype=torch.bfloat16):
+                    y = run(x)
+                y.backward(grad)
+
+            try:
+                step()
+            except (RuntimeError, NotImplementedError, AssertionError):
+                continue
+            fwd, bwd, moved = linear_s(kern, rows, k, n, "float8", "bfloat16", recipe, casts)
+            rest = together(step, opts.reps, device) - fwd - bwd - k * n * LLAMA.autocast_weight_bytes[1] / hbm(kern)
+            if rest > 0:
+                out[f"{recipe}/{casts}"] = moved / rest / 1e12
+    return out
+
+
 def host_compiled_s(opts: Options, device: torch.device) -> float:
     w, x = torch.randn(16, 16, device=device), torch.randn(16, 16, device=device)
 
@@ -220,8 +269,12 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     float8 = host_float8_s(host_op, opts, device)
     if float8 is not None:
         measured.append("host_float8_s")
-    return Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
+    kern = Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op, host_float8_s=float8,
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_size,
                    attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
                    measured=tuple(measured), grouped_gemm_share=grouped or 1.0)
+    casts = float8_cast_tb_s(kern, m, 2 * seqs[-1], opts, device, ("torchao", "compiled") if opts.compile else ("torchao",))
+    if casts:
+        kern = dataclasses.replace(kern, float8_cast_tb_s=casts, measured=(*kern.measured, "float8_cast_tb_s"))
+    return kern

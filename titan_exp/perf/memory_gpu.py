@@ -43,12 +43,14 @@ its memory is counted part by part at the three moments its peak can be, nothing
 is named so:
   backward's start  the parameters and AdamW's moments (12 bytes a parameter; the gradients, set
                     to None after each step, exist only from a second microbatch on), autocast's
-                    bf16 copies of the weights it casts (its cache keeps them until the backward
-                    ends: every linear under bf16, the output layer alone under float8, whose
-                    linears cast their fp32 weights themselves), what every block saves
-                    (AUTOCAST_SAVED) or, under full AC, each block's fp32 input and one block
-                    recomputed, and the loss (LOSS_UNITS);
-  backward's end    16 bytes a parameter with the gradients, and the copies;
+                    bf16 copies of the weights it casts, which the backward keeps until each
+                    linear's has run (eager, every linear under bf16, the output layer alone
+                    under float8, whose linears cast their fp32 weights themselves; compiled, the
+                    output layer alone, the compiled blocks casting their weights again in the
+                    backward: no block's copy was live at the compiled 3B's peak, 2026-11-28's
+                    snapshot), what every block saves (AUTOCAST_SAVED) or, under full AC, each
+                    block's fp32 input and one block recomputed, and the loss (LOSS_UNITS);
+  backward's end    16 bytes a parameter with the gradients (the copies freed by then);
   the update        16 bytes a parameter, and the foreach AdamW's temporaries (FOREACH_UPDATE).
 The allocator's cache beyond these tensors (0.3-7 % of the reserved peak on the H200's rows,
 BENCHMARKS.md) is not priced here. The account was written after those rows were measured (two of
@@ -262,7 +264,7 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
     float8 = job.precision.converter != "none"
     mode = "compiled" if job.compile.enable else "eager"
     linears = m.n_layers * (m.block_params - 2 * m.dim)
-    copies = 2 * (m.vocab_size * m.dim + (0 if float8 else linears))
+    copies = 2 * (m.vocab_size * m.dim + (0 if float8 or job.compile.enable else linears))
     buckets = 4 * m.num_params if p.data_parallel_replicate_degree > 1 else 0.0  # DDP: a second copy of the grads
     whole, inputs = autocast_saved(job, mode) * tokens, 4 * m.dim * tokens  # a block's saves; its fp32 input
     checkpoints = 0.0
@@ -280,7 +282,7 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
     start = {"states": (12 if microbatches == 1 else 16) * m.num_params, "weight_copies": copies,
              "activations": activations, "checkpoints": checkpoints,
              "logits": LOSS_UNITS[mode] * tokens * m.vocab_size * 2, "float8": sum(b * k for b, k in f8)}
-    end = {"states": 16 * m.num_params, "weight_copies": copies}
+    end = {"states": 16 * m.num_params}
     update = {"states": 16 * m.num_params, "optimizer_step": FOREACH_UPDATE * m.num_params * foreach}
     peak = max((start, end, update), key=lambda parts: sum(parts.values()))
     saved = peak.get("activations", 0.0) * m.dim / (m.dim + m.ffn_hidden_dim)  # in tensors of dim, and of f

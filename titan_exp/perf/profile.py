@@ -174,6 +174,11 @@ class Kernels:
     # Host seconds of torchao's Python around an eager float8 linear's forward (its tensor
     # subclass and autograd functions), beyond its kernels; None: perf.float8_casts.HOST_FLOAT8_S.
     host_float8_s: Optional[float] = None
+    # The rate (TB/s of perf.float8_casts' bytes) at which torchao's float8 linear casts its
+    # tensors here, by "<recipe>/<casts>" (casts: torchao, eager; compiled): a float8 linear's
+    # forward and backward as a step runs it, less its GEMMs at matmul_tflops' rates. Where absent,
+    # memory_tb_s (perf.gpu's assumption: the casts stream at the memory rate).
+    float8_cast_tb_s: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -308,8 +313,8 @@ class MachineProfile:
         """What the performance model would estimate from FLOPs rather than read here, for `job`'s
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
         of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
-        host cost, when `compile`, and torchao's eager float8 host cost, for an eager float8 job:
-        its blocks are priced from their parts (perf.gpu). A spec
+        host cost, when `compile`, torchao's eager float8 host cost, for an eager float8 job, and
+        its float8 casts' rate, for a float8 job: its blocks are priced from their parts (perf.gpu). A spec
         sheet's profile lacks nothing one could measure here."""
         if self.source == "spec":
             return []
@@ -321,9 +326,11 @@ class MachineProfile:
             # A GPU's block is priced from its parts at these kernels' rates, whatever the model.
             if compile and "host_compiled_s" not in self.kernels.measured:
                 out.append("the host's cost of a compiled kernel")
-            if (job.precision.converter == "float8" and not compile and "float8" in self.kernels.matmul_tflops
-                    and "host_float8_s" not in self.kernels.measured):  # a GPU with FP8 tensor cores
+            float8 = job.precision.converter == "float8" and "float8" in self.kernels.matmul_tflops  # FP8 tensor cores
+            if float8 and not compile and "host_float8_s" not in self.kernels.measured:
                 out.append("the host's cost of an eager float8 linear")
+            if float8 and "float8_cast_tb_s" not in self.kernels.measured:
+                out.append("the rate of torchao's float8 casts")
         else:
             absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
             if absent:

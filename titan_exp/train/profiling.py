@@ -66,7 +66,8 @@ class Profiler:
                 on_trace_ready=self._save_trace)
             self.prof.start()
         if self.cuda_memory:
-            torch.cuda.memory._record_memory_history(max_entries=100_000)
+            # Python frames only: symbolizing C++ frames at the dump takes minutes on a large model
+            torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
         return self
 
     def _save_trace(self, prof: torch.profiler.profile) -> None:

@@ -119,6 +119,12 @@ class Trainer:
             self.schedule, self.has_first, self.has_last = None, True, True
             self._prepare(model)
             self.model_parts = [model]
+            # The whole model is on this rank: its parameters (a DTensor counts in full) are the
+            # config's, each once; a tie undone (issue 38: to_empty undid the 1B's and 3B's) is not.
+            held = sum(p.numel() for p in model.parameters())
+            if held != job.model.num_params:
+                raise RuntimeError(f"the model holds {held:,} parameters where model.* makes {job.model.num_params:,} "
+                                   f"(tie_word_embeddings={job.model.tie_word_embeddings}): a bug; please report it")
             return
         schedule = job.parallelism.pipeline_parallel_schedule
         self.schedule, self.model_parts, self.has_first, self.has_last = build_pipeline(
@@ -204,6 +210,7 @@ class Trainer:
     def _prepare(self, part: torch.nn.Module) -> None:
         parallelize(part, self.dims, self.job)
         part.to_empty(device=self.device)
+        part.tie_weights()  # to_empty gave each module a Parameter of its own
         part.init_weights(self.job.training.seed)
         part.train()
 
