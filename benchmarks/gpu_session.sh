@@ -18,12 +18,23 @@
 #     GRID="--model llama3_3b" bash benchmarks/gpu_session.sh 4 1.5 565   # 2026-11-28 (untied, as the 1B's)
 # Each stage has a time limit, all of them within TOTAL_S (default 570, under the device's 600 s a
 # command), and the archive is rewritten after each, so what ran comes back.
+#     GRID=... bash benchmarks/gpu_session.sh resume [AUTOTUNE_MINUTES]     # -> $OUT/gpu_session_resume.tgz
+# a second call on the same machine while it is warm: the grid's members the first left, then
+# `launch.py -m +sweep=autotune` against the grid (gpu_grid.py --resume ... --autotune), from the
+# profile the first call calibrated.
 set -u
 out=${OUT:-/tmp/gpu_session_out}
 r=/tmp/gpu_session
 mkdir -p "$out" "$r"
 export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
+if [ "${1:-}" = resume ]; then
+  timeout 560 python3 benchmarks/gpu_grid.py ${GRID:---model llama3_1b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
+      --no-calibrate --budget-minutes 2 --autotune --autotune-minutes "${2:-1.5}" --out "$r/grid2" > "$r/grid2.log" 2>&1
+  echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
+  tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
+  exit 0
+fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv
   python3 -c "import torch, torchao; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'torchao', torchao.__version__)"
 } > "$r/gpu.txt" 2>&1
