@@ -21,7 +21,7 @@
 #     GRID=... bash benchmarks/gpu_session.sh resume [AUTOTUNE_MINUTES]     # -> $OUT/gpu_session_resume.tgz
 # a second call on the same machine while it is warm: the grid's members the first left, then
 # `launch.py -m +sweep=autotune` against the grid (gpu_grid.py --resume ... --autotune), from the
-# profile the first call calibrated.
+# profile the first call calibrated, with a quarter of the grid's time unless AUTOTUNE_MINUTES.
 set -u
 out=${OUT:-/tmp/gpu_session_out}
 r=/tmp/gpu_session
@@ -30,7 +30,7 @@ export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
 if [ "${1:-}" = resume ]; then
   timeout 560 python3 benchmarks/gpu_grid.py ${GRID:---model llama3_1b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
-      --no-calibrate --budget-minutes 2 --autotune --autotune-minutes "${2:-1.5}" --out "$r/grid2" > "$r/grid2.log" 2>&1
+      --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
   exit 0
