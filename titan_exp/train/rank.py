@@ -109,17 +109,18 @@ class AtomicErrorHandler(ErrorHandler):
 
 
 def main(path: str) -> int:
-    run_dir = RunDir(path)
-    rank = int(os.environ.get("RANK", 0))
-    setup_logging(run_dir, rank)
-    start = time.time()
-    job = load_job_config(run_dir.config)
-    summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id(),
-                            layouts=run_dir.read_layouts() or None)
     # Stop signals are recorded, not fatal, until the summary is written: when one rank dies the
     # agent SIGTERMs the others at once, and rank 0 must still say why the run ended (the agent
-    # waits 30 s before SIGKILL). During training they stop the run at a step boundary.
+    # waits 30 s before SIGKILL). During training they stop the run at a step boundary. Caught
+    # from the rank's first line: a peer lost at its start signals this one while it sets up.
     with catch_stop_signals():
+        run_dir = RunDir(path)
+        rank = int(os.environ.get("RANK", 0))
+        setup_logging(run_dir, rank)
+        start = time.time()
+        job = load_job_config(run_dir.config)
+        summary = RunSummary.of(job, Status.running, run_dir.path, slurm_job_id=slurm_job_id(),
+                                layouts=run_dir.read_layouts() or None)
         try:
             errors = validate(job)
             if errors:
