@@ -458,6 +458,9 @@ def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():
         assert half["gemm"] == base["gemm"] and half["attention"] == base["attention"]
         cast = half["memory_bound"] - base["memory_bound"]
         assert cast > 0 and quarter["memory_bound"] - base["memory_bound"] == pytest.approx(3 * cast, rel=1e-9)
+    measured = dataclasses.replace(K100, float8_cast_tb_s={"tensorwise/compiled": 0.9})
+    assert Kernels.of(json.loads(json.dumps(measured.to_dict()))) == measured  # as a profile's file keeps it
+    assert Kernels.of({k: v for k, v in K100.to_dict().items() if k != "float8_cast_tb_s"}) == K100  # a file from before
 
 
 def test_calibration_measures_torchaos_float8_casts_where_float8_runs(monkeypatch):
