@@ -156,10 +156,16 @@ class Transformer(nn.Module):
     def tie_weights(self) -> None:
         """With `tie_word_embeddings`, make the output projection's weight the embedding's (one
         Parameter). Whatever builds a new Parameter per module undoes it, and is followed by this:
-        `to_empty` (which materializes a model built on the meta device), TP's distribution of each
-        module's weights."""
+        `to_empty` (below), TP's distribution of each module's weights (parallel.parallelize)."""
         if self.cfg.tie_word_embeddings and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
+
+    def to_empty(self, *, device, recurse: bool = True) -> "Transformer":
+        """nn.Module's, which gives each module a Parameter of its own (a model built on the meta
+        device is materialized so), then the tie again."""
+        super().to_empty(device=device, recurse=recurse)
+        self.tie_weights()
+        return self
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (batch, seq) int64 -> logits (batch, seq, vocab); on a pipeline stage without

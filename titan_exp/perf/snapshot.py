@@ -31,7 +31,7 @@ def site(frames: list[dict]) -> str:
         return "backward (no Python frame)"
     own = next((f for f in frames if "titan_exp/" in f["filename"]), None)
     inner = frames[0]
-    where = f"{inner['filename'].rsplit('/', 2)[-1] if '/' in inner['filename'] else inner['filename']}:{inner['line']} {inner['name']}"
+    where = f"{inner['filename'].rsplit('/', 1)[-1]}:{inner['line']} {inner['name']}"
     if own is None or own is inner:
         return where
     return f"{own['filename'].split('titan_exp/', 1)[1]}:{own['line']} {own['name']} <- {where}"
@@ -45,13 +45,13 @@ def peak(snapshot: dict, device: int = 0, top: int = 20) -> dict:
     events = [e for e in snapshot["device_traces"][device] if e["action"] in ("alloc", "free_completed")]
     # Backwards: an alloc in the window was not live before it; a freed block was.
     live = {a: s for a, (s, _) in live_end.items()}
-    frames_before: dict[int, list] = {a: f for a, (_, f) in live_end.items()}
     for e in reversed(events):
         if e["action"] == "alloc":
             live.pop(e["addr"], None)
         else:
             live[e["addr"]] = e["size"]
-    start = {a: (s, frames_before.get(a) or None) for a, s in live.items()}  # no frames: made before recording
+    # Their frames where the snapshot kept them; none: made before recording began.
+    start = {a: (s, live_end.get(a, (0, None))[1] or None) for a, s in live.items()}
     total = best = sum(s for s, _ in start.values())
     at = -1
     current = dict(start)

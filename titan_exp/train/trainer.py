@@ -210,7 +210,6 @@ class Trainer:
     def _prepare(self, part: torch.nn.Module) -> None:
         parallelize(part, self.dims, self.job)
         part.to_empty(device=self.device)
-        part.tie_weights()  # to_empty gave each module a Parameter of its own
         part.init_weights(self.job.training.seed)
         part.train()
 
