@@ -64,23 +64,33 @@ def test_the_calibrated_profile_is_filed_under_the_key_a_gpu_run_looks_up():
 
 def test_a_calibrated_gpu_lacks_nothing_for_a_model_it_did_not_time():
     """Its blocks are priced from their parts at its kernels' rates, so the 3B (calibrated on the
-    1B) needs no calibration, for autotune or the plan; without the compiled kernels' host cost,
-    a compiled job does, without torchao's eager float8 Python an eager float8 job, and without
-    the rate of its float8 casts (Kernels.float8_cast_tb_s) any float8 job."""
+    1B) needs no block of its own timed, for autotune or the plan; without the compiled kernels'
+    host cost, a compiled job does, without torchao's eager float8 Python an eager float8 job,
+    without the rate of its float8 casts (Kernels.float8_cast_tb_s) any float8 job, and without
+    the rate of the block's memory-bound kernels as the job runs them (Kernels.elementwise_tb_s,
+    first measured after this calibration, 2026-11-28) any job."""
     import dataclasses
 
     job = resolve(job_config(overrides_for("llama3_3b", 12, False)))
     assert PROFILE.block(model_shape(job), 1) is None and PROFILE.blocks  # it timed the 1B's only
-    assert PROFILE.missing(job, [1], compile=True) == []
-    eager_only = dataclasses.replace(PROFILE, kernels=dataclasses.replace(PROFILE.kernels, measured=("matmul_tflops",)))
-    assert eager_only.missing(job, [1], compile=True) == ["the host's cost of a compiled kernel"]
+    assert PROFILE.missing(job, [1], compile=True) == ["the rate of the block's compiled memory-bound kernels"]
+    assert PROFILE.missing(job, [1], compile=False) == ["the rate of the block's memory-bound kernels"]
+    rates = {"eager": 3.0, "compiled": 3.0}
+    kernels = dataclasses.replace(PROFILE.kernels, elementwise_tb_s=rates)
+    assert dataclasses.replace(PROFILE, kernels=kernels).missing(job, [1], compile=True) == []
+    eager_only = dataclasses.replace(PROFILE, kernels=dataclasses.replace(kernels, measured=("matmul_tflops",),
+                                                                          elementwise_tb_s={"eager": 3.0}))
+    assert eager_only.missing(job, [1], compile=True) == ["the host's cost of a compiled kernel",
+                                                          "the rate of the block's compiled memory-bound kernels"]
     assert eager_only.missing(job, [1], compile=False) == []
     # torchao's Python around an eager float8 linear, and its casts' rate, were first measured
     # after this calibration (2026-11-27, 2026-11-28)
     float8 = resolve(job_config([*overrides_for("llama3_3b", 12, False), "precision=float8"]))
     assert PROFILE.missing(float8, [1], compile=False) == ["the host's cost of an eager float8 linear",
-                                                           "the rate of torchao's float8 casts"]
-    assert PROFILE.missing(float8, [1], compile=True) == ["the rate of torchao's float8 casts"]
+                                                           "the rate of torchao's float8 casts",
+                                                           "the rate of the block's memory-bound kernels"]
+    assert dataclasses.replace(PROFILE, kernels=kernels).missing(float8, [1], compile=True) == [
+        "the rate of torchao's float8 casts"]
 
 
 def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():

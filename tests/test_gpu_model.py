@@ -168,16 +168,30 @@ def block_bytes(overrides: list[str], autocast: bool, seq: int = 48) -> dict[str
     bf16, or fp32 under CPU bf16 autocast. Weight casts are the casts of a parameter forward and
     casts to a parameter's shape backward (no activation has one at this sequence length)."""
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
 
     from titan_exp.models.llama import TransformerBlock, rope_tables
 
     m = compose_job(["model=debugmodel", *overrides]).model
     block = TransformerBlock(m) if autocast else TransformerBlock(m).to(torch.bfloat16)
-    params = list(block.parameters())
-    owned, shapes = {p.untyped_storage().data_ptr() for p in params}, {tuple(p.shape) for p in params}
     cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
-    tables = {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}  # per position, not per token
+    x = torch.randn(2, seq, m.dim, dtype=torch.float32 if autocast else torch.bfloat16, requires_grad=True)
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            return [block(x, cos, sin)]
+
+    return moved_bytes(forward, (block.attention_norm, block.ffn_norm), list(block.parameters()), (cos, sin), 2 * seq)
+
+
+def moved_bytes(forward, norms, params, tables, tokens: int) -> dict[str, float]:
+    """block_bytes' counts of what `forward()` (returning its outputs) and then their backward run,
+    per token (rows) and per parameter of `params` (their casts), `norms` counted as a CUDA torch's
+    fused kernel forward, the RoPE `tables` (per position, not per token) left out."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    owned, shapes = {p.untyped_storage().data_ptr() for p in params}, {tuple(p.shape) for p in params}
+    tables = {t.untyped_storage().data_ptr() for t in tables}
     moved, in_norm = {"rows": 0, "weights": 0, "kernels": 0}, [0]
 
     def physical(t):  # an expanded dimension (stride 0) is read once
@@ -206,21 +220,48 @@ def block_bytes(overrides: list[str], autocast: bool, seq: int = 48) -> dict[str
         moved["rows"] += 2 * physical(args[0])
         moved["kernels"] += 1
 
-    for norm in (block.attention_norm, block.ffn_norm):
+    for norm in norms:
         norm.register_forward_pre_hook(enter)
         norm.register_forward_hook(lambda *_: in_norm.__setitem__(0, in_norm[0] - 1))
-    x = torch.randn(2, seq, m.dim, dtype=torch.float32 if autocast else torch.bfloat16, requires_grad=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        with Count():
-            y = block(x, cos, sin)
-    forward = dict(moved)
-    grad = torch.randn_like(y)
     with Count():
-        y.backward(grad)
-    tokens, n = 2 * seq, sum(p.numel() for p in params)
-    return {"fwd": forward["rows"] / tokens, "bwd": (moved["rows"] - forward["rows"]) / tokens,
-            "weights_fwd": forward["weights"] / n, "weights_bwd": (moved["weights"] - forward["weights"]) / n,
-            "kernels": forward["kernels"]}
+        outs = forward()
+    counted = dict(moved)
+    grads = [torch.randn_like(o) for o in outs]
+    with Count():
+        torch.autograd.backward(outs, grads)
+    n = sum(p.numel() for p in params)
+    return {"fwd": counted["rows"] / tokens, "bwd": (moved["rows"] - counted["rows"]) / tokens,
+            "weights_fwd": counted["weights"] / n, "weights_bwd": (moved["weights"] - counted["weights"]) / n,
+            "kernels": counted["kernels"]}
+
+
+def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_priced():
+    """measure_kernels.elementwise_block runs the memory-bound ops of this toolkit's block and moves
+    what the block does, counted the same way on both (debugmodel in bf16): the same forward
+    kernels but the block's seven matmuls and its attention, the same bytes a token forward
+    (perf.model_ops.LLAMA's, with GQA's repeat), backward within 2 % (1 % more: one copy the
+    block's backward does not make). So the rate calibration divides those bytes by
+    (elementwise_tb_s, positive here on one gloo rank) is the rate of the bytes block_times prices."""
+    import torch
+    import torch.distributed as dist
+
+    from titan_exp.perf import measure_kernels as mk
+    from titan_exp.perf.timing import Options
+
+    m, seq = compose_job(["model=debugmodel"]).model, 48
+    part = mk.elementwise_block(m, seq, torch.bfloat16, torch.device("cpu"))
+    ops = moved_bytes(part.forward, part.norms, [p for n in part.norms for p in n.parameters()], part.tables, seq)
+    whole = block_bytes([], autocast=False, seq=seq)
+    assert ops["kernels"] + 8 == whole["kernels"]
+    assert ops["fwd"] == whole["fwd"] and ops["bwd"] == pytest.approx(whole["bwd"], rel=0.02)
+    qk = (m.n_heads + m.kv_heads) * m.head_size
+    eager = model_ops.LLAMA.eager_bytes
+    assert ops["fwd"] == eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + 2 * qk * 2
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert mk.elementwise_tb_s(m, seq, torch.float32, Options(tiny=True), torch.device("cpu"), compiled=False) > 0
+    finally:
+        dist.destroy_process_group()
 
 
 def test_autocasts_casts_and_fp32_stream_are_what_this_toolkits_block_moves():
@@ -635,6 +676,26 @@ def test_a_calibrated_gpus_measured_kernels_drive_the_same_model():
     # A CPU's kernels are recorded, not priced from: its plan reads its measured blocks.
     cpu = dataclasses.replace(calibrated, kernels=dataclasses.replace(measured, architecture="cpu"))
     assert any("not calibrated: estimated from FLOPs" in n for n in predict_step(llama8b(), cpu, cuda=True).notes)
+
+
+def test_the_blocks_memory_bound_kernels_run_at_the_rate_calibration_measured_for_them():
+    """A profile whose calibration measured the block's own memory-bound ops (Kernels.
+    elementwise_tb_s) prices the model's memory-bound kernels at that rate, eager or compiled as the
+    job runs, and nothing else: at half the add's rate eager, an eager block's memory-bound work
+    takes twice as long, its GEMMs and attention as before, and a compiled job, with no compiled
+    rate measured, keeps the add's; a profile without the rate, as calibrated before 2026-11-28,
+    prices them at the add's rate as a spec sheet does."""
+    from titan_exp.perf.gpu import block_times
+
+    half = dataclasses.replace(K100, elementwise_tb_s={"eager": K100.memory_tb_s / 2})
+    assert Kernels.of(json.loads(json.dumps(half.to_dict()))) == half  # as the profile's file keeps it
+    assert Kernels.of({k: v for k, v in K100.to_dict().items() if k != "elementwise_tb_s"}) == K100
+    for compiled in (False, True):
+        job = llama8b(f"compile.enable={str(compiled).lower()}")
+        plain, slow = (block_times(job, 1, k).kinds for k in (K100, half))
+        for part in ("fwd", "bwd", "head"):
+            assert slow[part]["gemm"] == plain[part]["gemm"] and slow[part]["attention"] == plain[part]["attention"]
+            assert slow[part]["memory_bound"] == pytest.approx(plain[part]["memory_bound"] * (1 if compiled else 2))
 
 
 def test_a_spec_sheets_collectives_take_nccls_latencies_and_its_fastest_protocol():

@@ -348,6 +348,9 @@ def test_calibration_profile_file(tmp_path):
     assert kernels.attention_kernel in ("flash", "math") and f"attention ({kernels.attention_kernel})" in first.stdout
     assert "kernels: matmul TFLOP/s" in first.stdout and "compiled kernel not measured" in first.stdout
     assert "of the dense rate" in first.stdout
+    # the block's own memory-bound ops, eager (compiled only with --compile)
+    assert "elementwise_tb_s" in kernels.measured and list(kernels.elementwise_tb_s) == ["eager"]
+    assert kernels.elementwise_tb_s["eager"] > 0 and "the block's eager" in first.stdout
     # torchao's Python around an eager float8 linear ([torchao-eager]): its float8 matmul runs on CPU
     assert "host_float8_s" in kernels.measured and kernels.host_float8_s > 0
     assert "ms/eager float8 linear" in first.stdout

@@ -125,8 +125,9 @@ def kernels_line(k: Kernels) -> str:
             + ", ".join(f"{d} {r:.3g}" for d, r in k.matmul_tflops.items())
             + f"; attention ({k.attention_kernel}) TFLOP/s by sequence (head dim {k.head_dim}) "
             f"forward {curve(k.attention_fwd)}, "
-            f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s; "
-            f"host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}"
+            f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s"
+            + "".join(f", the block's {mode} {r * 1e3:.0f}" for mode, r in k.elementwise_tb_s.items())
+            + f"; host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}"
             + ("; torchao's float8 casts GB/s " + ", ".join(f"{key} {r * 1e3:.0f}" for key, r in k.float8_cast_tb_s.items())
                if k.float8_cast_tb_s else ""))
 

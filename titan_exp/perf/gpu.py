@@ -89,7 +89,10 @@ Sources (checked 2026-11):
          faster than FlashAttention in Triton on A100; the Triton kernel is priced at
          FlashAttention-2's rate over 1.8, the range's geometric middle (an assumption).
   [hbm]  Memory-bound kernels at 90 % of the spec's HBM bandwidth (the share STREAM-like copies
-         reach on HBM GPUs; an assumption, not a measurement of these kernels).
+         reach on HBM GPUs; an assumption, not a measurement of these kernels). A calibrated
+         profile prices them at the rate this toolkit's block ran its own memory-bound ops on the
+         GPU, eager and compiled (Kernels.elementwise_tb_s; the loss's kernels and autocast's
+         casts taken to run alike), else at its contiguous add's rate.
   [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
          per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
          what `python -m titan_exp.perf.calibrate` measures on the GPU.
@@ -324,11 +327,12 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
     d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn + moe * m.top_k * m.expert_hidden_dim
     weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
+    rate = kern.elementwise_rate(compiled)  # [hbm]
     scale = act / 2  # the tables are for bf16 activations
-    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / hbm(kern)
-    mem_fwd += moe * routed.dispatch_bytes * scale / hbm(kern)
+    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / rate
+    mem_fwd += moe * routed.dispatch_bytes * scale / rate
     if kv < heads:  # GQA: K and V repeated to every query head before SDPA
-        mem_fwd += tokens * 2 * (kv + heads) * hd * act / hbm(kern)
+        mem_fwd += tokens * 2 * (kv + heads) * hd * act / rate
     # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
     # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
     fwd_mem, bwd_mem = mem_fwd + cast_s / 3, 2 * mem_fwd + 2 * cast_s / 3
@@ -337,8 +341,8 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
         weights = m.block_matmul_params(1)
         cast_fwd = 0.0 if low == "float8" else weights  # torchao casts a float8 linear's fp32 weight itself
         rows = 0.0 if compiled else tokens * m.dim  # compiled: fused, not counted (model_ops)
-        fwd_mem += (rows * elementwise.autocast_bytes[0] + cast_fwd * elementwise.autocast_weight_bytes[0]) / hbm(kern)
-        bwd_mem += (rows * elementwise.autocast_bytes[1] + weights * elementwise.autocast_weight_bytes[1]) / hbm(kern)
+        fwd_mem += (rows * elementwise.autocast_bytes[0] + cast_fwd * elementwise.autocast_weight_bytes[0]) / rate
+        bwd_mem += (rows * elementwise.autocast_bytes[1] + weights * elementwise.autocast_weight_bytes[1]) / rate
 
     fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + fwd_mem
     bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + bwd_mem
@@ -358,9 +362,9 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     vocab = m.vocab_size / tp
     head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
                   + gemm_s(kern, m.dim, vocab, tokens, high))
-    logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / hbm(kern)
+    logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / rate
     if autocast:  # the output layer's weight cast and its gradient's (a bf16 linear under float8 too; tied or not)
-        logits += vocab * m.dim * sum(elementwise.autocast_weight_bytes) / hbm(kern)
+        logits += vocab * m.dim * sum(elementwise.autocast_weight_bytes) / rate
     kinds = {"fwd": {"gemm": sum(fwd_groups) + moe * routed.router, "attention": attn_fwd, "memory_bound": fwd_mem},
              "bwd": {"gemm": bwd_gemm + 2 * moe * routed.router, "attention": attn_bwd, "memory_bound": bwd_mem},
              "selective": {"gemm": selective - fwd_mem, "attention": 0.0, "memory_bound": fwd_mem},

@@ -16,6 +16,10 @@ at once, as it would compute in a step; each rate is the slowest rank's.
 - grouped GEMM: torch._grouped_mm over 8 experts at the smallest GEMM side, in the training dtype,
   against a dense GEMM of the same rows and tiles: its share of the dense rate, [grouped];
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
+  and this toolkit's block's own (its two RMSNorms, RoPE on q and k, GQA's repeat of k and v, the
+  SwiGLU's SiLU and product, the residual adds) forward and backward on a sequence of the model's
+  shape, eager, and compiled with `--compile`: the rate the bytes perf.model_ops counts for them
+  move at (Kernels.elementwise_tb_s), for perf.gpu to price the model's memory-bound kernels at;
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host]; and where
   torchao's float8 runs on the device, a tiny eager float8 linear's forward (tensorwise) against a
@@ -165,6 +169,66 @@ def memory_tb_s(elements: int, dtype: torch.dtype, opts: Options, device: torch.
     return 3 * elements * a.element_size() / seconds / 1e12
 
 
+@dataclasses.dataclass
+class ElementwiseBlock:
+    """This toolkit's block's memory-bound ops on `tokens` tokens of a model's shape, fed from leaf
+    tensors in place of the GEMMs and attention between them (`leaves`, the norms' weights among
+    them): `forward()` runs them as the block does (titan_exp.models.llama's RMSNorm and
+    apply_rope, GQA's repeat as causal_attention runs it), returning what the next GEMM or
+    attention would read; `norms` and the RoPE `tables` as the block holds them."""
+
+    forward: Callable[[], list[torch.Tensor]]
+    leaves: tuple[torch.Tensor, ...]
+    norms: tuple[torch.nn.Module, ...]
+    tables: tuple[torch.Tensor, torch.Tensor]
+
+
+def elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device) -> ElementwiseBlock:
+    from titan_exp.models.llama import apply_rope, rope_tables
+
+    d, hd, heads, kv, f = m.dim, m.head_size, m.n_heads, m.kv_heads, m.ffn_hidden_dim
+    norms = tuple(torch.nn.RMSNorm(d, eps=m.norm_eps, device=device, dtype=dtype) for _ in range(2))
+    cos, sin = (t.to(device) for t in rope_tables(hd, tokens, m.rope_theta))
+
+    def leaf(*shape):
+        return torch.randn(1, tokens, *shape, device=device, dtype=dtype, requires_grad=True)
+
+    x, attn, ffn_out, q, k, v, gate, up = leaf(d), leaf(d), leaf(d), leaf(heads, hd), leaf(kv, hd), leaf(kv, hd), leaf(f), leaf(f)
+
+    def forward():
+        h = x + attn
+        normed, ffn_in = norms[0](x), norms[1](h)
+        outs = [apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, torch.nn.functional.silu(gate) * up, h + ffn_out]
+        if kv < heads:  # causal_attention's repeat of K and V to every query head
+            outs[1], outs[2] = outs[1].repeat_interleave(heads // kv, dim=2), v.repeat_interleave(heads // kv, dim=2)
+        # each norm's output as the GEMMs that read it (wq, wk, wv; w1, w3): backward sums their gradients
+        return [*outs, normed, normed, normed, ffn_in, ffn_in]
+
+    weights = tuple(w for n in norms for w in n.parameters())
+    return ElementwiseBlock(forward, (x, attn, ffn_out, q, k, v, gate, up, *weights), norms, (cos, sin))
+
+
+def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Options, device: torch.device,
+                     compiled: bool) -> float:
+    """The rate (TB/s) at which this toolkit's block runs its memory-bound ops (elementwise_block),
+    forward and backward, on `tokens` tokens of the model's shape, compiled as one graph with
+    `compiled`: their seconds against the bytes perf.model_ops.LLAMA counts for them, as
+    perf.gpu.block_times prices them (the forward's, twice that backward)."""
+    block = elementwise_block(m, tokens, dtype, device)
+    run = torch.compile(block.forward) if compiled else block.forward
+    grads = [torch.randn_like(o) for o in block.forward()]
+
+    def step():
+        torch.autograd.grad(run(), block.leaves, grads)
+
+    step()  # compiles, warms up
+    seconds = together(step, opts.reps, device)
+    table = LLAMA.compiled_bytes if compiled else LLAMA.eager_bytes
+    d, qk, f, act = m.dim, (m.n_heads + m.kv_heads) * m.head_size, m.ffn_hidden_dim, torch.empty((), dtype=dtype).element_size()
+    forward = tokens * (act / 2 * (table[0] * d + table[1] * qk + table[2] * f) + (2 * qk * act if m.kv_heads < m.n_heads else 0))
+    return 3 * forward / seconds / 1e12
+
+
 def host_op_s(opts: Options, device: torch.device) -> float:
     x = torch.ones(1, device=device, requires_grad=True)
 
@@ -269,6 +333,10 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     if opts.compile:
         measured.append("host_compiled_s")
     grouped = grouped_gemm_share(sides[0], GROUPS, dtype, opts, device)
+    elementwise = {"eager": elementwise_tb_s(m, seqs[-1], dtype, opts, device, compiled=False)}
+    if opts.compile:
+        elementwise["compiled"] = elementwise_tb_s(m, seqs[-1], dtype, opts, device, compiled=True)
+    measured.append("elementwise_tb_s")
     if grouped is not None:
         measured.append("grouped_gemm_share")
     host_op = host_op_s(opts, device)
@@ -279,7 +347,7 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
                    memory_tb_s=memory_tb_s(elements, dtype, opts, device), host_eager_s=host_op, host_float8_s=float8,
                    host_compiled_s=compiled, sms=sms, architecture=architecture(device), head_dim=m.head_size,
                    attention_kernel=sdpa_kernel(m, seqs[-1], dtype, device), source="calibrated",
-                   measured=tuple(measured), grouped_gemm_share=grouped or 1.0)
+                   measured=tuple(measured), grouped_gemm_share=grouped or 1.0, elementwise_tb_s=elementwise)
     casts = float8_cast_tb_s(kern, m, 2 * seqs[-1], opts, device, ("torchao", "compiled") if opts.compile else ("torchao",))
     if casts:
         kern = dataclasses.replace(kern, float8_cast_tb_s=casts, measured=(*kern.measured, "float8_cast_tb_s"))

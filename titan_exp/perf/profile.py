@@ -179,6 +179,17 @@ class Kernels:
     # forward and backward as a step runs it, less its GEMMs at matmul_tflops' rates. Where absent,
     # memory_tb_s (perf.gpu's assumption: the casts stream at the memory rate).
     float8_cast_tb_s: dict[str, float] = field(default_factory=dict)
+    # The rate (TB/s of the bytes perf.model_ops counts for this toolkit's block) at which the
+    # block's own memory-bound ops (its norms, RoPE, GQA's repeat, SwiGLU's product, residual
+    # adds) run here, forward and backward, by "eager" and "compiled". Where absent, memory_tb_s
+    # (perf.gpu's [hbm]: the model's kernels stream as a contiguous add does; an assumption).
+    elementwise_tb_s: dict[str, float] = field(default_factory=dict)
+
+    def elementwise_rate(self, compiled: bool) -> float:
+        """Bytes per second of the model's memory-bound kernels (the bytes perf.model_ops counts),
+        eager or compiled: the block's measured rate, else the memory rate."""
+        measured = self.elementwise_tb_s.get("compiled" if compiled else "eager")
+        return (measured or self.memory_tb_s) * 1e12
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -313,9 +324,10 @@ class MachineProfile:
         """What the performance model would estimate from FLOPs rather than read here, for `job`'s
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
         of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
-        host cost, when `compile`, torchao's eager float8 host cost, for an eager float8 job, and
-        its float8 casts' rate, for a float8 job: its blocks are priced from their parts (perf.gpu). A spec
-        sheet's profile lacks nothing one could measure here."""
+        host cost, when `compile`, torchao's eager float8 host cost, for an eager float8 job, its
+        float8 casts' rate, for a float8 job, and the rate of the block's memory-bound kernels as
+        the job runs them (eager, or compiled when `compile`): its blocks are priced from their
+        parts (perf.gpu). A spec sheet's profile lacks nothing one could measure here."""
         if self.source == "spec":
             return []
         if self.source == "defaults":
@@ -331,6 +343,8 @@ class MachineProfile:
                 out.append("the host's cost of an eager float8 linear")
             if float8 and "float8_cast_tb_s" not in self.kernels.measured:
                 out.append("the rate of torchao's float8 casts")
+            if ("compiled" if compile else "eager") not in self.kernels.elementwise_tb_s:
+                out.append(f"the rate of the block's {'compiled ' if compile else ''}memory-bound kernels")
         else:
             absent = sorted(tp for tp in set(tps) if self.block(shape, tp) is None)
             if absent:
