@@ -66,7 +66,8 @@ def test_a_calibrated_gpu_lacks_nothing_for_a_model_it_did_not_time():
     """Its blocks are priced from their parts at its kernels' rates, so the 3B (calibrated on the
     1B) needs no block of its own timed, for autotune or the plan; without the compiled kernels'
     host cost, a compiled job does, without torchao's eager float8 Python an eager float8 job,
-    without the rate of its float8 casts (Kernels.float8_cast_tb_s) any float8 job, and without
+    without the rate of its float8 casts (Kernels.float8_cast_tb_s) or of its forward GEMMs
+    (fast accumulation: matmul_tflops' float8_fast) any float8 job, and without
     the rate of the block's memory-bound kernels as the job runs them (Kernels.elementwise_tb_s,
     first measured after this calibration, 2026-11-28) any job."""
     import dataclasses
@@ -86,11 +87,12 @@ def test_a_calibrated_gpu_lacks_nothing_for_a_model_it_did_not_time():
     # torchao's Python around an eager float8 linear, and its casts' rate, were first measured
     # after this calibration (2026-11-27, 2026-11-28)
     float8 = resolve(job_config([*overrides_for("llama3_3b", 12, False), "precision=float8"]))
+    forward = "the rate of torchao's forward float8 GEMMs (fast accumulation)"  # float8_fast, since 2026-11-28
     assert PROFILE.missing(float8, [1], compile=False) == ["the host's cost of an eager float8 linear",
-                                                           "the rate of torchao's float8 casts",
+                                                           "the rate of torchao's float8 casts", forward,
                                                            "the rate of the block's memory-bound kernels"]
     assert dataclasses.replace(PROFILE, kernels=kernels).missing(float8, [1], compile=True) == [
-        "the rate of torchao's float8 casts"]
+        "the rate of torchao's float8 casts", forward]
 
 
 def test_the_planner_predicts_one_h200s_runs_from_its_calibrated_profile():

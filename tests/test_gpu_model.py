@@ -465,18 +465,56 @@ def test_a_rowwise_backward_gemm_rescales_its_output_after_tensorwise_cublas():
     assert moved[0] == pytest.approx(f8c.RESCALE_BYTES["torchao"] * m * n, rel=1e-2)  # the scales' own bytes aside
 
 
-def test_a_measured_rowwise_rate_prices_rowwise_forward_gemms_alone():
-    """Where calibration measured torch._scaled_mm with rowwise scales (`float8_rowwise`), a
-    rowwise recipe's forward GEMM runs at that rate; its backward GEMMs, tensorwise cuBLAS in
-    torchao, and every tensorwise GEMM keep the float8 rate. A spec sheet has no such rate."""
-    assert "float8_rowwise" not in K100.matmul_tflops
-    half = dataclasses.replace(K100, matmul_tflops={**K100.matmul_tflops,
-                                                    "float8_rowwise": K100.matmul_tflops["float8"] / 2})
+def test_a_measured_forward_rate_prices_the_forward_float8_gemms_alone():
+    """Where calibration measured torch._scaled_mm as torchao's forward GEMMs run (fast
+    accumulation: `float8_fast`, tensorwise; `float8_rowwise`, rowwise scales), a float8 linear's
+    forward GEMM runs at its recipe's rate; its backward GEMMs (tensorwise cuBLAS without fast
+    accumulation in torchao) keep the float8 rate, and a bf16 linear under a float8 recipe (an
+    MoE's routed experts) its bf16 one. A spec sheet has neither rate."""
+    assert not {"float8_rowwise", "float8_fast"} & set(K100.matmul_tflops)
     rows, k, n = 8192.0, 4096.0, 14336.0
-    for recipe in ("rowwise", "rowwise_with_gw_hp", "tensorwise"):
-        before, after = (gpu.linear_s(kern, rows, k, n, "float8", "bfloat16", recipe, "compiled") for kern in (K100, half))
-        assert after[1:] == before[1:]
-        assert after[0] == pytest.approx(2 * before[0] if recipe != "tensorwise" else before[0], rel=1e-3)
+    for key, recipes in (("float8_rowwise", ("rowwise", "rowwise_with_gw_hp")), ("float8_fast", ("tensorwise",))):
+        half = dataclasses.replace(K100, matmul_tflops={**K100.matmul_tflops, key: K100.matmul_tflops["float8"] / 2})
+        for recipe in ("rowwise", "rowwise_with_gw_hp", "tensorwise"):
+            before, after = (gpu.linear_s(kern, rows, k, n, "float8", "bfloat16", recipe, "compiled") for kern in (K100, half))
+            assert after[1:] == before[1:]
+            assert after[0] == pytest.approx(2 * before[0] if recipe in recipes else before[0], rel=1e-3)
+            bf16 = [gpu.linear_s(kern, rows, k, n, "bfloat16", "bfloat16", recipe, "compiled") for kern in (K100, half)]
+            assert bf16[0] == bf16[1]
+
+
+def test_calibration_times_float8_gemms_as_torchaos_linear_runs_them(monkeypatch):
+    """measure_kernels.FLOAT8_GEMMS is what torchao's Float8LinearConfig asks cuBLAS for, recipe
+    by recipe (fast accumulation in the forward GEMM, none in the gradients'), and
+    matmul_tflops times each with those arguments where the device has float8 (on this CPU, with
+    float8 allowed and torch._scaled_mm recorded)."""
+    import torch
+    import torch.distributed as dist
+    from torchao.float8 import Float8LinearConfig
+
+    from titan_exp.perf import measure_kernels as mk
+    from titan_exp.perf.timing import Options
+
+    for recipe, forward in (("tensorwise", "float8_fast"), ("rowwise", "float8_rowwise"), ("rowwise_with_gw_hp", "float8_rowwise")):
+        config = Float8LinearConfig.from_recipe_name(recipe)
+        assert config.gemm_config_output.use_fast_accum == mk.FLOAT8_GEMMS[forward][1]
+        assert config.gemm_config_grad_input.use_fast_accum == mk.FLOAT8_GEMMS["float8"][1]
+        assert config.gemm_config_grad_weight.use_fast_accum == mk.FLOAT8_GEMMS["float8"][1]
+    calls, scaled_mm = [], torch._scaled_mm
+
+    def recorded(a, b, scale_a, scale_b, **kw):
+        calls.append((scale_a.numel() > 1, kw["use_fast_accum"]))
+        return scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, **kw)
+
+    monkeypatch.setattr(torch, "_scaled_mm", recorded)
+    monkeypatch.setattr(mk, "matmul_dtypes", lambda device: [torch.bfloat16, torch.float8_e4m3fn])
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        rates = mk.matmul_tflops([64], 1, Options(tiny=True), torch.device("cpu"))
+    finally:
+        dist.destroy_process_group()
+    assert set(rates) == {"bfloat16", *mk.FLOAT8_GEMMS} and all(r > 0 for r in rates.values())
+    assert set(calls) == set(mk.FLOAT8_GEMMS.values())
 
 
 def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():

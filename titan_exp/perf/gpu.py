@@ -229,7 +229,7 @@ def gemm_s(k: Kernels, m: float, n: float, kk: float, dtype: str, groups: float 
     every group's operands read once; the longer."""
     if m * n * kk == 0:
         return 0.0
-    size = {"float32": 4, "bfloat16": 2, "float8": 1, "float8_rowwise": 1}[dtype]
+    size = {"float32": 4, "bfloat16": 2}.get(dtype, 1)  # float8, float8_fast, float8_rowwise: a byte
     g, rate = groups or 1, k.matmul_tflops[dtype] * (k.grouped_gemm_share if groups else 1.0)
     compute = 2 * g * m * n * kk / (rate * 1e12 * wave_utilization(m, n, k.sms, g))
     return max(compute, g * ((m * kk + kk * n) * size + m * n * 2) / hbm(k))
@@ -389,14 +389,15 @@ def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float
 def linear_s(kern: Kernels, rows: float, k: float, n: float, dtype: str, high: str, recipe: str | None,
              casts: str, groups: float | None = None, weight_cast: bool = True) -> tuple[float, float, float]:
     """A linear layer (in k, out n) on `rows` rows, or `groups` of them in one grouped kernel,
-    `rows` each: forward seconds (rowwise scaling's at its own measured rate where the profile has
-    one: other kernels than tensorwise's), backward seconds (input gradient, and weight gradient:
+    `rows` each: forward seconds (with fast accumulation, as torchao's forward GEMM runs, at its
+    own measured rate where the profile has one: float8_fast, or rowwise scaling's, float8_rowwise,
+    other kernels than tensorwise's), backward seconds (input gradient, and weight gradient:
     in `high` under rowwise_with_gw_hp; torchao runs them as tensorwise GEMMs) and, in float8, its
     casts' bytes as `casts` runs them (float8_casts; the weight's forward cast not among them
     where FSDP gathers it in float8: `weight_cast`)."""
     g = groups or 1
-    rowwise = recipe in ("rowwise", "rowwise_with_gw_hp") and "float8_rowwise" in kern.matmul_tflops
-    fwd = gemm_s(kern, rows, n, k, "float8_rowwise" if rowwise else dtype, groups)
+    forward = "float8_rowwise" if recipe in ("rowwise", "rowwise_with_gw_hp") else "float8_fast"
+    fwd = gemm_s(kern, rows, n, k, forward if dtype == "float8" and forward in kern.matmul_tflops else dtype, groups)
     bwd = gemm_s(kern, rows, k, n, dtype, groups) + gemm_s(
         kern, k, n, rows, high if recipe == "rowwise_with_gw_hp" else dtype, groups)
     moved = (cast_bytes(g * rows * k, g * k * n, g * rows * n, recipe, casts, weight_cast)

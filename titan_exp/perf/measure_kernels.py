@@ -4,9 +4,10 @@ its spec sheet runs on the GPU's own measured constants (issue 36, part 5). Ever
 at once, as it would compute in a step; each rate is the slowest rank's.
 
 - matmul, by dtype (fp32 as training runs it: torch's default, no TF32; bf16; float8 through
-  torch._scaled_mm where the GPU has FP8 tensor cores, with one scale a tensor and, as
-  `float8_rowwise`, a scale a row of each operand: the forward GEMM of torchao's rowwise recipe,
-  which runs other kernels): the best of a few large shapes, each
+  torch._scaled_mm where the GPU has FP8 tensor cores as torchao runs it (FLOAT8_GEMMS): with one
+  scale a tensor, without fast accumulation (its backward GEMMs) and, as `float8_fast`, with it
+  (its tensorwise forward), and, as `float8_rowwise`, a scale a row of each operand and fast
+  accumulation (its rowwise recipe's forward, which runs other kernels)): the best of a few large shapes, each
   divided by its wave utilization (perf.gpu.wave_utilization), since the model applies a GEMM's
   waves itself: the measured counterpart of [mamf]'s best-shape share;
 - attention: causal SDPA at the model's heads and head dim in the training dtype, by sequence
@@ -87,29 +88,39 @@ def matmul_dtypes(device: torch.device) -> list[torch.dtype]:
 
 
 def matmul(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device,
-           rowwise: bool = False) -> Callable[[], torch.Tensor]:
+           rowwise: bool = False, fast_accum: bool = False) -> Callable[[], torch.Tensor]:
     """One (m x k) @ (k x n) GEMM to time; float8 through torch._scaled_mm (unit scales, one a
-    tensor, or with `rowwise` one a row of a and a column of b; bf16 out)."""
+    tensor, or with `rowwise` one a row of a and a column of b; bf16 out; `fast_accum`: cuBLAS's
+    fast accumulation, which torchao's forward GEMMs ask for and its backward ones do not)."""
     if dtype == torch.float8_e4m3fn:
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(n, k, device=device).to(dtype).t()  # _scaled_mm wants its second operand column-major
         scale_a, scale_b = ((torch.ones(m, 1, device=device), torch.ones(1, n, device=device)) if rowwise
                             else (torch.ones((), device=device),) * 2)
-        return lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16)
+        return lambda: torch._scaled_mm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast_accum)
     a, b = torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
     return lambda: a @ b
 
 
+# torchao's float8 GEMMs as calibration times them: perf.gpu's dtype -> (rowwise scales, fast
+# accumulation). Its backward GEMMs (tensorwise cuBLAS, no fast accumulation): float8; its
+# tensorwise forward: float8_fast; its rowwise forward: float8_rowwise
+# (Float8LinearConfig.from_recipe_name: gemm_config_output use_fast_accum=True, the gradients' False).
+FLOAT8_GEMMS = {"float8": (False, False), "float8_fast": (False, True), "float8_rowwise": (True, True)}
+
+
 def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.device) -> dict[str, float]:
     out = {}
-    dtypes = [(dtype, False) for dtype in matmul_dtypes(device)]
-    dtypes += [(dtype, True) for dtype, _ in dtypes if dtype == torch.float8_e4m3fn]  # torchao's rowwise forward
-    for dtype, rowwise in dtypes:
-        best = 0.0
-        for n in sides:
-            seconds = together(matmul(n, n, n, dtype, device, rowwise), opts.reps, device)
-            best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
-        out[str(dtype).removeprefix("torch.").replace("float8_e4m3fn", "float8") + ("_rowwise" if rowwise else "")] = best
+    for dtype in matmul_dtypes(device):
+        name = str(dtype).removeprefix("torch.")
+        kinds = FLOAT8_GEMMS if dtype == torch.float8_e4m3fn else {name: (False, False)}
+        for key, (rowwise, fast) in kinds.items():
+            best = 0.0
+            for n in sides:
+                seconds = together(matmul(n, n, n, dtype, device, rowwise, fast), opts.reps, device)
+                best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
+            out[key] = best
     return out
 
 

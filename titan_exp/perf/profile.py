@@ -156,7 +156,7 @@ class Kernels:
     (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is perf.gpu's
     stated assumption)."""
 
-    matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype; float8_rowwise: rowwise scales
+    matmul_tflops: dict[str, float]  # the best-shaped GEMM's TFLOP/s over full waves, by dtype (float8: measure_kernels.FLOAT8_GEMMS)
     attention_fwd: tuple[tuple[int, float], ...]  # causal flash attention: (sequence, TFLOP/s), forward
     attention_bwd: tuple[tuple[int, float], ...]  # ... backward (its FLOPs counted as 2.5 x the forward's)
     memory_tb_s: float  # what memory-bound kernels (elementwise, norms, casts) move per second
@@ -325,7 +325,7 @@ class MachineProfile:
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
         of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
         host cost, when `compile`, torchao's eager float8 host cost, for an eager float8 job, its
-        float8 casts' rate, for a float8 job, and the rate of the block's memory-bound kernels as
+        float8 casts' rate and its forward GEMMs', for a float8 job, and the rate of the block's memory-bound kernels as
         the job runs them (eager, or compiled when `compile`): its blocks are priced from their
         parts (perf.gpu). A spec sheet's profile lacks nothing one could measure here."""
         if self.source == "spec":
@@ -343,6 +343,8 @@ class MachineProfile:
                 out.append("the host's cost of an eager float8 linear")
             if float8 and "float8_cast_tb_s" not in self.kernels.measured:
                 out.append("the rate of torchao's float8 casts")
+            if float8 and "float8_fast" not in self.kernels.matmul_tflops:
+                out.append("the rate of torchao's forward float8 GEMMs (fast accumulation)")
             if ("compiled" if compile else "eager") not in self.kernels.elementwise_tb_s:
                 out.append(f"the rate of the block's {'compiled ' if compile else ''}memory-bound kernels")
         else:
