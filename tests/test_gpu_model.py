@@ -515,6 +515,14 @@ def test_calibration_times_float8_gemms_as_torchaos_linear_runs_them(monkeypatch
         dist.destroy_process_group()
     assert set(rates) == {"bfloat16", *mk.FLOAT8_GEMMS} and all(r > 0 for r in rates.values())
     assert set(calls) == set(mk.FLOAT8_GEMMS.values())
+    # A GPU whose cuBLAS refuses fast accumulation keeps the float8 rate for the forward GEMMs too.
+    monkeypatch.setattr(torch, "_scaled_mm", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("no fast accum"))
+                        if kw["use_fast_accum"] else scaled_mm(*a, **kw))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert set(mk.matmul_tflops([64], 1, Options(tiny=True), torch.device("cpu"))) == {"bfloat16", "float8"}
+    finally:
+        dist.destroy_process_group()
 
 
 def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():
