@@ -325,9 +325,10 @@ class MachineProfile:
         block at these TP degrees (and its compiled speed-up, when `compile`): what a calibration
         of this machine measures. On a GPU whose kernels were measured, only the compiled kernels'
         host cost, when `compile`, torchao's eager float8 host cost, for an eager float8 job, its
-        float8 casts' rate and its forward GEMMs', for a float8 job, and the rate of the block's memory-bound kernels as
-        the job runs them (eager, or compiled when `compile`): its blocks are priced from their
-        parts (perf.gpu). A spec sheet's profile lacks nothing one could measure here."""
+        float8 casts' rate and its forward GEMMs', for a float8 job, and the rate of the block's
+        memory-bound kernels as the job runs them (eager, or compiled when `compile`): its blocks
+        are priced from their parts (perf.gpu). A spec sheet's profile lacks nothing one could
+        measure here."""
         if self.source == "spec":
             return []
         if self.source == "defaults":
