@@ -103,7 +103,7 @@ FITTED = {"compute_scale": (0.3, 3.0)}
 MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
     ("2026-11-27: predicted 2-10 % too slow (Megatron-Bridge's Llama 3.1 405B on 256 GB200s, TP 4, PP 16, VP 4); examining "
      "one showed 4.6 s of its 63 s step in pipeline sends, each priced as waited for in full, where the schedules "
-     "overlap them with the compute (perf.gpu.p2p_exposed, which was then written; named beforehand as its held-out "
+     "overlap them with the compute (perf.overlap.p2p_exposed, which was then written; named beforehand as its held-out "
      "check: TorchTitan's Tables 5 and 6 and the other pipelined rows)",
      lambda r: (r.source, r["model"], r["gpu"], r["pp"], r["vp"])
      == ("megatron_bridge", "llama3.1_405b", "gb200", "16", "4")),
@@ -139,7 +139,7 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      lambda r: r["derived"] == "true"),
     ("2026-11-25: async TP's effect predicted 13 points above the published +6 % (2D 6 % too slow, 2D + AsyncTP "
      "6 % too fast); which collectives torch's micro-pipeline pass fuses, and the sum of partials it adds "
-     "(perf.gpu.async_tp_exposed), was written for them",
+     "(perf.overlap.async_tp_exposed), was written for them",
      lambda r: r.source == "torchtitan" and r.table.startswith("Table 4")),
     ("2026-11-25: predicted 65 % too slow to 67 % too fast (GPT-OSS 120B with EP 8 on 64 B200s 64 % too slow, "
      "below its EP 64 row where the table has it above); examining them showed EP's all-to-alls priced over the "

@@ -19,7 +19,7 @@ class Engine:
 
     attention: dict[str, str]  # GPU architecture -> attention kernel (perf.gpu.ATTENTION); else "flash"
     fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
-    tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.gpu.TP_OVERLAP), if they do
+    tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.overlap.TP_OVERLAP), if they do
     why: str
     float8_experts: bool = False  # an MoE's routed experts take the float8 recipe (this toolkit's stay bf16)
 

@@ -39,7 +39,7 @@ def test_sync_redistribute_into_a_compiled_block():
 
 @pytest.mark.quick
 def test_async_tps_pass_finds_matmuls_behind_the_forwards_reduce_scatters_and_sums_behind_the_backwards():
-    """What the GPU model prices (perf.gpu.async_tp_exposed), from titan_exp's own TP block traced
+    """What the GPU model prices (perf.overlap.async_tp_exposed), from titan_exp's own TP block traced
     as torch compiles it: the forward reduce-scatters take one matmul each (o, w2: fusable); the
     backward ones take a sum of matmuls (q/k/v's and w1/w3's input gradients), which torch's
     micro-pipeline pass does not fuse."""

@@ -12,7 +12,7 @@ import pytest
 
 from titan_exp.config import compose_job
 from titan_exp.perf import float8_casts as f8c
-from titan_exp.perf import gpu, model_ops
+from titan_exp.perf import gpu, model_ops, overlap
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, Line, MachineProfile
 from titan_exp.perf.step import across_nodes, moe_tp_extra, node_ranks, predict_step
@@ -657,18 +657,18 @@ def test_float8_all_gather_sends_a_byte_a_weight_casts_the_shard_and_holds_less(
 
 
 def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
-    assert gpu.fsdp_exposed(1.0, 0.5, 2, fwd_s=0.4, bwd_s=1.0, blocks=3, ends_s=0.1) == pytest.approx(
+    assert overlap.fsdp_exposed(1.0, 0.5, 2, fwd_s=0.4, bwd_s=1.0, blocks=3, ends_s=0.1) == pytest.approx(
         0.1 + 1.0 + 2 * 0.6 + 3 * 0.5)
-    assert gpu.fsdp_exposed(1.0, 0.5, 1, fwd_s=2.0, bwd_s=2.0, blocks=3, ends_s=0.0) == pytest.approx(1.0)
+    assert overlap.fsdp_exposed(1.0, 0.5, 1, fwd_s=2.0, bwd_s=2.0, blocks=3, ends_s=0.0) == pytest.approx(1.0)
     # groups q/k/v, o, w1/w3, w2; all-gathers of 1.0 (forward 0.5: float8), reduce-scatters of 0.8
     groups = (0.7, 0.3, 2.0, 1.0)
-    forward, backward = gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05)
+    forward, backward = overlap.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05)
     assert forward == pytest.approx((0.8 - 0.3) + 2 * 0.05)  # rs outlasts o's GEMM; the partials' sums
     assert backward == pytest.approx((1.0 - 0.3) + 0.0 + 2 * 0.8)  # ag with o's, w2's GEMMs; summed rs unfused
-    te = gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05, overlap="userbuffers")
+    te = overlap.async_tp_exposed(0.5, 1.0, 0.8, groups, partials_s=0.05, overlap="userbuffers")
     assert te == pytest.approx((0.8 - 0.3, (1.0 - 0.7) + (0.8 - 0.3)))  # every collective beside a GEMM
     with pytest.raises(ValueError, match="overlap 'nccl'"):
-        gpu.async_tp_exposed(0.5, 1.0, 0.8, groups, 0.05, overlap="nccl")
+        overlap.async_tp_exposed(0.5, 1.0, 0.8, groups, 0.05, overlap="nccl")
     tp = ["parallelism.data_parallel_shard_degree=4", "parallelism.tensor_parallel_degree=2", "training.local_batch_size=8"]
     plain = predict_step(llama8b(*tp), spec_profile(H100, 8, 8), cuda=True)
     fused = predict_step(llama8b(*tp, "parallelism.enable_async_tensor_parallel=true", "compile.enable=true"),
@@ -681,8 +681,8 @@ def test_fsdp_and_async_tp_hide_what_the_schedule_lets_them():
 
 def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chunk():
     # 4 stages, 16 sends a round: hidden behind chunks of 2.0 s, only the fill's and drain's 2 x 3 wait
-    assert gpu.p2p_exposed(0.5, 4, 16, chunk_fwd_s=2.0) == pytest.approx(2 * 3 * 0.5)
-    assert gpu.p2p_exposed(0.5, 4, 16, chunk_fwd_s=0.2) == pytest.approx(2 * 3 * 0.5 + 16 * 0.3)
+    assert overlap.p2p_exposed(0.5, 4, 16, chunk_fwd_s=2.0) == pytest.approx(2 * 3 * 0.5)
+    assert overlap.p2p_exposed(0.5, 4, 16, chunk_fwd_s=0.2) == pytest.approx(2 * 3 * 0.5 + 16 * 0.3)
     pp = ["parallelism.data_parallel_shard_degree=2", "parallelism.pipeline_parallel_degree=4",
           "parallelism.pipeline_parallel_microbatch_size=1", "training.local_batch_size=8"]
     profile = spec_profile(H100, 8, 8)

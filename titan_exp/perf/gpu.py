@@ -42,10 +42,9 @@ degree tp, forward and backward:
             local expert's weights read), and the dispatch's copies of the routed rows at HBM
             speed, as this toolkit's MoE layer moves them (Elementwise's dispatch bytes).
 
-What overlaps follows from this schedule (fsdp_exposed and async_tp_exposed below, which perf.step
-applies): an FSDP all-gather hides behind the block before it, a reduce-scatter behind the block's
-backward; async TP hides a collective behind the GEMM it is fused with, where torch's pass fuses
-one (async_tp_exposed says which).
+What of the communication these blocks' compute hides follows from the schedule: perf.overlap
+(FSDP's gathers and reduce-scatters, async TP's collectives, a pipeline's sends), which perf.step
+applies to them.
 
 The rates each part runs at are a profile.Kernels: a spec sheet's (spec_kernels, from the sources
 below), or the GPU's own, measured by `python -m titan_exp.perf.calibrate` on it
@@ -441,59 +440,3 @@ def routed_experts(job: JobConfig, tokens: float, kern: Kernels, dtype: str, hig
     per_row, per_token = elementwise.dispatch_compiled if job.compile.enable else elementwise.dispatch_eager
     dispatch = d * (rows * (per_row + (EP_SORT_BYTES if ep > 1 else 0)) + tokens * per_token)
     return RoutedTimes(2 * up[0], down[0], 2 * up[1] + down[1], router, 2 * up[2] + down[2], dispatch)
-
-
-def fsdp_exposed(gather_s: float, reduce_s: float, gathers: int, fwd_s: float, bwd_s: float, blocks: int,
-                 ends_s: float) -> float:
-    """FSDP's exposed seconds per round: the first unit's gather and the embedding's and output's
-    collectives (`ends_s`) wait in full; each later block's all-gather runs during the block
-    before it (prefetch), each backward's re-gather and reduce-scatter during the block's
-    backward; what does not fit waits."""
-    if blocks == 0:
-        return ends_s
-    forward = gather_s + (blocks - 1) * max(0.0, gather_s - fwd_s)
-    backward = blocks * max(0.0, (gather_s if gathers == 2 else 0.0) + reduce_s - bwd_s)
-    return ends_s + forward + backward
-
-
-def p2p_exposed(send_s: float, pp: int, sends: int, chunk_fwd_s: float) -> float:
-    """Pipeline parallelism's exposed seconds per round of `sends` activations and gradients (each
-    `send_s`) between pp stages. Sends and receives run asynchronously beside the compute
-    (torch.distributed.pipelining's schedules batch them with batch_isend_irecv and wait on a
-    receive only before the action that reads it; Megatron's overlap_p2p_comm likewise): in the
-    steady state a send waits only where it outlasts the forward of a stage's chunk; the fill and
-    the drain wait for each of their pp - 1 crossings, forward and backward."""
-    return 2 * (pp - 1) * send_s + sends * max(0.0, send_s - chunk_fwd_s)
-
-
-TP_OVERLAP = ("micro_pipeline", "userbuffers")
-
-
-def async_tp_exposed(gather_fwd_s: float, gather_s: float, scatter_s: float, groups: tuple[float, ...],
-                     partials_s: float, overlap: str = "micro_pipeline") -> tuple[float, float]:
-    """The TP collectives' exposed seconds for one block's forward and its backward, the GEMMs
-    (`groups`: q/k/v, o, w1/w3, w2) overlapping them.
-
-    "micro_pipeline" is torch's async TP, this toolkit's (torch/_inductor/fx_passes/
-    micro_pipeline_tp.py and torch/distributed/_symmetric_memory, torch 2.5-2.13). Forward: each
-    all-gather runs with the GEMMs that consume it (q/k/v, w1/w3), each reduce-scatter with the
-    GEMM that produces it (o, w2), and what outlasts them waits; a fused reduce-scatter collects
-    every rank's unreduced partials and sums them after its pipeline, one memory-bound kernel
-    nothing hides (`partials_s`). Backward: the output gradient's all-gathers fuse with o's and
-    w2's input-gradient GEMMs (forward's shapes); the reduce-scatters of q/k/v's and w1/w3's input
-    gradient take a sum of GEMMs, which the pass does not fuse (_find_producer_matmul matches one
-    matmul), so they wait in full. tests/async_tp_graph.py finds both in this toolkit's TP block
-    as torch traces it.
-
-    "userbuffers" is Transformer Engine's TP overlap (tp_comm_overlap): every collective beside
-    the GEMMs next to it, forward and backward (the input gradients' reduce-scatters beside the
-    weight-gradient GEMMs), its partials reduced within the pipeline."""
-    if overlap not in TP_OVERLAP:
-        raise ValueError(f"overlap {overlap!r}: choose from {', '.join(TP_OVERLAP)}")
-    def beside(comm_s):  # each collective with the GEMM group in its place; what outlasts it waits
-        return sum(max(0.0, c - g) for c, g in zip(comm_s, groups))
-
-    forward = beside([gather_fwd_s, scatter_s] * 2)
-    if overlap == "userbuffers":
-        return forward, beside([gather_s, scatter_s] * 2)
-    return forward + 2 * partials_s, beside([0.0, gather_s] * 2) + 2 * scatter_s

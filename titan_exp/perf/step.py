@@ -12,7 +12,7 @@ A GPU whose profile has no measured block of the model but its kernels' rates (`
 its spec sheet, perf.devices, or measured by calibrate, perf.measure_kernels) has its block, head
 and the non-matmul part selective AC recomputes priced from their parts by perf.gpu (precision
 and compile inside them), and what FSDP, DDP and async TP hide follows the schedule there
-(gpu.fsdp_exposed, gpu.async_tp_exposed) rather than a measured overlap.
+(overlap.fsdp_exposed, overlap.async_tp_exposed) rather than a measured overlap.
 
 Ranks share the machine. Costs were measured with every rank computing at once, and the profile
 says how many ranks compute at full speed at once (S). If on average `active` ranks compute, each
@@ -40,13 +40,13 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          reduce-scatters of the activations in their dtype (+2 each with full AC; the forward
          all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
          Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
-         parts, those torch's pass fuses (gpu.async_tp_exposed); else by the measured overlap.
+         parts, those torch's pass fuses (overlap.async_tp_exposed); else by the measured overlap.
          An MoE layer's collectives differ from a dense SwiGLU's (moe_tp_extra), waited for in full.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
          else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
   PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
-         its parts, only what the schedule cannot hide (gpu.p2p_exposed).
+         its parts, only what the schedule cannot hide (overlap.p2p_exposed).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
          backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks
          (each TP rank's 1/tp of the tokens: EP spreads over TP, parallel.expert), and the
@@ -85,8 +85,9 @@ from dataclasses import dataclass, field
 from titan_exp.config import MESH_DIMS, ACMode, ActivationCheckpointConfig, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
-from titan_exp.perf.gpu import async_tp_exposed, block_times, fsdp_exposed, hbm, p2p_exposed
+from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
+from titan_exp.perf.overlap import async_tp_exposed, fsdp_exposed, p2p_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
@@ -221,7 +222,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                  float8_experts: bool = False) -> StepPrediction:
     """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
     memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
-    published run of it), async TP as `tp_overlap` runs it (gpu.TP_OVERLAP: torch's
+    published run of it), async TP as `tp_overlap` runs it (overlap.TP_OVERLAP: torch's
     micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
     float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
     in bf16)."""
