@@ -324,14 +324,11 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * head_dim * 1e12)
     attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
-    d_units, qk_units, f_units = m.dim / tp, (heads + kv) * hd, ffn + moe * m.top_k * m.expert_hidden_dim
+    f_units = ffn + moe * m.top_k * m.expert_hidden_dim
     weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
     rate = kern.elementwise_rate(compiled)  # [hbm]
-    scale = act / 2  # the tables are for bf16 activations
-    mem_fwd = tokens * scale * (weights[0] * d_units + weights[1] * qk_units + weights[2] * f_units) / rate
-    mem_fwd += moe * routed.dispatch_bytes * scale / rate
-    if kv < heads:  # GQA: K and V repeated to every query head before SDPA
-        mem_fwd += tokens * 2 * (kv + heads) * hd * act / rate
+    mem_fwd = memory_bound_bytes(weights, tokens, act, m.dim / tp, heads, kv, hd, f_units) / rate
+    mem_fwd += moe * routed.dispatch_bytes * act / 2 / rate
     # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
     # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
     fwd_mem, bwd_mem = mem_fwd + cast_s / 3, 2 * mem_fwd + 2 * cast_s / 3
@@ -369,6 +366,16 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
              "selective": {"gemm": selective - fwd_mem, "attention": 0.0, "memory_bound": fwd_mem},
              "head": {"gemm": head_gemms, "attention": 0.0, "memory_bound": logits}}
     return BlockTimes(fwd, bwd, selective, tuple(fwd_groups), head_gemms + logits, notes, kinds)
+
+
+def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: int, d: float, heads: float,
+                       kv: float, hd: int, f: float) -> float:
+    """A block's memory-bound bytes forward on one rank (backward moves twice them): `table`, an
+    Elementwise's bytes per token per unit of (dim, q + k heads x head_dim, SwiGLU width) for bf16
+    activations, at `act`-byte ones; and, under GQA, K and V repeated to every query head before
+    SDPA."""
+    repeat = 2 * (kv + heads) * hd * act if kv < heads else 0.0
+    return tokens * (act / 2 * (table[0] * d + table[1] * (heads + kv) * hd + table[2] * f) + repeat)
 
 
 def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float:

@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
-from titan_exp.perf.gpu import HOST_COMPILED_S, hbm, linear_s, wave_utilization
+from titan_exp.perf.gpu import HOST_COMPILED_S, hbm, linear_s, memory_bound_bytes, wave_utilization
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, together
@@ -122,7 +122,7 @@ def matmul_tflops(sides: list[int], sms: int, opts: Options, device: torch.devic
                     seconds = together(matmul(n, n, n, dtype, device, rowwise, fast), opts.reps, device)
                     best = max(best, 2 * n**3 / seconds / wave_utilization(n, n, sms) / 1e12)
             except (RuntimeError, NotImplementedError) as exc:
-                if key not in FLOAT8_GEMMS or key == "float8":  # the dtype's own GEMM: nothing to price it by
+                if key in (name, "float8"):  # a dtype's own GEMM: nothing else to price it by
                     raise
                 logger.warning("calibration: %s GEMMs did not run here; the plan prices them at float8's rate: %s",
                                key, exc)
@@ -241,9 +241,9 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
 
     step()  # compiles, warms up
     seconds = together(step, opts.reps, device)
-    table = LLAMA.compiled_bytes if compiled else LLAMA.eager_bytes
-    d, qk, f, act = m.dim, (m.n_heads + m.kv_heads) * m.head_size, m.ffn_hidden_dim, torch.empty((), dtype=dtype).element_size()
-    forward = tokens * (act / 2 * (table[0] * d + table[1] * qk + table[2] * f) + (2 * qk * act if m.kv_heads < m.n_heads else 0))
+    forward = memory_bound_bytes(LLAMA.compiled_bytes if compiled else LLAMA.eager_bytes, tokens,
+                                 torch.empty((), dtype=dtype).element_size(), m.dim, m.n_heads, m.kv_heads,
+                                 m.head_size, m.ffn_hidden_dim)
     return 3 * forward / seconds / 1e12
 
 
