@@ -5,6 +5,7 @@ are shown to fail on a small package that breaks them."""
 
 from __future__ import annotations
 
+import logging
 import textwrap
 
 import pytest
@@ -69,13 +70,33 @@ def unplaced(graph: grimp.ImportGraph, placed: list[str], root: str) -> list[str
     return sorted(m for m in graph.modules if m.startswith(root) and not inside(m) and not holds_layers(m))
 
 
+def lint_imports(config: str) -> int:
+    """import-linter's command, in this process. It configures logging with dictConfig's default,
+    which disables every logger that exists: titan_exp's, whose records later tests read
+    (caplog). Those keep the state they had."""
+    loggers = [logger for logger in logging.root.manager.loggerDict.values() if isinstance(logger, logging.Logger)]
+    disabled = [logger.disabled for logger in loggers]
+    try:
+        return cli.lint_imports(config_filename=config, no_cache=True)
+    finally:
+        for logger, was in zip(loggers, disabled):
+            logger.disabled = was
+
+
 @pytest.fixture(scope="module")
 def graph() -> grimp.ImportGraph:
     return grimp.build_graph("titan_exp", cache_dir=None)
 
 
 def test_imports_point_down_the_launch_path():
-    assert cli.lint_imports(config_filename=str(REPO / "pyproject.toml"), no_cache=True) == 0
+    assert lint_imports(str(REPO / "pyproject.toml")) == 0
+
+
+def test_the_import_check_leaves_the_loggers_of_later_tests_enabled():
+    launch = logging.getLogger("titan_exp.launch")
+    assert not launch.disabled
+    lint_imports(str(REPO / "pyproject.toml"))
+    assert not launch.disabled
 
 
 def test_every_module_has_its_place_on_the_launch_path(graph):
@@ -117,4 +138,4 @@ def test_the_checks_fail_on_a_cycle_an_upward_import_and_an_unplaced_module(tmp_
     house = grimp.build_graph("house", cache_dir=None)
     assert cycles(house) == [["house.bottom", "house.top"]]
     assert unplaced(house, ["house.top", "house.bottom"], "house") == ["house.stray"]
-    assert cli.lint_imports(config_filename=str(tmp_path / "contracts.toml"), no_cache=True) == 1
+    assert lint_imports(str(tmp_path / "contracts.toml")) == 1
