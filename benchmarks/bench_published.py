@@ -547,6 +547,25 @@ def machine_pairs(scored: list[tuple[Planned, float]]) -> tuple[int, int]:
     return sum((published(a.row)[1] - published(b.row)[1]) * (pa - pb) > 0 for a, pa, b, pb in pairs), len(pairs)
 
 
+def swapped_machines(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
+    """The tables whose predictions do not keep the published order, by the pairs of rows they
+    swap, each named for what tells its rows apart: two GPUs ("gb300 over gb200", the published
+    faster first), two models on one GPU, or two layouts (or techniques) of one model on one GPU."""
+    def kind(a: Planned, b: Planned) -> str:
+        if a.row["gpu"] != b.row["gpu"]:
+            return f"{a.row['gpu']} over {b.row['gpu']}"
+        return "two models on one GPU" if a.row["model"] != b.row["model"] else "two layouts of one model on one GPU"
+
+    out: Counter = Counter()
+    for rows in tables.values():
+        swapped = {kind(*((a, b) if published(a.row)[1] > published(b.row)[1] else (b, a)))
+                   for i, (a, pa) in enumerate(rows) for b, pb in rows[i + 1:]
+                   if (published(a.row)[1] - published(b.row)[1]) * (pa - pb) < 0}
+        if swapped:
+            out[" and ".join(sorted(swapped))] += 1
+    return out
+
+
 # What a row publishes or says of itself, not what it ran: rows alike in every other column ran one
 # configuration (in different tables: a source's releases).
 NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
@@ -608,6 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     fits = {s: fit([p for p in fitting if p.row.source != s]) for s in sources}  # each source's, from the others'
     constants = {s: ", ".join(f"{k} {getattr(eff, k):.3f}" for k in FITTED) for s, eff in fits.items()}
     scored_sources = 0
+    out_of_order: list[str] = []  # swapped_machines of each source's tables out of order
     for source in sources:
         mine = [p for p in ok if p.row.source == source and not moved(p.row)]
         if not mine:
@@ -618,11 +638,14 @@ def main(argv: list[str] | None = None) -> int:
         errs = relative_errors([pred for _, pred in preds], values)
         scale = statistics.median(1 + e for e in errs)
         scaled = [(1 + e) / scale - 1 for e in errs]
-        tables: dict[str, list[tuple[float, float]]] = {}
+        tables: dict[str, list[tuple[Planned, float]]] = {}
         for p, pred in preds:
-            tables.setdefault(p.row.table, []).append((published(p.row)[1], pred))
+            tables.setdefault(p.row.table, []).append((p, pred))
         ordered = {t: v for t, v in tables.items() if len(v) > 1}
-        kept = sum(spearman([a for a, _ in v], [b for _, b in v]) > 0.999 for v in ordered.values())
+        kept = sum(spearman([published(p.row)[1] for p, _ in v], [b for _, b in v]) > 0.999 for v in ordered.values())
+        swaps = swapped_machines(ordered)
+        if swaps:
+            out_of_order.append(f"{source}: " + "; ".join(f"{n} swapping {what}" for what, n in swaps.most_common()))
         pairs_kept, pairs = machine_pairs(preds)
         held_tps += [abs(e) for e in errs]
         for (p, _), e in zip(preds, errs):
@@ -633,6 +656,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {source} | {constants[source]} | {len(mine)} | {100 * median_abs(errs):.0f} % "
               f"| {100 * max(errs, key=abs):+.0f} % | {100 * median_abs(scaled):.0f} %, "
               f"{100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} | {pairs_kept} of {pairs} |")
+    if out_of_order:
+        print(f"\nHeld-out tables out of order, by the rows swapped (swapped_machines; the published faster first): "
+              f"{'; '.join(out_of_order)}")
     if held_moe and held_dense:
         every = [e for errs in held_moe.values() for e in errs]
         models = "; ".join(f"{name} {len(errs)}: {100 * median_abs(errs):.0f} %, {100 * max(errs):.0f} %"
