@@ -547,7 +547,7 @@ def machine_pairs(scored: list[tuple[Planned, float]]) -> tuple[int, int]:
     return sum((published(a.row)[1] - published(b.row)[1]) * (pa - pb) > 0 for a, pa, b, pb in pairs), len(pairs)
 
 
-def swapped_machines(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
+def swapped_pairs(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
     """The tables whose predictions do not keep the published order, by the pairs of rows they
     swap, each named for what tells its rows apart: two GPUs ("gb300 over gb200", the published
     faster first), two models on one GPU, or two layouts (or techniques) of one model on one GPU."""
@@ -627,7 +627,7 @@ def main(argv: list[str] | None = None) -> int:
     fits = {s: fit([p for p in fitting if p.row.source != s]) for s in sources}  # each source's, from the others'
     constants = {s: ", ".join(f"{k} {getattr(eff, k):.3f}" for k in FITTED) for s, eff in fits.items()}
     scored_sources = 0
-    out_of_order: list[str] = []  # swapped_machines of each source's tables out of order
+    out_of_order: list[str] = []  # swapped_pairs of each source's tables out of order
     for source in sources:
         mine = [p for p in ok if p.row.source == source and not moved(p.row)]
         if not mine:
@@ -643,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
             tables.setdefault(p.row.table, []).append((p, pred))
         ordered = {t: v for t, v in tables.items() if len(v) > 1}
         kept = sum(spearman([published(p.row)[1] for p, _ in v], [b for _, b in v]) > 0.999 for v in ordered.values())
-        swaps = swapped_machines(ordered)
+        swaps = swapped_pairs(ordered)
         if swaps:
             out_of_order.append(f"{source}: " + "; ".join(f"{n} swapping {what}" for what, n in swaps.most_common()))
         pairs_kept, pairs = machine_pairs(preds)
@@ -657,7 +657,7 @@ def main(argv: list[str] | None = None) -> int:
               f"| {100 * max(errs, key=abs):+.0f} % | {100 * median_abs(scaled):.0f} %, "
               f"{100 * max(scaled, key=abs):+.0f} % | {kept} of {len(ordered)} | {pairs_kept} of {pairs} |")
     if out_of_order:
-        print(f"\nHeld-out tables out of order, by the rows swapped (swapped_machines; the published faster first): "
+        print(f"\nHeld-out tables out of order, by the rows swapped (swapped_pairs; the published faster first): "
               f"{'; '.join(out_of_order)}")
     if held_moe and held_dense:
         every = [e for errs in held_moe.values() for e in errs]

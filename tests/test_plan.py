@@ -325,9 +325,9 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     # A table out of order, named by what tells the swapped rows apart: two GPUs, or one GPU's layouts.
     other_gpu = bench.Row(first.source, first.table, "other GPU", {**faster.cells, "gpu": "gb300"})
     swapped = [bench.Planned(first, None, None), bench.Planned(other_gpu, None, None)]
-    assert bench.swapped_machines({"t": list(zip(swapped, (2.0, 1.0)))}) == {f"gb300 over {first['gpu']}": 1}
-    assert bench.swapped_machines({"t": list(zip(swapped, (1.0, 2.0)))}) == {}
-    assert bench.swapped_machines({"t": list(zip(rows[:2], (2.0, 1.0)))}) == {"two layouts of one model on one GPU": 1}
+    assert bench.swapped_pairs({"t": list(zip(swapped, (2.0, 1.0)))}) == {f"gb300 over {first['gpu']}": 1}
+    assert bench.swapped_pairs({"t": list(zip(swapped, (1.0, 2.0)))}) == {}
+    assert bench.swapped_pairs({"t": list(zip(rows[:2], (2.0, 1.0)))}) == {"two layouts of one model on one GPU": 1}
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py", "--source", "torchtitan"], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
