@@ -80,6 +80,10 @@ CONFIGS = {
     # grid (2026-11-28), and eager float8, 15-23 % slower than priced there: traced held out that day.
     "bf16 eager, traced": ["precision=bf16", "profiling.enable_profiling=true"],
     "float8 tensorwise, traced": ["precision=float8", "profiling.enable_profiling=true"],
+    # torchao's float8 shape filter (TorchTitan's auto_filter_small_kn), added 2026-11-28: on the 1B
+    # rowwise keeps all but w1 and w3 in bf16, which torchao's H100 tables find faster there.
+    "float8 rowwise + compile, small linears bf16": ["precision=float8_rowwise", *COMPILE,
+                                                     "precision.filter_fqns=[output,auto_filter_small_kn]"],
 }
 TRACED = "traced"
 # TorchTitan's sequence length, one sequence a step, AC none: what its Llama 3 tables run (one H200

@@ -330,3 +330,18 @@ def test_the_traced_memory_bound_kernels_ran_slower_than_a_contiguous_add():
                   for profile in (PROFILES[grid], shared)]
         assert ranked[1] >= ranked[0]  # Spearman unchanged or up
 
+
+
+def test_torchaos_shape_filter_named_before_it_ran():
+    """Named 2026-11-28 before any GPU ran it (BENCHMARKS.md, the held-out checks): the 1B's float8
+    rowwise + compile member (AC none), as the grid ran it, and the same member with torchao's
+    float8 shape filter (precision.filter_fqns's auto_filter_small_kn: all linears but w1 and w3
+    in bf16), predicted from the 1B grid's calibrated profile. The plan has the filter 2.7 %
+    slower; the grid measured that member 11 % slower than bf16 + compile, which torchao's H100
+    tables lay to the small shapes the filter keeps in bf16."""
+    row = next(r for r in ROWS if r["layout"] == "single, AC none, compile=true, float8_rowwise")
+    base = [*GRID["base"].split(), *row["overrides"], *as_ran(GRID)]
+    without, with_filter = (predict_step(resolve(job_config([*base, *extra])), PROFILE, cuda=True).tokens_per_s_per_device
+                            for extra in ([], ["precision.filter_fqns=[output,auto_filter_small_kn]"]))
+    assert (round(without, -1), round(with_filter, -1)) == (60520, 58900)
+    assert row["tokens_per_second"] == pytest.approx(45929, abs=1)

@@ -324,6 +324,44 @@ def test_float8_recipes_pay_for_their_casts_and_their_gemms():
     assert notes == ["this GPU has no FP8 tensor cores: float8 at bfloat16"]
 
 
+def test_torchaos_shape_filter_keeps_small_linears_in_bf16_in_the_model_and_the_plan():
+    """precision.filter_fqns's auto_filter_small_kn (TorchTitan's name for torchao's float8 shape
+    filter): the 1B's linears the converter swaps, torchao's Float8Linear on a real meta model, are
+    those the planner prices in float8; a model whose every linear the filter keeps is priced as
+    bf16; without the filter nothing changes."""
+    import torch
+    from torchao.float8.float8_linear import Float8Linear
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.perf.memory_gpu import float8_tensors
+    from titan_exp.perf.shapes import low_precision_linears
+    from titan_exp.precision import apply_converter
+
+    auto = "precision.filter_fqns=[output,auto_filter_small_kn]"
+    expected = {"float8": {"attention.wq", "attention.wo", "feed_forward.w1", "feed_forward.w3", "feed_forward.w2"},
+                "float8_rowwise": {"feed_forward.w1", "feed_forward.w3"}}  # the 1B: K, N <= 2048 stay bf16 under rowwise
+    for preset, names in expected.items():
+        job = resolve(compose_job(["model=llama3_1b", "model.n_layers=1", f"precision={preset}", auto]))
+        with torch.device("meta"):
+            model = Transformer(job.model)
+        apply_converter(model, job.precision)
+        swapped = {fqn.removeprefix("layers.0.") for fqn, m in model.named_modules() if isinstance(m, Float8Linear)}
+        assert swapped == names == low_precision_linears(job)
+        plain = resolve(compose_job(["model=llama3_1b", f"precision={preset}"]))
+        assert len(low_precision_linears(plain)) == 7
+    named = resolve(compose_job(["model=llama3_1b", "precision=float8", "precision.filter_fqns=[output,attention]"]))
+    assert low_precision_linears(named) == {"feed_forward.w1", "feed_forward.w3", "feed_forward.w2"}
+    rowwise = resolve(compose_job(["model=llama3_1b", "precision=float8_rowwise", auto]))
+    bf16 = resolve(compose_job(["model=llama3_1b", "precision=bf16"]))
+    assert gpu.block_times(rowwise, 1, K100).tp_groups[:2] == gpu.block_times(bf16, 1, K100).tp_groups[:2]
+    assert gpu.block_times(rowwise, 1, K100).tp_groups[2] != gpu.block_times(bf16, 1, K100).tp_groups[2]
+    kept_all = resolve(compose_job(["model=debugmodel", "precision=float8", auto]))  # every K <= 4096 and N <= 1024
+    assert low_precision_linears(kept_all) == frozenset() and float8_tensors(kept_all, 1024) == []
+    plain16 = resolve(compose_job(["model=debugmodel", "precision=bf16"]))
+    for k in ("fwd", "bwd", "head"):
+        assert getattr(gpu.block_times(kept_all, 1, K100), k) == pytest.approx(getattr(gpu.block_times(plain16, 1, K100), k))
+
+
 @pytest.mark.parametrize("recipe", sorted(f8c.EAGER_CAST_KERNELS))
 def test_eager_float8_casts_are_what_torchaos_linear_runs(recipe):
     """[torchao-eager] counted on torchao's own Float8Linear, forward and backward on CPU: every

@@ -15,6 +15,7 @@ Where the arithmetic happens:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import torch
@@ -27,6 +28,10 @@ logger = logging.getLogger("titan_exp")
 DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
 # Shapes the low-precision kernels need: float8 matmuls want multiples of 16, MX blocks are 32.
 ALIGNMENT = {Converter.float8: 16, Converter.mxfp8: 32}
+# In precision.filter_fqns, TorchTitan's name for torchao's float8 shape filter: a linear stays in
+# high precision where its recipe's float8 GEMM and casts were measured slower than bf16's on an
+# H100 (torchao.float8._auto_filter_for_recipe, torchao/float8/README.md's performance tables).
+AUTO_FILTER = "auto_filter_small_kn"
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -51,6 +56,14 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
             and pr.float8_recipe != Float8Recipe.tensorwise):
         e.append(problem("precision.float8_enable_fsdp_all_gather", True,
                          f"works with the tensorwise recipe only, not {pr.float8_recipe}; turn it off or use tensorwise"))
+    if AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.mxfp8:
+        e.append(problem("precision.filter_fqns", list(pr.filter_fqns),
+                         f"'{AUTO_FILTER}' is torchao's float8 shape filter; MXFP8 has none: remove it, or use float8"))
+    if (AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.float8
+            and pr.float8_recipe == Float8Recipe.rowwise_with_gw_hp):
+        e.append(problem("precision.filter_fqns", list(pr.filter_fqns),
+                         f"torchao's '{AUTO_FILTER}' has no thresholds for the rowwise_with_gw_hp recipe: remove it, "
+                         "or use precision.float8_recipe=tensorwise or rowwise"))
     if pr.float8_precompute_dynamic_scale_for_fsdp and not (
             pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather):
         e.append(problem("precision.float8_precompute_dynamic_scale_for_fsdp", True,
@@ -69,14 +82,30 @@ def emulated(p: PrecisionConfig) -> bool:
     return p.emulate if p.emulate is not None else not hardware_support(p.converter)
 
 
-def keeps_high_precision(p: PrecisionConfig, fqn: str, module: nn.Linear) -> bool:
-    """The filter: named layers (the output by default), an MoE router (its scores decide the
-    routing; TorchTitan keeps it high precision too) and linears whose shapes the low-precision
-    kernels cannot take stay in high precision. (Routed experts are not linears: they stay in the
-    parameters' dtype.)"""
+@functools.lru_cache(maxsize=None)
+def _shape_filter(recipe: str):
+    from torchao.float8 import _auto_filter_for_recipe
+
+    return _auto_filter_for_recipe(recipe, filter_fqns=[])
+
+
+def converts(p: PrecisionConfig, fqn: str, in_features: int, out_features: int) -> bool:
+    """Whether the converter swaps the linear `fqn` (in_features -> out_features, the whole layer:
+    the converter runs before parallelization) for a low-precision one. Named layers (the output by
+    default), an MoE router (its scores decide the routing; TorchTitan keeps it high precision too)
+    and linears whose shapes the low-precision kernels cannot take stay in high precision, and,
+    with AUTO_FILTER among the names, those torchao's float8 shape filter keeps. (Routed experts
+    are not linears: they stay in the parameters' dtype.) The planner asks it too (perf.shapes)."""
+    if p.converter == Converter.none:
+        return False
     align = ALIGNMENT[p.converter]
-    misaligned = module.in_features % align or module.out_features % align
-    return bool(misaligned) or fqn.endswith("router.gate") or any(name in fqn for name in p.filter_fqns)
+    if in_features % align or out_features % align or fqn.endswith("router.gate"):
+        return False
+    if any(name in fqn for name in p.filter_fqns if name != AUTO_FILTER):
+        return False
+    if AUTO_FILTER in p.filter_fqns and p.converter == Converter.float8:
+        return _shape_filter(p.float8_recipe.value)(nn.Linear(in_features, out_features, bias=False, device="meta"), fqn)
+    return True
 
 
 def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
@@ -85,7 +114,7 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
         return
 
     def convert(module: nn.Module, fqn: str) -> bool:
-        return isinstance(module, nn.Linear) and not keeps_high_precision(p, fqn, module)
+        return isinstance(module, nn.Linear) and converts(p, fqn, module.in_features, module.out_features)
 
     emulate = emulated(p)
     if p.converter == Converter.float8:

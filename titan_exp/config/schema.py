@@ -345,7 +345,8 @@ class PrecisionConfig:
         False, "one all-reduce for every weight's float8 scale after each step (needs float8 all-gather)"
     )
     mx_recipe: MXRecipe = doc(MXRecipe.mxfp8_emulated_rceil, "torchao MXFP8 training recipe")
-    filter_fqns: List[str] = doc(["output"], "linears whose name contains one of these stay in high precision")
+    filter_fqns: List[str] = doc(["output"], "linears whose name contains one of these stay in high precision; "
+                                 "'auto_filter_small_kn' adds torchao's float8 shape filter (as TorchTitan)")
     emulate: Optional[bool] = doc(None, "emulate low-precision matmuls; null = when the device lacks them")
 
 

@@ -114,7 +114,7 @@ from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, cast_rate, reci
 from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
-from titan_exp.perf.shapes import float8_gathered
+from titan_exp.perf.shapes import BLOCK_LINEARS, block_linears, float8_gathered, low_precision_linears
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
 HBM_SHARE = 0.9  # [hbm]
@@ -300,14 +300,21 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
     groups = [[(m.dim, heads * hd), (m.dim, kv * hd), (m.dim, kv * hd)], [(heads * hd, m.dim)],
               [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
+    names = iter(BLOCK_LINEARS)  # the groups' linears in the same order: which of them are low precision
+    converted = low_precision_linears(job) if low != high else frozenset()
+    if low != high and len(converted) < len(BLOCK_LINEARS):
+        kept = ", ".join(name for name in BLOCK_LINEARS if name not in converted)
+        notes.append(f"{pr.converter}: {kept} stay in {high} (precision.filter_fqns {list(pr.filter_fqns)}), priced so")
     recipe = recipe_of(job)
-    fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
+    fwd_groups, fwd_gemms, bwd_gemm, casts, low_gemms = [], [], 0.0, 0.0, 0
     gathered8 = float8_gathered(job)[0] > 0  # FSDP gathers these weights cast already (priced with the gather)
     for group in groups:
         fwd_s = 0.0
         for k, n in group:
-            fwd, bwd, cast = linear_s(kern, tokens, k, n, low, high, recipe, cast_mode, weight_cast=not gathered8)
+            dtype = low if next(names) in converted else high
+            fwd, bwd, cast = linear_s(kern, tokens, k, n, dtype, high, recipe, cast_mode, weight_cast=not gathered8)
             fwd_gemms.append(fwd)
+            low_gemms += dtype == low
             fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
     routed = RoutedTimes()
@@ -335,7 +342,9 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     autocast = autocast_replica(job)
     if autocast:
         weights = m.block_matmul_params(1)
-        cast_fwd = 0.0 if low == "float8" else weights  # torchao casts a float8 linear's fp32 weight itself
+        # torchao casts a float8 linear's fp32 weight itself; autocast the rest (a replica: whole shapes)
+        cast_fwd = weights if low != "float8" else sum(k * n for name, (k, n) in block_linears(m).items()
+                                                        if name not in converted)
         rows = 0.0 if compiled else tokens * m.dim  # compiled: fused, not counted (model_ops)
         fwd_mem += (rows * elementwise.autocast_bytes[0] + cast_fwd * elementwise.autocast_weight_bytes[0]) / rate
         bwd_mem += (rows * elementwise.autocast_bytes[1] + weights * elementwise.autocast_weight_bytes[1]) / rate
@@ -345,7 +354,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     host += moe * moe_host_s(job, kern, elementwise)
     if low == "float8":
-        host += len(fwd_gemms) * cast_host_s(kern, recipe, cast_mode, gathered8)
+        host += low_gemms * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     if low == "float8" and torchao_eager(recipe, cast_mode) and host > fwd_gpu:
         notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "

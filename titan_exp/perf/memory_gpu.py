@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 
 from titan_exp.config import ACMode, JobConfig
-from titan_exp.perf.shapes import Sizes, block_tensors
+from titan_exp.perf.shapes import Sizes, block_linears, block_tensors, low_precision_linears
 
 MIB = 2**20
 MIN_BLOCK = 512  # [cca] kMinBlockSize
@@ -148,7 +148,12 @@ def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
     q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
-    linears = [(m.dim, q / tp), (m.dim, kv / tp), (q / tp, m.dim), (m.dim, ffn / tp), (ffn / tp, m.dim)]
+    shapes = {"attention.wq": (m.dim, q / tp), "attention.wk": (m.dim, kv / tp), "attention.wo": (q / tp, m.dim),
+              "feed_forward.w1": (m.dim, ffn / tp), "feed_forward.w2": (ffn / tp, m.dim)}
+    low = low_precision_linears(job)  # (v as k, w3 as w1)
+    linears = [shape for name, shape in shapes.items() if name in low]
+    if not linears:
+        return []
 
     def copies(k: float, n: float) -> Sizes:  # (elements, rows) of each float8 tensor of one linear's backward
         out = [(tokens * n, tokens), (k * n, n)]  # output gradient (input gradient's GEMM), weight
@@ -264,7 +269,10 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
     float8 = job.precision.converter != "none"
     mode = "compiled" if job.compile.enable else "eager"
     linears = m.n_layers * (m.block_params - 2 * m.dim)
-    copies = 2 * (m.vocab_size * m.dim + (0 if float8 or job.compile.enable else linears))
+    if float8:  # autocast's copies of the linears the converter leaves (the rest cast their weights themselves)
+        low = low_precision_linears(job)
+        linears = m.n_layers * sum(k * n for name, (k, n) in block_linears(m).items() if name not in low)
+    copies = 2 * (m.vocab_size * m.dim + (0 if job.compile.enable else linears))
     buckets = 4 * m.num_params if p.data_parallel_replicate_degree > 1 else 0.0  # DDP: a second copy of the grads
     whole, inputs = autocast_saved(job, mode) * tokens, 4 * m.dim * tokens  # a block's saves; its fp32 input
     checkpoints = 0.0

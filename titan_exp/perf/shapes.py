@@ -5,6 +5,7 @@ it gathers in float8."""
 from __future__ import annotations
 
 from titan_exp.config import JobConfig, ModelConfig
+from titan_exp.precision import converts
 
 Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
 
@@ -16,20 +17,49 @@ def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
 
 
+# A block's linears by name (titan_exp.models.llama), in what they read and write: the attention's
+# (q, k, v, o) and the SwiGLU's (w1, w3, w2). An MoE layer's shared experts are taken to be
+# converted as the dense SwiGLU's are, where their names differ (an assumption).
+BLOCK_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                 "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
+
+
+def block_linears(m: ModelConfig) -> dict[str, tuple[int, int]]:
+    """BLOCK_LINEARS' whole shapes (in, out), before TP splits them; the SwiGLU's the dense one's,
+    or, in an MoE model without dense blocks, its shared experts'."""
+    q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
+    ffn = m.ffn_hidden_dim if m.n_moe_layers < m.n_layers else m.n_shared_experts * m.expert_hidden_dim
+    shapes = ((m.dim, q), (m.dim, kv), (m.dim, kv), (q, m.dim), (m.dim, ffn), (m.dim, ffn), (ffn, m.dim))
+    return dict(zip(BLOCK_LINEARS, shapes))
+
+
+def low_precision_linears(job: JobConfig) -> frozenset[str]:
+    """The BLOCK_LINEARS the precision converter swaps for low-precision ones (precision.converts:
+    precision.filter_fqns, torchao's float8 shape filter, alignment); none without a converter."""
+    return frozenset(name for name, (k, n) in block_linears(job.model).items()
+                     if converts(job.precision, f"layers.0.{name}", k, n))
+
+
 def float8_gathered(job: JobConfig) -> tuple[float, float]:
     """(parameters, weights) of the mean block, on one TP rank, that FSDP all-gathers in float8 (a
     byte each) under torchao's float8 all-gather (tensorwise float8 and
-    precision.float8_enable_fsdp_all_gather, with FSDP sharding): the float8 linears', that is the
-    attention's, the dense SwiGLU's and the shared experts'; not the norms, the router or the
-    routed experts (not linears: precision.apply_converter). (0, 0) otherwise. Each is cast from
+    precision.float8_enable_fsdp_all_gather, with FSDP sharding): the float8 linears', that is those
+    of the attention's, the dense SwiGLU's and the shared experts' the converter swaps
+    (low_precision_linears); not the norms, the router or the routed experts (not linears:
+    precision.apply_converter). (0, 0) otherwise. Each is cast from
     its shard before the gather, so the linear does not cast its weight in the forward."""
     pr, m, p = job.precision, job.model, job.parallelism
     fsdp = p.data_parallel_shard_degree * p.context_parallel_degree > 1
     if not (fsdp and pr.converter == "float8" and pr.float8_recipe == "tensorwise"
             and pr.float8_enable_fsdp_all_gather):
         return 0.0, 0.0
+    low, moe = low_precision_linears(job), m.n_moe_layers / m.n_layers
+    (q, _), (kv, _), (ffn, _) = block_tensors(job)[:3]
     shared = m.n_shared_experts * m.dim * m.expert_hidden_dim / p.tensor_parallel_degree
-    linears = block_tensors(job)[:3] + [(shared, m.n_moe_layers / m.n_layers * 3 * (m.n_shared_experts > 0))]
+    swiglu = sum(name in low for name in BLOCK_LINEARS[4:])  # of the dense SwiGLU's, and the shared experts'
+    linears = [(q, ("attention.wq" in low) + ("attention.wo" in low)),
+               (kv, ("attention.wk" in low) + ("attention.wv" in low)),
+               (ffn, swiglu * (1 - moe)), (shared, swiglu * moe * (m.n_shared_experts > 0))]
     return sum(n * k for n, k in linears), sum(k for _, k in linears)
 
 
