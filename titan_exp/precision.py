@@ -104,7 +104,7 @@ def converts(p: PrecisionConfig, fqn: str, in_features: int, out_features: int) 
     if any(name in fqn for name in p.filter_fqns if name != AUTO_FILTER):
         return False
     if AUTO_FILTER in p.filter_fqns and p.converter == Converter.float8:
-        return _shape_filter(p.float8_recipe.value)(nn.Linear(in_features, out_features, bias=False, device="meta"), fqn)
+        return _shape_filter(str(p.float8_recipe))(nn.Linear(in_features, out_features, bias=False, device="meta"), fqn)
     return True
 
 
