@@ -351,6 +351,13 @@ def test_torchaos_shape_filter_keeps_small_linears_in_bf16_in_the_model_and_the_
         assert len(low_precision_linears(plain)) == 7
     named = resolve(compose_job(["model=llama3_1b", "precision=float8", "precision.filter_fqns=[output,attention]"]))
     assert low_precision_linears(named) == {"feed_forward.w1", "feed_forward.w3", "feed_forward.w2"}
+    # The output layer: high precision as named by default; in float8 (its GEMMs and casts) where the list leaves it.
+    default, head8 = (resolve(compose_job(["model=llama3_1b", "precision=float8", *o]))
+                      for o in ([], ["precision.filter_fqns=[]"]))
+    bf16 = gpu.block_times(resolve(compose_job(["model=llama3_1b", "precision=bf16"])), 1, K100)
+    assert gpu.block_times(default, 1, K100).kinds["head"] == bf16.kinds["head"]
+    head = gpu.block_times(head8, 1, K100).kinds["head"]  # float8 GEMMs, and the casts' bytes beside the loss's
+    assert head["gemm"] < bf16.kinds["head"]["gemm"] and head["memory_bound"] > bf16.kinds["head"]["memory_bound"]
     rowwise = resolve(compose_job(["model=llama3_1b", "precision=float8_rowwise", auto]))
     bf16 = resolve(compose_job(["model=llama3_1b", "precision=bf16"]))
     assert gpu.block_times(rowwise, 1, K100).tp_groups[:2] == gpu.block_times(bf16, 1, K100).tp_groups[:2]

@@ -115,6 +115,7 @@ from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.shapes import BLOCK_LINEARS, block_linears, float8_gathered, low_precision_linears
+from titan_exp.precision import converts
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
 HBM_SHARE = 0.9  # [hbm]
@@ -365,11 +366,16 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     selective = sum(fwd_gemms[1::2]) + moe * (routed.up + routed.down + routed.router) + fwd_mem
 
     vocab = m.vocab_size / tp
-    head_gemms = (gemm_s(kern, tokens, vocab, m.dim, high) + gemm_s(kern, tokens, m.dim, vocab, high)
-                  + gemm_s(kern, m.dim, vocab, tokens, high))
+    # The output layer, in high precision unless precision.filter_fqns leaves it to the converter.
+    head_low = low != high and converts(pr, "output", m.dim, m.vocab_size)
+    head_fwd, head_bwd, head_cast = linear_s(kern, tokens, m.dim, vocab, low if head_low else high, high, recipe,
+                                             cast_mode)
+    head_gemms = head_fwd + head_bwd
     logits = tokens * vocab * (elementwise.loss_bytes_compiled if compiled else elementwise.loss_bytes_eager) / rate
-    if autocast:  # the output layer's weight cast and its gradient's (a bf16 linear under float8 too; tied or not)
-        logits += vocab * m.dim * sum(elementwise.autocast_weight_bytes) / rate
+    logits += head_cast / cast_rate(kern, recipe, cast_mode) if head_low else 0.0
+    if autocast:  # the output layer's weight cast (a float8 one's among its casts) and its gradient's (tied or not)
+        logits += vocab * m.dim * elementwise.autocast_weight_bytes[1] / rate
+        logits += 0.0 if head_low else vocab * m.dim * elementwise.autocast_weight_bytes[0] / rate
     kinds = {"fwd": {"gemm": sum(fwd_groups) + moe * routed.router, "attention": attn_fwd, "memory_bound": fwd_mem},
              "bwd": {"gemm": bwd_gemm + 2 * moe * routed.router, "attention": attn_bwd, "memory_bound": bwd_mem},
              "selective": {"gemm": selective - fwd_mem, "attention": 0.0, "memory_bound": fwd_mem},
