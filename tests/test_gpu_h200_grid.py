@@ -331,7 +331,6 @@ def test_the_traced_memory_bound_kernels_ran_slower_than_a_contiguous_add():
         assert ranked[1] >= ranked[0]  # Spearman unchanged or up
 
 
-
 def test_torchaos_shape_filter_named_before_it_ran():
     """Named 2026-11-28 before any GPU ran it (BENCHMARKS.md, the held-out checks): the 1B's float8
     rowwise + compile member (AC none), as the grid ran it, and the same member with torchao's
