@@ -150,7 +150,7 @@ def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
     q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
     shapes = {"attention.wq": (m.dim, q / tp), "attention.wk": (m.dim, kv / tp), "attention.wo": (q / tp, m.dim),
               "feed_forward.w1": (m.dim, ffn / tp), "feed_forward.w2": (ffn / tp, m.dim)}
-    low = low_precision_linears(job)  # (v as k, w3 as w1)
+    low = low_precision_linears(job)  # (wv has wk's shape, w3 w1's: each pair is one entry)
     linears = [shape for name, shape in shapes.items() if name in low]
     if not linears:
         return []
