@@ -299,23 +299,22 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     hd, heads, kv = m.head_size, m.n_heads // tp, m.kv_heads // tp
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
-    groups = [[(m.dim, heads * hd), (m.dim, kv * hd), (m.dim, kv * hd)], [(heads * hd, m.dim)],
-              [(m.dim, ffn), (m.dim, ffn)], [(ffn, m.dim)]]
-    names = iter(BLOCK_LINEARS)  # the groups' linears in the same order: which of them are low precision
-    converted = low_precision_linears(job) if low != high else frozenset()
+    q, o, up, down = (m.dim, heads * hd), (heads * hd, m.dim), (m.dim, ffn), (ffn, m.dim)
+    groups = [{"attention.wq": q, "attention.wk": (m.dim, kv * hd), "attention.wv": (m.dim, kv * hd)},
+              {"attention.wo": o}, {"feed_forward.w1": up, "feed_forward.w3": up}, {"feed_forward.w2": down}]
+    converted = low_precision_linears(job) if low != high else frozenset()  # the rest run in `high`
     if low != high and len(converted) < len(BLOCK_LINEARS):
         kept = ", ".join(name for name in BLOCK_LINEARS if name not in converted)
         notes.append(f"{pr.converter}: {kept} stay in {high} (precision.filter_fqns {list(pr.filter_fqns)}), priced so")
     recipe = recipe_of(job)
-    fwd_groups, fwd_gemms, bwd_gemm, casts, low_gemms = [], [], 0.0, 0.0, 0
+    fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
     gathered8 = float8_gathered(job)[0] > 0  # FSDP gathers these weights cast already (priced with the gather)
     for group in groups:
         fwd_s = 0.0
-        for k, n in group:
-            dtype = low if next(names) in converted else high
+        for name, (k, n) in group.items():
+            dtype = low if name in converted else high
             fwd, bwd, cast = linear_s(kern, tokens, k, n, dtype, high, recipe, cast_mode, weight_cast=not gathered8)
             fwd_gemms.append(fwd)
-            low_gemms += dtype == low
             fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
     routed = RoutedTimes()
@@ -355,7 +354,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
     host += moe * moe_host_s(job, kern, elementwise)
     if low == "float8":
-        host += low_gemms * cast_host_s(kern, recipe, cast_mode, gathered8)
+        host += len(converted) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
     if low == "float8" and torchao_eager(recipe, cast_mode) and host > fwd_gpu:
         notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "

@@ -268,10 +268,10 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
     microbatches = t.global_batch_size // (t.local_batch_size * p.data_parallel_replicate_degree)
     float8 = job.precision.converter != "none"
     mode = "compiled" if job.compile.enable else "eager"
-    linears = m.n_layers * (m.block_params - 2 * m.dim)
-    if float8:  # autocast's copies of the linears the converter leaves (the rest cast their weights themselves)
-        low = low_precision_linears(job)
-        linears = m.n_layers * sum(k * n for name, (k, n) in block_linears(m).items() if name not in low)
+    # autocast's copies of the block's linears; under a converter, of those it leaves (the rest cast their own weights)
+    low = low_precision_linears(job)
+    linears = m.n_layers * (sum(k * n for name, (k, n) in block_linears(m).items() if name not in low) if float8
+                            else m.block_params - 2 * m.dim)
     copies = 2 * (m.vocab_size * m.dim + (0 if job.compile.enable else linears))
     buckets = 4 * m.num_params if p.data_parallel_replicate_degree > 1 else 0.0  # DDP: a second copy of the grads
     whole, inputs = autocast_saved(job, mode) * tokens, 4 * m.dim * tokens  # a block's saves; its fp32 input
