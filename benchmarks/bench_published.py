@@ -124,7 +124,7 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      and r["gpus"] in ("16", "32", "64")),
     ("2026-11-25: predicted 11-33 % too slow; the engine table (ENGINES: Transformer Engine's fused kernels and "
      "cuDNN attention) was written for them",
-     lambda r: r.source == "megatron_bridge" and r["gpu"] not in NVLINK_DOMAIN and not is_moe(r)),
+     lambda r: r.source == "megatron_bridge" and r["gpu"] not in NVLINK_DOMAIN and bool(r["n_layers"])),  # dense
     ("2026-11-25: predicted 5-76 % too fast, more the longer the sequence; the engine table (ENGINES: LLM "
      "Foundry's Triton attention) and attention by head dim (perf.gpu) were written for them",
      lambda r: r.source == "llm_foundry" and int(r["seq_len"] or 0) >= 16384),
@@ -192,8 +192,17 @@ def read_rows() -> list[Row]:
         return [Row(r["source"], r["table"], r["row_label"], r) for r in csv.DictReader(f)]
 
 
+# The rows of models with multi-head latent attention (DeepSeek-V3's and Kimi K2's: 39 rows of
+# Megatron-Bridge's). This toolkit trains MLA since 2026-11-28 (titan_exp.models.mla); its
+# performance model does not price it yet (perf.shapes.unpriced). These rows were never predicted:
+# named held out here, on 2026-11-28, before any is.
+MLA_MODELS = ("deepseek_v3", "kimi_k2")
+
+
 def skip_reason(row: Row) -> str | None:
     """Why a row cannot be planned, or None."""
+    if row["model"] in MLA_MODELS:
+        return "multi-head latent attention: not priced yet (perf.shapes.unpriced); held out (MLA_MODELS)"
     if not row["n_layers"] and row["model"] not in MOE_SHAPES:
         return "MoE or hybrid model: no shape for it here (of the MoE models, Qwen3's and GPT-OSS's only: MOE_SHAPES)"
     if row["gpu"] not in GPUS:

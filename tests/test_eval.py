@@ -93,11 +93,12 @@ def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path
     ([*EVAL, "eval.device=cuda:1"], "eval.device = 'cuda:1': this machine has no GPU"),
     ([*EVAL, "eval.freq=0"], "eval.freq = 0: must be >= 1"),
     ([*EVAL, "model=moe_debug"], "eval.enable = True: lm-eval loads the model as a Hugging Face Llama"),
+    ([*EVAL, "model=deepseek_v3_debug", "model.n_experts=0"], "eval.enable = True: lm-eval loads the model as a"),
     ([*EVAL, "sweep.objective=eval.hellaswag.acc"], "sweep.objective = 'eval.hellaswag.acc': not eval.<task>.<metric> "
                                                     "with a task of eval.tasks (tiny_mc)"),
     (["sweep.objective=eval.tiny_mc.acc"], "sweep.objective = 'eval.tiny_mc.acc': an evaluation's number needs "
                                            "eval.enable=true"),
-], ids=["no-tasks", "tasks-without-enable", "include-path", "limit", "device", "device-cuda", "freq", "moe",
+], ids=["no-tasks", "tasks-without-enable", "include-path", "limit", "device", "device-cuda", "freq", "moe", "mla",
         "objective-task", "objective-without-eval"])
 def test_bad_eval_fields_are_named(overrides, message):
     errors = validate(job_config(overrides), cuda=False)

@@ -44,12 +44,11 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if pr.converter != Converter.none:
         align = ALIGNMENT[pr.converter]
         tp = max(1, job.parallelism.tensor_parallel_degree)
-        for field, width in (("model.dim", m.dim), ("the ffn hidden size", m.ffn_hidden_dim),
-                             ("n_heads x head_dim", m.n_heads * m.head_size),
-                             ("n_kv_heads x head_dim", m.kv_heads * m.head_size)):
-            if width % (align * tp):
+        for field, width, split in linear_widths(m):
+            per = align * (tp if split else 1)
+            if width % per:
                 e.append(problem("precision.converter", pr.converter,
-                                 f"{field} = {width} is not divisible by {align}{f' x tp = {align * tp}' if tp > 1 else ''}; "
+                                 f"{field} = {width} is not divisible by {align}{f' x tp = {per}' if per > align else ''}; "
                                  f"{pr.converter} matmuls need multiples of {align} per rank (or use precision=bf16)"))
                 break
     if (pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather
@@ -69,6 +68,22 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("precision.float8_precompute_dynamic_scale_for_fsdp", True,
                          "precomputes scales for float8 all-gather; needs converter=float8 and float8_enable_fsdp_all_gather=true"))
     return e
+
+
+def linear_widths(m) -> list[tuple[str, int, bool]]:
+    """The widths of a block's linears: (what they are, width, whether TP splits it). Under
+    multi-head latent attention the latents' are whole on every TP rank (parallel.tensor)."""
+    if m.mla:
+        h, latent = m.n_heads, m.kv_lora_rank
+        attention = [("n_heads x (qk_nope_head_dim + qk_rope_head_dim)", h * m.head_size, True),
+                     ("n_heads x (qk_nope_head_dim + v_head_dim)", h * (m.qk_nope_head_dim + m.v_head_size), True),
+                     ("n_heads x v_head_dim", h * m.v_head_size, True), ("model.kv_lora_rank", latent, False),
+                     ("model.kv_lora_rank + qk_rope_head_dim", latent + m.rope_dim, False),
+                     *([("model.q_lora_rank", m.q_lora_rank, False)] if m.q_lora_rank else [])]
+    else:
+        attention = [("n_heads x head_dim", m.n_heads * m.head_size, True),
+                     ("n_kv_heads x head_dim", m.kv_heads * m.head_size, True)]
+    return [("model.dim", m.dim, True), ("the ffn hidden size", m.ffn_hidden_dim, True), *attention]
 
 
 def hardware_support(converter: Converter) -> bool:

@@ -215,6 +215,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
 
     from titan_exp import targets
     from titan_exp.perf.memory import predict_memory
+    from titan_exp.perf.shapes import unpriced
     from titan_exp.train.trainer import state_bytes_by_kind
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -252,7 +253,8 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
             trainer.train_step(batch)
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
-    predicted = predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
+    why = unpriced(job.model)  # a model the planner cannot price: its column says why, empty
+    predicted = {"unpriced": why} if why else predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
     report = {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
@@ -260,7 +262,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
                      "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
         "predicted": predicted,
     }
-    if job.cluster.hardware:  # the step and memory of this rank on the GPUs the file describes
+    if job.cluster.hardware and not why:  # the step and memory of this rank on the GPUs the file describes
         from titan_exp.perf import hardware
 
         report["hardware"] = hardware.prediction(job, hardware.read(job), pp_rank=pp_rank)
@@ -272,20 +274,22 @@ def table(report: dict[str, Any]) -> str:
     from titan_exp.perf.memory import tensor_gib
 
     m, p = report["measured"], report["predicted"]
-    gib = 2**30
+    gib, priced = 2**30, "unpriced" not in p
     rows = [
         ("parameters (this rank's shards)", m["params"] / gib, None),
         ("gradients", m["grads"] / gib, None),
         ("optimizer state", m["optimizer"] / gib, None),
-        ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
+        ("parameters + gradients + optimizer", m["states_gib"], p["states"] if priced else None),
         (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
         ("peak of live tensors during the step (planner: less runtime and allocator slack)",
-         m["tensor_peak_gib"], tensor_gib(p)),
-        (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
+         m["tensor_peak_gib"], tensor_gib(p) if priced else None),
+        (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"] if priced else None),
     ]
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
              "| GiB | measured | planner |", "|---|---|---|"]
     lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
+    if not priced:
+        lines.append(f"planner: none ({p['unpriced']})")
     if p.get("nccl"):  # a GPU's: allocated by NCCL itself, so in no peak above
         lines.append(f"NCCL's buffers, outside torch's allocator and its peak: {p['nccl']:.4f} GiB predicted")
     if "hardware" in report:

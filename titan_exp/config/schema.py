@@ -118,6 +118,16 @@ class ModelConfig:
     n_heads: int = doc(16, "attention (query) heads", min=1)
     n_kv_heads: Optional[int] = doc(None, "key/value heads for GQA; null = n_heads")
     head_dim: Optional[int] = doc(None, "width of one attention head; null = dim / n_heads (Qwen3: 128 at any dim)")
+    # Multi-head latent attention (DeepSeek-V2/V3; titan_exp.models.mla), on when kv_lora_rank > 0:
+    # keys and values come up from a latent of that width, queries from one of q_lora_rank (or
+    # straight from the hidden state), and RoPE rotates qk_rope_head_dim of each query/key head.
+    kv_lora_rank: int = doc(0, "MLA: width of the latent keys and values come up from; 0 = grouped-query attention",
+                            min=0)
+    q_lora_rank: int = doc(0, "MLA: width of the latent queries come up from; 0 = from the hidden state", min=0)
+    qk_nope_head_dim: Optional[int] = doc(None, "MLA: the part of a query/key head RoPE leaves alone (DeepSeek-V3: 128)")
+    qk_rope_head_dim: Optional[int] = doc(None, "MLA: the part of a query/key head RoPE rotates, one key part shared "
+                                                "by all heads (DeepSeek-V3: 64)")
+    v_head_dim: Optional[int] = doc(None, "MLA: width of one value head (DeepSeek-V3: 128)")
     vocab_size: int = doc(2048, "embedding rows; must be >= the tokenizer's vocabulary", min=1)
     multiple_of: int = doc(256, "SwiGLU hidden size is rounded up to a multiple of this", min=1)
     ffn_dim_multiplier: Optional[float] = doc(None, "scales the SwiGLU hidden size (Llama 3: 1.3 for 8B/70B)")
@@ -143,12 +153,31 @@ class ModelConfig:
     aux_loss_coeff: float = doc(0.0, "weight of the sequence-wise load-balancing loss; 0 = off")
 
     @property
+    def mla(self) -> bool:
+        """Whether attention is multi-head latent attention (model.kv_lora_rank > 0)."""
+        return self.kv_lora_rank > 0
+
+    @property
     def head_size(self) -> int:
-        """One attention head's width: head_dim, or dim / n_heads when it is not given."""
+        """One query/key head's width: head_dim, or dim / n_heads when it is not given; under MLA
+        its two parts, qk_nope_head_dim + qk_rope_head_dim."""
+        if self.mla:
+            return (self.qk_nope_head_dim or 0) + (self.qk_rope_head_dim or 0)
         return self.head_dim if self.head_dim is not None else self.dim // self.n_heads
 
     @property
+    def v_head_size(self) -> int:
+        """One value head's width: head_size, or under MLA v_head_dim."""
+        return (self.v_head_dim or 0) if self.mla else self.head_size
+
+    @property
+    def rope_dim(self) -> int:
+        """The width of a query/key head RoPE rotates: all of it, or under MLA qk_rope_head_dim."""
+        return (self.qk_rope_head_dim or 0) if self.mla else self.head_size
+
+    @property
     def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads (MLA brings every head its own keys and values)."""
         return self.n_kv_heads if self.n_kv_heads is not None else self.n_heads
 
     @property
@@ -195,7 +224,13 @@ class ModelConfig:
 
     @property
     def _attention_and_norms(self) -> int:
-        """One block's q/k/v/o projections and its two norms."""
+        """One block's q/k/v/o projections and its two norms (under MLA its down- and
+        up-projections and the latents' norms, titan_exp.models.mla)."""
+        if self.mla:
+            h, qk, v, latent = self.n_heads, self.head_size, self.v_head_size, self.kv_lora_rank
+            q = self.dim * h * qk if not self.q_lora_rank else self.q_lora_rank * (self.dim + 1 + h * qk)
+            kv = self.dim * (latent + self.rope_dim) + latent + latent * h * (self.qk_nope_head_dim + v)
+            return q + kv + h * v * self.dim + 2 * self.dim
         return self.dim * self.head_size * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim
 
     @property
@@ -239,13 +274,22 @@ class ModelConfig:
 
     def block_matmul_params(self, tp: int = 1, experts_whole: bool = False) -> float:
         """Weights one token multiplies by in the mean block on one TP rank (forward FLOPs per
-        token are twice this, before attention's scores): the router whole, the rest split by tp,
+        token are twice this, before attention's scores): the router and MLA's latent
+        projections whole, the rest split by tp,
         the routed experts it goes to too (every TP layout splits their work: expert parallel by
         tokens, ParallelismConfig.dispatch_split, or without it by width, expert_width_split),
         unless `experts_whole`, as calibration's block holds them (measure_compute.sharded_block)."""
         experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
-        router = self.router_params_per_block
-        return (self.active_block_params - experts - router) / tp + router + experts / (1 if experts_whole else tp)
+        whole = self.router_params_per_block + self.latent_params
+        return (self.active_block_params - experts - whole) / tp + whole + experts / (1 if experts_whole else tp)
+
+    @property
+    def latent_params(self) -> int:
+        """MLA's down-projections to its latents and their norms, whole on every TP rank
+        (titan_exp.parallel.tensor); 0 without MLA."""
+        if not self.mla:
+            return 0
+        return self.dim * (self.kv_lora_rank + self.rope_dim) + self.kv_lora_rank + self.q_lora_rank * (self.dim + 1)
 
     def measured_block_share(self, tp: int) -> float:
         """A TP rank's block FLOPs over those of the block calibration measures for it, whose

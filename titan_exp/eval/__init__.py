@@ -50,7 +50,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("eval.device", ev.device, "choose cpu, cuda or cuda:N, or null for rank 0's device"))
     elif ev.device is not None and ev.device.startswith("cuda") and not cuda:
         e.append(problem("eval.device", ev.device, "this machine has no GPU; use cpu, or null"))
-    if job.model.is_moe:
+    if job.model.is_moe or job.model.mla:
         e.append(problem("eval.enable", True, "lm-eval loads the model as a Hugging Face Llama, which the export "
-                         "writes for dense models only; set it to false for an MoE model (model.n_experts > 0)"))
+                         "writes for dense models with grouped-query attention only; set it to false for an MoE model "
+                         "(model.n_experts > 0) or one with multi-head latent attention (model.kv_lora_rank > 0)"))
     return e

@@ -1,4 +1,6 @@
-"""Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+"""Llama 3: RMSNorm, RoPE, grouped-query attention, SwiGLU; DeepSeek-V3's multi-head latent
+attention in its place (titan_exp.models.mla) and routed experts in the SwiGLU's
+(titan_exp.models.moe) where the model config asks for them.
 
 Written for parallelism from the start:
 - blocks live in a ModuleDict keyed "0".."n-1", so a pipeline stage can drop blocks and keep
@@ -14,28 +16,19 @@ import math
 import zlib
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import JobConfig, ModelConfig, problem
 from titan_exp.config.hf import config_errors
-from titan_exp.models.layers import FeedForward
-from titan_exp.models import moe
+from titan_exp.models import mla, moe
+from titan_exp.models.layers import FeedForward, apply_rope, causal_attention, rope_tables
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
     """Shapes Llama can be built with. (The vocabulary against the tokenizer is checked once the
     tokenizer exists: `check_vocab`.)"""
-    e: list[str] = []
     m = job.model
-    if m.head_dim is not None:
-        if m.head_dim < 2 or m.head_dim % 2:
-            e.append(problem("model.head_dim", m.head_dim, "must be even and >= 2 for RoPE, or null (dim / n_heads)"))
-    elif m.dim % m.n_heads:
-        e.append(problem("model.dim", m.dim,
-                         f"must be divisible by model.n_heads = {m.n_heads}, or set model.head_dim"))
-    elif m.head_size % 2:
-        e.append(problem("model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE; set model.head_dim"))
+    e = [] if m.mla else head_errors(m)  # MLA sizes its heads with fields of its own (mla.check)
     if m.kv_heads < 1 or m.n_heads % m.kv_heads:
         e.append(problem("model.n_kv_heads", m.n_kv_heads, f"must divide model.n_heads = {m.n_heads}"))
     for name in ("norm_eps", "rope_theta"):
@@ -47,9 +40,22 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("training.seq_len", job.training.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}"))
     if m.intermediate_size is not None and m.intermediate_size < 1:
         e.append(problem("model.intermediate_size", m.intermediate_size, "must be >= 1, or null"))
+    e += mla.check(job)
     if m.is_moe:
         e += moe.check(job)
     return e + config_errors(m)
+
+
+def head_errors(m: ModelConfig) -> list[str]:
+    """Grouped-query attention's head width: head_dim, or dim / n_heads, even for RoPE."""
+    if m.head_dim is not None:
+        if m.head_dim < 2 or m.head_dim % 2:
+            return [problem("model.head_dim", m.head_dim, "must be even and >= 2 for RoPE, or null (dim / n_heads)")]
+    elif m.dim % m.n_heads:
+        return [problem("model.dim", m.dim, f"must be divisible by model.n_heads = {m.n_heads}, or set model.head_dim")]
+    elif m.head_size % 2:
+        return [problem("model.dim", m.dim, "head_dim = dim / n_heads must be even for RoPE; set model.head_dim")]
+    return []
 
 
 def check_vocab(cfg: ModelConfig, tokenizer_vocab: int) -> list[str]:
@@ -57,22 +63,6 @@ def check_vocab(cfg: ModelConfig, tokenizer_vocab: int) -> list[str]:
         return [problem("model.vocab_size", cfg.vocab_size,
                         f"smaller than the tokenizer's vocabulary ({tokenizer_vocab}); set it to at least that")]
     return []
-
-
-def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-    angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate consecutive pairs (x[2i], x[2i+1]) as Llama's complex formulation does.
-    x: (batch, seq, heads, head_dim); cos/sin: (seq, head_dim/2)."""
-    pairs = x.float().unflatten(-1, (-1, 2))
-    real, imag = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos[None, :, None, :], sin[None, :, None, :]
-    rotated = torch.stack((real * cos - imag * sin, real * sin + imag * cos), dim=-1)
-    return rotated.flatten(-2).type_as(x)
 
 
 class Attention(nn.Module):
@@ -102,21 +92,6 @@ class Attention(nn.Module):
         return self.wo(out.reshape(bsz, seqlen, -1))
 
 
-def causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None
-) -> torch.Tensor:
-    """(batch, seq, heads, head_dim) in and out; k/v heads are repeated for GQA. Causal unless
-    an explicit mask is given: boolean (True = attend), or one of torch's causal biases
-    (torch.nn.attention.bias: context parallel's lower-right causal chunks)."""
-    repeats = q.shape[2] // k.shape[2]
-    if repeats > 1:
-        k, v = k.repeat_interleave(repeats, dim=2), v.repeat_interleave(repeats, dim=2)
-    out = F.scaled_dot_product_attention(
-        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask, is_causal=mask is None
-    )
-    return out.transpose(1, 2)
-
-
 class TransformerBlock(nn.Module):
     """Attention then a SwiGLU (`feed_forward`), or, in an MoE model's MoE layers, routed experts
     (`moe`, titan_exp.models.moe) in its place."""
@@ -124,7 +99,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int = 0):
         super().__init__()
         self.attention_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention = mla.LatentAttention(cfg) if cfg.mla else Attention(cfg)
         self.ffn_norm = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         if cfg.is_moe_layer(layer):
             self.moe = moe.MoE(cfg)
@@ -148,7 +123,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleDict({str(i): TransformerBlock(cfg, i) for i in range(cfg.n_layers)})
         self.norm: nn.RMSNorm | None = nn.RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output: nn.Linear | None = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        cos, sin = rope_tables(cfg.head_size, cfg.max_seq_len, cfg.rope_theta)
+        cos, sin = rope_tables(cfg.rope_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.tie_weights()
@@ -187,7 +162,7 @@ class Transformer(nn.Module):
         every GPU layout, other numbers than a CPU's generator gives."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
-        cos, sin = rope_tables(self.cfg.head_size, self.cfg.max_seq_len, self.cfg.rope_theta)
+        cos, sin = rope_tables(self.cfg.rope_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
         # Assigned, not copied: the tables stay fp32 even when the parameters are bf16.
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         for name, param in self.named_parameters():
@@ -237,8 +212,9 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
         6 * (N - N_embedding) + 6 * n_layers * n_heads * (2 * head_dim) * seq_len
     The first term is forward (2) + backward (4) FLOPs of every matmul weight; the embedding is a
     lookup, not a matmul. The second is the attention scores and the weighted sum of values
-    (QK^T and PV, 2 * head_dim multiply-adds per head, position and layer), without a causal
-    discount. With tied embeddings the shared matrix is counted once, as the output matmul. In an
-    MoE model N counts the active parameters: the experts a token is routed to, not all of them."""
+    (QK^T and PV, 2 * head_dim multiply-adds per head, position and layer; under multi-head latent
+    attention the query/key width plus the value width), without a causal discount. With tied
+    embeddings the shared matrix is counted once, as the output matmul. In an MoE model N counts
+    the active parameters: the experts a token is routed to, not all of them."""
     dense = cfg.active_params - (0 if cfg.tie_word_embeddings else cfg.embedding_params)
-    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (2 * cfg.head_size) * seq_len
+    return 6 * dense + 6 * cfg.n_layers * cfg.n_heads * (cfg.head_size + cfg.v_head_size) * seq_len

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from titan_exp.config import JobConfig, ModelConfig, ScoreFunc, problem
-from titan_exp.models.layers import FeedForward
+from titan_exp.models.layers import FeedForward, SumGradOver
 
 
 def check(job: JobConfig) -> list[str]:
@@ -146,22 +146,6 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale if ctx.scale != 1.0 else grad, None
 
 
-class _SumGradOver(torch.autograd.Function):
-    """The identity, whose backward sums the gradient over `mesh`'s ranks (each rank's gradient
-    holds its own tokens' share)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, mesh) -> torch.Tensor:
-        ctx.mesh = mesh
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        from torch.distributed._functional_collectives import all_reduce, wait_tensor
-
-        return wait_tensor(all_reduce(grad.contiguous(), "sum", ctx.mesh)), None
-
-
 class _AddAuxLoss(torch.autograd.Function):
     """Returns x unchanged; in backward, gives `aux` the gradient 1, as if it had been added to
     the loss. The balance loss so needs no second output, which a pipeline stage could not carry."""
@@ -221,11 +205,11 @@ class MoE(nn.Module):
         else:
             order_N = choices.argsort(stable=True)
             if self.tp_mesh is not None:  # each TP rank's slice of the experts' width adds its share of x's gradient
-                x_routed = _SumGradOver.apply(x_TD, self.tp_mesh)
+                x_routed = SumGradOver.apply(x_TD, self.tp_mesh)
         if self.tp_mesh is not None:
             # Each rank's combine weighs its own tokens or its partial outputs: their gradients add
             # up over TP, so the router, which every TP rank runs whole, gets the same gradient on each.
-            weights_TK = _SumGradOver.apply(weights_TK, self.tp_mesh)
+            weights_TK = SumGradOver.apply(weights_TK, self.tp_mesh)
         token_N = order_N // self.top_k
         routed_ND = self._exchange(x_routed.to(compute_dtype(x_TD))[token_N], counts_E)
         weighted = routed_ND.float() * weights_TK.flatten()[order_N, None]

@@ -72,7 +72,7 @@ class ContextParallel:
 
     def attention(self, q, k, v, cos, sin, apply_rope) -> torch.Tensor:
         """q, k, v: (batch, local_seq, heads, head_dim) for this rank's positions."""
-        from titan_exp.models.llama import causal_attention
+        from titan_exp.models.layers import causal_attention
 
         q_pos, order = self.q_pos.to(q.device), self.order.to(q.device)
         q = apply_rope(q, cos[q_pos], sin[q_pos])

@@ -20,9 +20,10 @@ compiled-graph boundaries, pytorch/pytorch#118671.)
 from __future__ import annotations
 
 from torch import nn
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    ParallelStyle,
     PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
@@ -109,12 +110,12 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
             "attention": prepare_input(
                 input_layouts=(Shard(1), None, None), desired_input_layouts=(Replicate(), None, None)
             ),
-            "attention.wq": colwise(),
-            "attention.wk": colwise(),
-            "attention.wv": colwise(),
+            **attention_plan(block.attention, colwise),
             "attention.wo": rowwise(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
         }
+        if hasattr(block.attention, "tp_mesh"):  # multi-head latent attention (attention_plan)
+            block.attention.tp_mesh = tp_mesh
         if hasattr(block, "moe"):
             plan |= moe_plan(block.moe)
             distribute_moe_params(block.moe, tp_mesh)
@@ -126,6 +127,34 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
                 "feed_forward.w3": colwise(),
             }
         parallelize_module(block, tp_mesh, plan)
+
+
+def attention_plan(attention: nn.Module, colwise) -> dict[str, object]:
+    """The projections into the heads, column-wise: Llama's wq, wk, wv; under multi-head latent
+    attention (titan_exp.models.mla) its up-projections, with the down-projections to the latents
+    and their norms whole on every rank (ReplicateParallel)."""
+    if not hasattr(attention, "wkv_a"):
+        return {"attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise()}
+    queries = ["wq_a", "q_norm"] if hasattr(attention, "wq_a") else []
+    whole = {f"attention.{name}": ReplicateParallel() for name in (*queries, "wkv_a", "kv_norm")}
+    return whole | {f"attention.{name}": colwise() for name in ("wq_b" if queries else "wq", "wkv_b")}
+
+
+class ReplicateParallel(ParallelStyle):
+    """A module every TP rank runs whole on the same input (MLA's down-projections and their
+    norms): its parameters become DTensors replicated over TP, as the optimizer's foreach ops need
+    every parameter of a TP model to be; it takes plain tensors or replicated DTensors and returns
+    plain tensors. The gradient flowing back into it is already the whole one on every rank (the
+    column-wise up-projections sum theirs over the ranks' heads, and LatentAttention the shared
+    RoPE key's), so nothing is reduced here."""
+
+    def _apply(self, module: nn.Module, device_mesh) -> nn.Module:
+        def to_dtensor(mod, inputs, mesh):
+            return tuple(x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, (Replicate(),), run_check=False)
+                         for x in inputs)
+
+        return distribute_module(module, device_mesh, input_fn=to_dtensor,
+                                 output_fn=lambda mod, out, mesh: out.to_local())
 
 
 def distribute_moe_params(moe: nn.Module, tp_mesh) -> None:

@@ -51,7 +51,7 @@ def block_runs(m: ModelConfig, tp: int, seqs: int, seq_len: int, device: torch.d
     from titan_exp.models.llama import rope_tables
 
     block = sharded_block(m, tp, device)
-    cos, sin = (t.to(device) for t in rope_tables(m.head_size, seq_len, m.rope_theta))
+    cos, sin = (t.to(device) for t in rope_tables(m.rope_dim, seq_len, m.rope_theta))
     x = torch.randn(seqs, seq_len, m.dim, device=device, requires_grad=True)
 
     @torch.no_grad()

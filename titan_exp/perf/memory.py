@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
-from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
+from titan_exp.perf.shapes import Unpriced, float8_gathered, fsdp_rounds, unpriced
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
@@ -104,6 +104,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     and the caching allocator's rounding, its fragmentation (`allocator`, by `gpu`), cuBLAS's
     workspaces and float8's copies are parts of their own (perf.memory_gpu); NCCL's buffers
     (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR)."""
+    if why := unpriced(job.model):
+        raise Unpriced(why)
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     if cuda:

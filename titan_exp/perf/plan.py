@@ -32,6 +32,7 @@ from titan_exp.perf.calibrate import cover
 from titan_exp.perf.fit import estimates_line
 from titan_exp.perf.planner import device_memory_gib, plan, profile_line, to_markdown, write_sweep
 from titan_exp.perf.profile import profiles_dir, this_machine
+from titan_exp.perf.shapes import unpriced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
     args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = compose_job(args.overrides)
+    if why := unpriced(job.model):
+        parser.error(why)
     folder = Path(args.profile_dir) if args.profile_dir else None
     first = []
     if job.cluster.hardware is not None:  # the same file, named by the job's config

@@ -10,6 +10,21 @@ from titan_exp.precision import converts
 Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
 
 
+class Unpriced(ValueError):
+    """A model the step and memory models cannot price; its message says why (`unpriced`)."""
+
+
+def unpriced(m: ModelConfig) -> str | None:
+    """Why the step and memory models (perf.step, perf.memory) cannot price a model, or None. They
+    count a block as Llama's grouped-query attention and SwiGLU (or routed experts); multi-head
+    latent attention's latents, their norms and its narrower values are not among their parts."""
+    if m.mla:
+        return (f"model.kv_lora_rank = {m.kv_lora_rank}: the performance model prices grouped-query attention, not "
+                "multi-head latent attention (titan_exp.models.mla); measure this model's layouts with a sweep "
+                "(python launch.py -m parallelism=...), which trains it")
+    return None
+
+
 def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
     mode = job.parallelism.fsdp_reshard_after_forward

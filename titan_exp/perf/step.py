@@ -89,7 +89,7 @@ from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
 from titan_exp.perf.overlap import async_tp_exposed, fsdp_exposed, p2p_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
-from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
+from titan_exp.perf.shapes import Unpriced, float8_gathered, fsdp_rounds, unpriced
 from titan_exp.validation import resolve
 
 # Extra bubble a schedule leaves, as a share of 1F1B's.
@@ -226,6 +226,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
     float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
     in bf16)."""
+    if why := unpriced(job.model):
+        raise Unpriced(why)
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
