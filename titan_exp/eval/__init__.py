@@ -22,6 +22,7 @@ from pathlib import Path
 
 from titan_exp import extras
 from titan_exp.config import JobConfig, problem
+from titan_exp.models import hf
 
 DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -50,8 +51,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("eval.device", ev.device, "choose cpu, cuda or cuda:N, or null for rank 0's device"))
     elif ev.device is not None and ev.device.startswith("cuda") and not cuda:
         e.append(problem("eval.device", ev.device, "this machine has no GPU; use cpu, or null"))
-    if job.model.is_moe or job.model.mla:
+    if what := hf.unsupported(job.model):
         e.append(problem("eval.enable", True, "lm-eval loads the model as a Hugging Face Llama, which the export "
-                         "writes for dense models with grouped-query attention only; set it to false for an MoE model "
-                         "(model.n_experts > 0) or one with multi-head latent attention (model.kv_lora_rank > 0)"))
+                         f"cannot write for {what}; set it to false"))
     return e

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
-from titan_exp.config import ModelConfig
+from titan_exp.config import JobConfig, ModelConfig, problem
 from titan_exp.config.hf import CONFIG, hf_config
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled
@@ -43,6 +43,30 @@ _NAMES = {
     "layers.{i}.attention_norm.weight": "model.layers.{i}.input_layernorm.weight",
     "layers.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
 }
+
+
+def unsupported(m: ModelConfig) -> str | None:
+    """What in `m` a Hugging Face Llama cannot hold (its names and shapes are _NAMES'), or None."""
+    parts = [*(["routed experts (model.n_experts > 0)"] if m.is_moe else []),
+             *(["multi-head latent attention (model.kv_lora_rank > 0)"] if m.mla else [])]
+    return "a model with " + " and ".join(parts) if parts else None
+
+
+def check(job: JobConfig) -> list[str]:
+    """Hugging Face import and export of a model a Llama cannot hold, refused."""
+    what, k, e = unsupported(job.model), job.checkpoint, []
+    if what is None:
+        return e
+    if job.model.hf_config is not None:
+        e.append(problem("model.hf_config", job.model.hf_config,
+                         f"Hugging Face import reads Llama models; {what} starts from its own init"))
+    if k.initial_load_in_hf:
+        e.append(problem("checkpoint.initial_load_in_hf", True, f"Hugging Face loading reads Llama weights; {what} "
+                         "starts from its own init or a DCP checkpoint"))
+    if k.last_save_in_hf:
+        e.append(problem("checkpoint.last_save_in_hf", True, f"Hugging Face export writes Llama models; {what} keeps "
+                         "its DCP checkpoint (or checkpoint.export_format)"))
+    return e
 
 
 def _pattern(template: str) -> re.Pattern:

@@ -28,7 +28,8 @@ FIELDS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 
 def check(job: JobConfig) -> list[str]:
     """MLA's fields: all three head widths with it, none of them (nor q_lora_rank) without it,
-    and none of grouped-query attention's fields with it."""
+    and none of grouped-query attention's fields with it. (Hugging Face import and export refuse
+    it: titan_exp.models.hf.check.)"""
     m, e = job.model, []
     if not m.mla:
         for name in ("q_lora_rank", *FIELDS):
@@ -49,16 +50,6 @@ def check(job: JobConfig) -> list[str]:
     if m.n_kv_heads not in (None, m.n_heads):
         e.append(problem("model.n_kv_heads", m.n_kv_heads, "multi-head latent attention gives every head its own "
                          "keys and values; leave it unset"))
-    if m.hf_config is not None:
-        e.append(problem("model.hf_config", m.hf_config, "Hugging Face import reads Llama models; a model with "
-                         "multi-head latent attention (model.kv_lora_rank > 0) starts from its own init"))
-    if job.checkpoint.initial_load_in_hf:
-        e.append(problem("checkpoint.initial_load_in_hf", True, "Hugging Face loading reads Llama weights; a model "
-                         "with multi-head latent attention (model.kv_lora_rank > 0) starts from its own init or a "
-                         "DCP checkpoint"))
-    if job.checkpoint.last_save_in_hf:
-        e.append(problem("checkpoint.last_save_in_hf", True, "Hugging Face export writes Llama models; a model with "
-                         "multi-head latent attention keeps its DCP checkpoint (or checkpoint.export_format)"))
     return e
 
 

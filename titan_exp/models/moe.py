@@ -51,12 +51,6 @@ def check(job: JobConfig) -> list[str]:
         e.append(problem("model.aux_loss_coeff", m.aux_loss_coeff,
                          "the sequence-wise balance loss needs whole sequences, which context parallel splits; "
                          "set it to 0 (the bias balances the load) or context_parallel_degree=1"))
-    if m.hf_config is not None:
-        e.append(problem("model.hf_config", m.hf_config, "Hugging Face import reads dense Llama models; "
-                         "an MoE model (model.n_experts > 0) starts from its own init"))
-    if job.checkpoint.last_save_in_hf:
-        e.append(problem("checkpoint.last_save_in_hf", True, "Hugging Face export writes dense Llama models; "
-                         "an MoE model's checkpoint stays DCP (or checkpoint.export_format)"))
     return e
 
 
