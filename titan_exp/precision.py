@@ -21,7 +21,7 @@ import logging
 import torch
 from torch import nn
 
-from titan_exp.config import Converter, DType, Float8Recipe, JobConfig, PrecisionConfig, problem
+from titan_exp.config import Converter, DType, Float8Recipe, JobConfig, ModelConfig, PrecisionConfig, problem
 
 logger = logging.getLogger("titan_exp")
 
@@ -70,7 +70,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     return e
 
 
-def linear_widths(m) -> list[tuple[str, int, bool]]:
+def linear_widths(m: ModelConfig) -> list[tuple[str, int, bool]]:
     """The widths of a block's linears: (what they are, width, whether TP splits it). Under
     multi-head latent attention the latents' are whole on every TP rank (parallel.tensor)."""
     if m.mla:

@@ -68,11 +68,11 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     from titan_exp.perf import hardware as hw
     from titan_exp.perf.planner import device_memory_gib, fastest_fitting, global_batch_of, split_label
     from titan_exp.perf.shapes import unpriced
+    from titan_exp.validation import ranks_have_gpus
 
     if why := unpriced(job.model):
         return job, [problem("cluster.elastic", True, f"re-plans with the performance model, which cannot price "
                              f"this model ({why}); give the layout for {job.world_size} ranks yourself")]
-    from titan_exp.validation import ranks_have_gpus
 
     world, cuda = job.world_size, ranks_have_gpus(job)
     try:  # cluster.hardware: the file's GPUs, not this machine's profile
