@@ -1,11 +1,12 @@
-"""Every gradient of a model with multi-head latent attention under tensor parallel, against one
-process's: two gloo ranks apply titan_exp's TP plan (parallel/tensor.py: sequence parallel, the
-latents' projections whole on every rank) to the tiny DeepSeek-V3, run one forward and backward on
-the same tokens, and compare each parameter's full gradient with the unsplit model's. A training
-run's losses and gradient norm barely see a wrong gradient of the small latent projections (AdamW
-normalizes its steps); this sees it.
+"""Every gradient of a model under tensor parallel, against one process's: two gloo ranks apply
+titan_exp's TP plan (parallel/tensor.py: sequence parallel; under multi-head latent attention the
+latents' projections whole on every rank; an MoE layer's experts split by width) to a 2-block
+model, run one forward and backward on the same tokens, and compare each parameter's full
+gradient with the unsplit model's. A training run's losses and gradient norm barely see a wrong
+gradient of a small parameter (AdamW normalizes its steps; the norm sums every parameter); this
+sees it.
 
-    python tests/mla_tp_grads.py    # prints one JSON object: {parameter: max |difference| / max |gradient|}
+    python tests/tp_grads.py model=deepseek_v3_debug   # one JSON object: {parameter: max |difference| / max |gradient|}
 """
 
 import json
@@ -34,7 +35,7 @@ def rank(r: int, store_path: str, overrides: list[str]) -> None:
     from titan_exp.parallel.tensor import apply_tp
 
     dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=r, world_size=2)
-    job = compose_job(["model=deepseek_v3_debug", "model.n_layers=2", *overrides])
+    job = compose_job([*overrides, "model.n_layers=2"])
     tokens = torch.randint(0, job.model.vocab_size, (2, 16), generator=torch.Generator().manual_seed(0))
     whole = Transformer(job.model)
     whole.init_weights(seed=1)
