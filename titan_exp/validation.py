@@ -23,12 +23,12 @@ from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.config import Executor, JobConfig, autotune, cluster, problem
 from titan_exp.data import loader, mixture
 from titan_exp.data import sources as data
-from titan_exp.models import llama
+from titan_exp.models import hf, llama
 from titan_exp.parallel import activation_checkpoint, context, dims, expert, fsdp, pipeline, tensor
 from titan_exp.train import optim, profiling
 
 # check(job, cuda) -> errors, for every config; then check(job, dims, cuda) once the layout is known.
-CHECKS = (llama.check, optim.check, metrics.check, watchdog.check, data.check, mixture.check, precision.check,
+CHECKS = (llama.check, hf.check, optim.check, metrics.check, watchdog.check, data.check, mixture.check, precision.check,
           activation_checkpoint.check, checkpoint.check, cluster.check, autotune.check,
           record.check, profiling.check, targets.check, evaluation.check)
 LAYOUT_CHECKS = (loader.check_batch, fsdp.check, tensor.check, context.check, pipeline.check, expert.check)

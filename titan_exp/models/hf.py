@@ -52,7 +52,7 @@ def unsupported(m: ModelConfig) -> str | None:
     return "a model with " + " and ".join(parts) if parts else None
 
 
-def check(job: JobConfig) -> list[str]:
+def check(job: JobConfig, cuda: bool) -> list[str]:
     """Hugging Face import and export of a model a Llama cannot hold, refused."""
     what, k, e = unsupported(job.model), job.checkpoint, []
     if what is None:

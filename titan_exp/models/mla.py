@@ -29,7 +29,7 @@ FIELDS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 def check(job: JobConfig) -> list[str]:
     """MLA's fields: all three head widths with it, none of them (nor q_lora_rank) without it,
     and none of grouped-query attention's fields with it. (Hugging Face import and export refuse
-    it: titan_exp.models.hf.check.)"""
+    it: titan_exp.models.hf.check, which validation gathers.)"""
     m, e = job.model, []
     if not m.mla:
         for name in ("q_lora_rank", *FIELDS):
