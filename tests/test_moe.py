@@ -215,6 +215,8 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
     (["model=moe_debug", "model.route_scale=0"], "model.route_scale = 0.0: must be > 0"),
     (["model=moe_debug", "model.n_dense_layers=6"], "model.n_dense_layers = 6: leaves no MoE layer"),
     (["model=moe_debug", "checkpoint.last_save_in_hf=true"], "checkpoint.last_save_in_hf = True: Hugging Face export"),
+    (["model=moe_debug", "checkpoint=default", "checkpoint.initial_load_in_hf=true", "checkpoint.initial_load_path=/tmp"],
+     "checkpoint.initial_load_in_hf = True: Hugging Face loading reads Llama weights; a model with routed experts"),
 ])
 @pytest.mark.quick
 def test_invalid_moe_configs_are_refused_by_name(overrides, message):

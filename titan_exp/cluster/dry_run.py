@@ -253,14 +253,14 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
             trainer.train_step(batch)
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
-    why = unpriced(job.model)  # a model the planner cannot price: its column says why, empty
-    predicted = {"unpriced": why} if why else predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank)
+    why = unpriced(job.model)  # a model the planner cannot price: no prediction, and why
     report = {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
                      "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
-        "predicted": predicted,
+        "predicted": None if why else predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank),
+        "unpriced": why,
     }
     if job.cluster.hardware and not why:  # the step and memory of this rank on the GPUs the file describes
         from titan_exp.perf import hardware
@@ -273,8 +273,8 @@ def table(report: dict[str, Any]) -> str:
     """The dry run's numbers beside the planner's, as the launcher prints them."""
     from titan_exp.perf.memory import tensor_gib
 
-    m, p = report["measured"], report["predicted"]
-    gib, priced = 2**30, "unpriced" not in p
+    m, p = report["measured"], report["predicted"] or {}
+    gib, priced = 2**30, report["predicted"] is not None
     rows = [
         ("parameters (this rank's shards)", m["params"] / gib, None),
         ("gradients", m["grads"] / gib, None),
@@ -289,7 +289,7 @@ def table(report: dict[str, Any]) -> str:
              "| GiB | measured | planner |", "|---|---|---|"]
     lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
     if not priced:
-        lines.append(f"planner: none ({p['unpriced']})")
+        lines.append(f"planner: none ({report['unpriced']})")
     if p.get("nccl"):  # a GPU's: allocated by NCCL itself, so in no peak above
         lines.append(f"NCCL's buffers, outside torch's allocator and its peak: {p['nccl']:.4f} GiB predicted")
     if "hardware" in report:

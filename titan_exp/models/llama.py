@@ -40,7 +40,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("training.seq_len", job.training.seq_len, f"exceeds model.max_seq_len = {m.max_seq_len}"))
     if m.intermediate_size is not None and m.intermediate_size < 1:
         e.append(problem("model.intermediate_size", m.intermediate_size, "must be >= 1, or null"))
-    e += mla.check(job)  # Hugging Face import and export, which not every model allows: hf.check
+    e += mla.check(job)
     if m.is_moe:
         e += moe.check(job)
     return e + config_errors(m)

@@ -53,8 +53,8 @@ def check(job: JobConfig) -> list[str]:
     return e
 
 
-def rope_tail(apply_rope, nope: int):
-    """`apply_rope` on the last part of each head only, past its first `nope` entries."""
+def rope_tail(nope: int):
+    """RoPE (layers.apply_rope) on the last part of each head only, past its first `nope` entries."""
 
     def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return torch.cat([x[..., :nope], apply_rope(x[..., nope:], cos, sin)], dim=-1)
@@ -95,7 +95,7 @@ class LatentAttention(nn.Module):
         if self.tp_mesh is not None:  # the shared RoPE part serves every rank's heads: sum their gradients
             k_rope = SumGradOver.apply(k_rope, self.tp_mesh)
         k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
-        rope = rope_tail(apply_rope, self.nope)
+        rope = rope_tail(self.nope)
         if self.context_parallel is not None:
             out = self.context_parallel.attention(q, k, v, cos, sin, rope)
         else:
