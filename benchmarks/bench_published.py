@@ -77,6 +77,7 @@ from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
 from published_engines import ENGINES, elementwise  # noqa: E402  (beside this file)
+from published_megatron import MLA_SHAPES, mla_shape, pipeline_ends  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data" / "published_gpu.csv"
 # What Megatron-Bridge's performance scripts ran for each of its rows, read at each release's tag
@@ -146,7 +147,7 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      "network whenever data-parallel sharding spans nodes, where EP's group is its innermost ranks "
      "(perf.step.ep_spans_nodes), and per-microbatch FSDP traffic across nodes that Megatron's distributed "
      "optimizer does not have (job_for: an MoE row without FSDP is HSDP over its EP groups, moe_replicas)",
-     lambda r: moe_replicas(r) > 1),
+     lambda r: moe_replicas(r) > 1 and r["model"] not in MLA_MODELS),  # the MLA rows came after, unexamined
     ("2026-11-26: predicted 45 % too slow (Qwen3-30B with EP 16 on 16 H100s, 4,855 tokens/s against 8,826-8,960); "
      "examining them showed an all-to-all over 2 nodes priced as if all 16 ranks sat on different nodes (15/16 of "
      "each rank's bytes through its NIC, where half go there: MachineProfile.collective, perf.step.ep_node_ranks)",
@@ -193,18 +194,18 @@ def read_rows() -> list[Row]:
 
 
 # The rows of models with multi-head latent attention (DeepSeek-V3's and Kimi K2's: 39 rows of
-# Megatron-Bridge's). This toolkit trains MLA since 2026-11-28 (titan_exp.models.mla); its
-# performance model does not price it yet (perf.shapes.unpriced). These rows were never predicted:
-# named held out here, on 2026-11-28, before any is.
-MLA_MODELS = ("deepseek_v3", "kimi_k2")
+# Megatron-Bridge's). This toolkit trains MLA since 2026-11-28 (titan_exp.models.mla), and its GPU
+# performance model prices it since the same day (perf.gpu). These rows were never predicted before:
+# named held out here, on 2026-11-28, before any was; planned as published_megatron.py describes
+# (their shapes, DeepSeek-V3's multi-token-prediction layer, the recipes' pipeline layouts).
+MLA_MODELS = tuple(MLA_SHAPES)
 
 
 def skip_reason(row: Row) -> str | None:
     """Why a row cannot be planned, or None."""
-    if row["model"] in MLA_MODELS:
-        return "multi-head latent attention: not priced yet (perf.shapes.unpriced); held out (MLA_MODELS)"
-    if not row["n_layers"] and row["model"] not in MOE_SHAPES:
-        return "MoE or hybrid model: no shape for it here (of the MoE models, Qwen3's and GPT-OSS's only: MOE_SHAPES)"
+    if not row["n_layers"] and row["model"] not in MOE_SHAPES and row["model"] not in MLA_MODELS:
+        return ("MoE or hybrid model: no shape for it here (of the MoE models, Qwen3's and GPT-OSS's only: MOE_SHAPES; "
+                "DeepSeek-V3's and Kimi K2's: MLA_MODELS)")
     if row["gpu"] not in GPUS:
         return f"no spec sheet for {row['gpu']}"
     if row["dtype"] == "fp4":
@@ -239,7 +240,7 @@ MOE_SHAPES = {
 
 
 def is_moe(row: Row) -> bool:
-    return row["model"] in MOE_SHAPES
+    return row["model"] in MOE_SHAPES or row["model"] in MLA_MODELS
 
 
 @lru_cache(maxsize=None)
@@ -326,8 +327,8 @@ def job_for(row: Row):
     precision = {"fp8": "mxfp8" if row["fp8_recipe"] == "mxfp8" else "float8"}.get(row.precision, "bf16")
     job = _base(precision)
     if is_moe(row):
-        model = dataclasses.replace(job.model, flavor=row["model"], **MOE_SHAPES[row["model"]],
-                                    max_seq_len=max(seq, 8192))
+        shape = mla_shape(row["model"]) if row["model"] in MLA_MODELS else MOE_SHAPES[row["model"]]
+        model = dataclasses.replace(job.model, flavor=row["model"], **shape, max_seq_len=max(seq, 8192))
     else:
         hidden, heads = int(row.num("hidden")), int(row.num("heads"))
         ffn = int(row.num("ffn_hidden", 4 * hidden))
@@ -353,12 +354,13 @@ def job_for(row: Row):
         interleaved = vp > 1 or "interleaved" in row["pp_schedule"].lower()
         if row["source"] == "torchtitan":
             micro = local // pp  # TorchTitan (Dec 2024) split the local batch into as many microbatches as stages
+        per_rank = (vp if vp > 1 else 2) if interleaved else 1
         ends = int(ends_counted(row))  # the embedding and the loss as a block each, or not
+        first, last = (ends, ends) if row["model"] not in MLA_MODELS else layout_ends(row, pp * per_rank)
         par = dataclasses.replace(par, pipeline_parallel_schedule=PipelineSchedule["Interleaved1F1B" if interleaved else "1F1B"],
-                                  pipeline_parallel_microbatch_size=micro,
-                                  pipeline_parallel_stages_per_rank=(vp if vp > 1 else 2) if interleaved else 1,
-                                  pipeline_parallel_first_stage_less_layers=ends,
-                                  pipeline_parallel_last_stage_less_layers=ends)
+                                  pipeline_parallel_microbatch_size=micro, pipeline_parallel_stages_per_rank=per_rank,
+                                  pipeline_parallel_first_stage_less_layers=first,
+                                  pipeline_parallel_last_stage_less_layers=last)
     ac = row["activation_checkpointing"] or "none"
     accumulate = pp == 1 and micro < local
     training = dataclasses.replace(job.training, seq_len=seq, local_batch_size=micro if accumulate else local,
@@ -382,6 +384,14 @@ def ends_counted(row: Row) -> bool:
     pipeline_parallel_{first,last}_stage_less_layers, for the five rows of 16 x 8 stages refused
     until then; held out: named here before any was predicted."""
     return row.source == "megatron_bridge" and row["model"] == "llama3.1_405b"
+
+
+def layout_ends(row: Row, stages: int) -> tuple[int, int]:
+    """An MLA row's pipeline ends (published_megatron.pipeline_ends) from the layout its recipe
+    gives, where that layout has the row's stages; else (0, 0), the blocks split evenly, as
+    Megatron does without a layout (account_for_embedding/loss_in_pipeline_split unset)."""
+    rec = recipe(row)
+    return (rec and pipeline_ends(rec["pipeline_layout"], stages)) or (0, 0)
 
 
 def moe_replicas(row: Row) -> int:
@@ -681,6 +691,11 @@ def main(argv: list[str] | None = None) -> int:
         if over:
             print(f"Of them, EP reaching into TP's ranks (ep_over_tp, first planned 2026-11-27): {len(over)} rows: "
                   + ", ".join(f"{r['table'].split()[0]} {r['gpu']} {100 * e:+.0f} %" for r, e in over))
+        mla = [(p.row, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]
+        if mla:
+            print(f"Of them, multi-head latent attention (MLA_MODELS, first planned 2026-11-28): {len(mla)} rows, "
+                  f"median |error| {100 * median_abs([e for _, e in mla]):.0f} %; by what their recipe ran: "
+                  + recipe_groups([(p, None, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]))
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

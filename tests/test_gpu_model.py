@@ -159,6 +159,26 @@ def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
     assert counted["kernels"] == model_ops.LLAMA.eager_ops
 
 
+def test_mlas_eager_bytes_and_ops_are_what_its_block_runs():
+    """perf.model_ops' MLA terms (mla_eager, mla_ops) counted the same way on the tiny DeepSeek-V3's
+    dense block, its latents' norms as fused kernels, at shapes that move each term apart (heads,
+    rotated width, latents; with and without the query latent); value heads as wide as query/key
+    heads, where CPU's SDPA runs its flash kernel (narrower ones take its math path, whose ops are
+    not a GPU's)."""
+    from titan_exp.perf.gpu import latent_bytes
+
+    dense = ["model=deepseek_v3_debug", "model.n_experts=0", "model.n_shared_experts=0", "model.n_dense_layers=0"]
+    for heads, rope, latent, query in ((8, 32, 64, 128), (16, 32, 64, 128), (8, 64, 128, 128), (8, 32, 64, 0)):
+        shape = [f"model.n_heads={heads}", f"model.qk_rope_head_dim={rope}", f"model.v_head_dim={32 + rope}",
+                 f"model.kv_lora_rank={latent}", f"model.q_lora_rank={query}"]
+        m = compose_job(["model=debugmodel", *dense, *shape]).model
+        counted = block_bytes([*dense, *shape], autocast=False)
+        eager = model_ops.LLAMA.eager_bytes
+        assert counted["fwd"] == pytest.approx(eager[0] * m.dim + eager[2] * m.ffn_hidden_dim
+                                               + latent_bytes(m, 1, model_ops.LLAMA.mla_eager, 2))
+        assert counted["kernels"] == model_ops.LLAMA.eager_ops + model_ops.LLAMA.mla_ops[0][bool(query)]
+
+
 def block_bytes(overrides: list[str], autocast: bool, seq: int = 48) -> dict[str, float]:
     """What this toolkit's block (debugmodel, with `overrides`) runs, forward and backward: bytes a
     token moved by memory-bound ops (every aten op but views, matmuls and attention, by what it
@@ -173,14 +193,15 @@ def block_bytes(overrides: list[str], autocast: bool, seq: int = 48) -> dict[str
 
     m = compose_job(["model=debugmodel", *overrides]).model
     block = TransformerBlock(m) if autocast else TransformerBlock(m).to(torch.bfloat16)
-    cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
+    cos, sin = rope_tables(m.rope_dim, seq, m.rope_theta)
     x = torch.randn(2, seq, m.dim, dtype=torch.float32 if autocast else torch.bfloat16, requires_grad=True)
 
     def forward():
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             return [block(x, cos, sin)]
 
-    return moved_bytes(forward, (block.attention_norm, block.ffn_norm), list(block.parameters()), (cos, sin), 2 * seq)
+    norms = [module for module in block.modules() if isinstance(module, torch.nn.RMSNorm)]  # MLA's latents' too
+    return moved_bytes(forward, norms, list(block.parameters()), (cos, sin), 2 * seq)
 
 
 def moved_bytes(forward, norms, params, tables, tokens: int) -> dict[str, float]:

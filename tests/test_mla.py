@@ -161,35 +161,65 @@ def test_mla_layouts_equal_one_process(name, single, tmp_path):
 
 
 @pytest.mark.quick
-def test_the_performance_model_refuses_what_it_cannot_price(tmp_path, capsys):
-    """The step and memory models count grouped-query attention; given MLA they say so (the plan,
-    autotune, calibration) rather than price it as something else."""
+def test_a_gpu_prices_mla_from_its_parts_and_this_machines_calibration_says_it_cannot(tmp_path, capsys):
+    """On a GPU's kernel rates (a spec sheet's here) the step model prices MLA's own parts: its
+    down-projections whole on every TP rank and the rest split by heads; attention's FLOPs over the
+    query/key and the value widths; CP's K and V at their widths. The memory model counts its saves.
+    This machine's calibration builds grouped-query attention blocks: its step, plan, autotune and
+    calibration say so, and a plan from a spec sheet prices it."""
+    from titan_exp.perf import gpu
     from titan_exp.perf.autotune import Autotune
     from titan_exp.perf.calibrate import main as calibrate
+    from titan_exp.perf.devices import SPECS, spec_profile
     from titan_exp.perf.memory import predict_memory
     from titan_exp.perf.plan import main as plan
-    from titan_exp.perf.shapes import Unpriced
+    from titan_exp.perf.shapes import Unpriced, attention_on_rank
     from titan_exp.perf.step import predict_step
 
-    job = job_config(["model=deepseek_v3_debug"])
-    with pytest.raises(Unpriced, match="model.kv_lora_rank = 64: the performance model prices grouped-query"):
-        predict_memory(job, cuda=True)
-    with pytest.raises(Unpriced, match="multi-head latent attention"):
-        predict_step(job, None, cuda=True)
+    job = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "training.global_batch_size=8"])
+    m, h100 = job.model, SPECS["h100"]
+    assert attention_on_rank(m, 2) == {"attention.wq_a": (256, 128), "attention.wq_b": (128, 8 * 64 / 2),
+                                       "attention.wkv_a": (256, 64 + 32), "attention.wkv_b": (64, 8 * (32 + 32) / 2),
+                                       "attention.wo": (8 * 32 / 2, 256)}
+    kern = gpu.spec_kernels(h100, "flash")
+    wide = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "model.v_head_dim=96"])
+    narrow, wider = (gpu.block_times(j, 1, kern).kinds["fwd"]["attention"] for j in (job, wide))
+    assert wider / narrow == pytest.approx((64 + 96) / (64 + 32))  # q k^T over 64 wide heads, then the values
+    profile = spec_profile(h100, 4, 4)
+    cp = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "parallelism.context_parallel_degree=2",
+                     "cluster.nproc_per_node=2"])
+    cp_wide = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "model.v_head_dim=96",
+                          "parallelism.context_parallel_degree=2", "cluster.nproc_per_node=2"])
+    assert predict_step(cp_wide, profile, cuda=True).parts["cp"] > predict_step(cp, profile, cuda=True).parts["cp"]
+    assert predict_step(job, profile, cuda=True).tokens_per_s_per_device > 0
+    more_heads = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "model.n_heads=16"])
+    assert predict_memory(more_heads, cuda=True)["activations"] > predict_memory(job, cuda=True)["activations"]
+    with pytest.raises(Unpriced, match="model.kv_lora_rank = 64: multi-head latent attention .* is priced on GPUs"):
+        predict_step(job, profile, cuda=False)  # this machine's step: the block calibration measured
     with pytest.raises(SystemExit):
         plan(["model=deepseek_v3_debug", "--world", "2"])
-    assert "model.kv_lora_rank = 64: the performance model" in capsys.readouterr().err
+    assert "--device h100" in capsys.readouterr().err
+    assert plan(["model=deepseek_v3_debug", "--world", "2", "--device", "h100", "--top", "2"]) == 0
+    assert "valid layouts on 2 devices" in capsys.readouterr().out
     with pytest.raises(ValueError, match="autotune: .*model.kv_lora_rank = 64"):
         Autotune(job, [], launch=None, sweep_dir=tmp_path)
     assert calibrate(["model=deepseek_v3_debug", "--world", "1"]) == 2
     assert "calibrate: refused" in capsys.readouterr().err
-    assert predict_memory(job_config(["model=moe_debug"]), cuda=True)["total"] > 0  # every other model is priced
 
 
-def test_a_dry_run_of_mla_measures_and_says_why_nothing_is_predicted():
+def test_a_dry_run_of_mla_measures_what_the_planner_predicts():
+    """The memory model's MLA (its saves, latent_attention_saved) beside a real step's on two gloo
+    ranks under TP: the states to the byte's share, the live tensors' peak within the bounds the
+    Llama dry runs keep (tests/test_dry_run.py)."""
     from conftest import launch_cli
 
     out = launch_cli(["model=deepseek_v3_debug", "cluster.dry_run=true", "parallelism=tp", "cluster.nproc_per_node=2"])
     assert out.returncode == 0, out.stderr[-2000:]
-    assert "| peak during the step (process resident set) |" in out.stdout + out.stderr
-    assert "planner: none (model.kv_lora_rank = 64" in out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    rows = {line.split("|")[1].strip(): [float(v) for v in line.split("|")[2:4]]
+            for line in text.splitlines() if line.startswith("| ") and line.count("|") == 4 and line.split("|")[3].strip()
+            and line.split("|")[2].strip() not in ("measured",)}
+    states = rows["parameters + gradients + optimizer"]
+    assert states[1] == pytest.approx(states[0], rel=0.05)
+    live = rows["peak of live tensors during the step (planner: less runtime and allocator slack)"]
+    assert 0.6 < live[1] / live[0] < 1.6

@@ -267,7 +267,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert hsdp and all(p.job.parallelism.data_parallel_shard_degree * p.job.parallelism.context_parallel_degree
                         == p.job.parallelism.expert_parallel_degree
                         and p.job.parallelism.data_parallel_replicate_degree == bench.moe_replicas(p.row) for p in hsdp)
-    assert all(bench.moved(p.row) for p in hsdp)  # examined, so moved out of the held-out scores
+    # examined, so moved out of the held-out scores; MLA's rows, planned after, were not
+    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS) for p in hsdp)
     eff = Efficiency()
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
@@ -278,10 +279,24 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert engine.tp_overlap and all(p.job.parallelism.enable_async_tensor_parallel == (int(p.row.num("tp", 1)) > 1)
                                      for p in mb)
     assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
-    # MLA's rows (DeepSeek-V3, Kimi K2): unpriced for now, none predicted, none moved: held out for when they are.
+    # MLA's rows (DeepSeek-V3, Kimi K2), named held out before any was predicted: none moved, all
+    # planned but the six whose table states no precision; DeepSeek-V3 with its multi-token-prediction
+    # layer as one more block (671B and one MoE block's 11.5B), Kimi K2 without (1.03T, 32.9B active);
+    # their pipelines as their recipes' layout strings place the blocks where those have the row's stages.
     mla = [p for p in planned if p.row["model"] in bench.MLA_MODELS]
-    assert len(mla) == 39 and all(p.job is None and "multi-head latent" in p.why_not and not bench.moved(p.row)
-                                  for p in mla)
+    assert len(mla) == 39 and not [p for p in mla if bench.moved(p.row)]
+    assert sorted(str(p.why_not) for p in mla if p.job is None) == ["precision not stated"] * 6
+    shapes = {p.row["model"]: p.job.model for p in mla if p.job is not None}
+    assert shapes["deepseek_v3"].mla and shapes["deepseek_v3"].n_layers == 62
+    assert shapes["deepseek_v3"].num_params == pytest.approx(671.03e9 + shapes["deepseek_v3"].block_params, rel=1e-3)
+    assert shapes["kimi_k2"].num_params == pytest.approx(1.026e12, rel=1e-3)
+    assert shapes["kimi_k2"].active_params == pytest.approx(32.86e9, rel=1e-3)
+    ends = {(p.row["model"], p.row["gpu"], p.row.table.split()[0]): (
+        p.job.parallelism.pipeline_parallel_first_stage_less_layers, p.job.parallelism.pipeline_parallel_last_stage_less_layers)
+        for p in mla if p.job is not None}
+    assert ends[("deepseek_v3", "gb300", "26.08")] == (0, 2)  # Et*4|(t*4|)*14tmL over PP 2 x VP 8
+    assert ends[("kimi_k2", "gb300", "26.06")] == (0, 3)  # Et*4|(t*4|)*14tL
+    assert ends[("deepseek_v3", "gb300", "25.11")] == (0, 0)  # its recipe's 16 stages, not the table's PP 2 x VP 4
     assert {p.row.key for p in bench.fitting_set(planned)} >= {p.row.key for p in planned
                                                              if p.row.source == "torchtitan" and p.row.table.startswith("Table 1")}
     fitting = bench.fitting_set(planned)

@@ -215,7 +215,6 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
 
     from titan_exp import targets
     from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.shapes import unpriced
     from titan_exp.train.trainer import state_bytes_by_kind
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
@@ -253,16 +252,14 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
             trainer.train_step(batch)
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
-    why = unpriced(job.model)  # a model the planner cannot price: no prediction, and why
     report = {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
         "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
                      "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
-        "predicted": None if why else predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank),
-        "unpriced": why,
+        "predicted": predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank),
     }
-    if job.cluster.hardware and not why:  # the step and memory of this rank on the GPUs the file describes
+    if job.cluster.hardware:  # the step and memory of this rank on the GPUs the file describes
         from titan_exp.perf import hardware
 
         report["hardware"] = hardware.prediction(job, hardware.read(job), pp_rank=pp_rank)
@@ -273,23 +270,21 @@ def table(report: dict[str, Any]) -> str:
     """The dry run's numbers beside the planner's, as the launcher prints them."""
     from titan_exp.perf.memory import tensor_gib
 
-    m, p = report["measured"], report["predicted"] or {}
-    gib, priced = 2**30, report["predicted"] is not None
+    m, p = report["measured"], report["predicted"]
+    gib = 2**30
     rows = [
         ("parameters (this rank's shards)", m["params"] / gib, None),
         ("gradients", m["grads"] / gib, None),
         ("optimizer state", m["optimizer"] / gib, None),
-        ("parameters + gradients + optimizer", m["states_gib"], p["states"] if priced else None),
+        ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
         (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
         ("peak of live tensors during the step (planner: less runtime and allocator slack)",
-         m["tensor_peak_gib"], tensor_gib(p) if priced else None),
-        (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"] if priced else None),
+         m["tensor_peak_gib"], tensor_gib(p)),
+        (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
     ]
     lines = [f"rank {report['rank']} of {report['world']} ({report['layout']}) on {report['device']}, one step:",
              "| GiB | measured | planner |", "|---|---|---|"]
     lines += [f"| {name} | {value:.4f} | {'' if want is None else f'{want:.4f}'} |" for name, value, want in rows]
-    if not priced:
-        lines.append(f"planner: none ({report['unpriced']})")
     if p.get("nccl"):  # a GPU's: allocated by NCCL itself, so in no peak above
         lines.append(f"NCCL's buffers, outside torch's allocator and its peak: {p['nccl']:.4f} GiB predicted")
     if "hardware" in report:

@@ -80,14 +80,11 @@ def hardware(p: Pending) -> tuple[Pending, list[str]]:
     if p.job.cluster.hardware is None:
         return p, []
     from titan_exp.perf import hardware as hw
-    from titan_exp.perf.shapes import unpriced
 
     described, errors = hw.checked(p.job)
     if errors or p.job.cluster.dry_run:
         return p, errors
-    why = unpriced(p.job.model)
-    logger.info("%s\n%s", described.line(),
-                f"no prediction: {why}" if why else hw.prediction_line(hw.prediction(resolve(p.job), described)))
+    logger.info("%s\n%s", described.line(), hw.prediction_line(hw.prediction(resolve(p.job), described)))
     return p, []
 
 

@@ -114,7 +114,7 @@ from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, cast_rate, reci
 from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
-from titan_exp.perf.shapes import BLOCK_LINEARS, block_linears, float8_gathered, low_precision_linears
+from titan_exp.perf.shapes import attention_on_rank, block_linears, float8_gathered, low_precision_linears
 from titan_exp.precision import converts
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
@@ -296,15 +296,19 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
     # Linear layers (in, out) on one TP rank: the SwiGLU's width averaged over the blocks (dense
     # blocks' and MoE blocks' shared experts); an MoE layer's routed experts follow (routed_experts).
-    hd, heads, kv = m.head_size, m.n_heads // tp, m.kv_heads // tp
+    # The attention's: q, k, v (MLA's projections to and from its latents) and o (perf.shapes).
+    heads, kv = m.n_heads // tp, m.kv_heads // tp
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
-    q, o, up, down = (m.dim, heads * hd), (heads * hd, m.dim), (m.dim, ffn), (ffn, m.dim)
-    groups = [{"attention.wq": q, "attention.wk": (m.dim, kv * hd), "attention.wv": (m.dim, kv * hd)},
-              {"attention.wo": o}, {"feed_forward.w1": up, "feed_forward.w3": up}, {"feed_forward.w2": down}]
+    up, down = (m.dim, ffn), (ffn, m.dim)
+    attention = attention_on_rank(m, tp)
+    groups = [{name: shape for name, shape in attention.items() if name != "attention.wo"},
+              {"attention.wo": attention["attention.wo"]}, {"feed_forward.w1": up, "feed_forward.w3": up},
+              {"feed_forward.w2": down}]
     converted = low_precision_linears(job) if low != high else frozenset()  # the rest run in `high`
-    if low != high and len(converted) < len(BLOCK_LINEARS):
-        kept = ", ".join(name for name in BLOCK_LINEARS if name not in converted)
+    names = block_linears(m)
+    if low != high and len(converted) < len(names):
+        kept = ", ".join(name for name in names if name not in converted)
         notes.append(f"{pr.converter}: {kept} stay in {high} (precision.filter_fqns {list(pr.filter_fqns)}), priced so")
     recipe = recipe_of(job)
     fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
@@ -326,15 +330,21 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
         casts += moe * routed.cast_bytes
     cast_s = casts / cast_rate(kern, recipe, cast_mode)
 
-    attn_flops = 4 * tokens * t.seq_len * heads * hd / 2  # causal: half of the full matrix (x cp / cp)
-    head_dim = head_dim_share(kern.head_dim, hd, t.seq_len)
+    # Causal: half of the full matrices, q k^T's and the values' (x cp / cp); at the kernel's rate for
+    # the query/key heads' width (MLA's, wider than its values, are priced so: an assumption).
+    attn_flops = 2 * tokens * t.seq_len * heads * (m.head_size + m.v_head_size) / 2
+    head_dim = head_dim_share(kern.head_dim, m.head_size, t.seq_len)
     attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * head_dim * 1e12)
     attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
     f_units = ffn + moe * m.top_k * m.expert_hidden_dim
     weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
     rate = kern.elementwise_rate(compiled)  # [hbm]
-    mem_fwd = memory_bound_bytes(weights, tokens, act, m.dim / tp, heads, kv, hd, f_units) / rate
+    gqa = 0 if m.mla else 1  # MLA's attention moves what latent_bytes counts instead
+    mem_fwd = memory_bound_bytes(weights, tokens, act, m.dim / tp, gqa * heads, gqa * kv, m.head_size, f_units) / rate
+    if m.mla:  # its latents' norms, the RoPE and joins of its heads' two parts (Elementwise.mla_*)
+        mem_fwd += tokens * latent_bytes(m, tp, elementwise.mla_compiled if compiled else elementwise.mla_eager,
+                                         act) / rate
     mem_fwd += moe * routed.dispatch_bytes * act / 2 / rate
     # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
     # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
@@ -351,7 +361,9 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
     fwd_gpu = sum(fwd_groups) + moe * routed.router + attn_fwd + fwd_mem
     bwd_gpu = bwd_gemm + 2 * moe * routed.router + attn_bwd + bwd_mem
-    host = elementwise.compiled_kernels * kern.host_compiled_s if compiled else elementwise.eager_ops * kern.host_eager_s
+    ops = elementwise.mla_ops[compiled][bool(m.q_lora_rank)] if m.mla else 0  # beyond Llama's attention
+    host = ((elementwise.compiled_kernels + ops) * kern.host_compiled_s if compiled
+            else (elementwise.eager_ops + ops) * kern.host_eager_s)
     host += moe * moe_host_s(job, kern, elementwise)
     if low == "float8":
         host += len(converted) * cast_host_s(kern, recipe, cast_mode, gathered8)
@@ -390,6 +402,17 @@ def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: in
     SDPA."""
     repeat = 2 * (kv + heads) * hd * act if kv < heads else 0.0
     return tokens * (act / 2 * (table[0] * d + table[1] * (heads + kv) * hd + table[2] * f) + repeat)
+
+
+def latent_bytes(m, tp: int, table: tuple[float, float, float, float], act: int) -> float:
+    """Multi-head latent attention's memory-bound bytes a token forward on one TP rank, at `act`-byte
+    activations: `table` (Elementwise.mla_eager or mla_compiled, for bf16) per unit of its heads'
+    query/key width (n_heads / tp x head_size), of their rotated part (x qk_rope_head_dim), of its
+    latents (q_lora_rank + kv_lora_rank: normalized whole on every TP rank) and of the key's shared
+    rotated part."""
+    heads = m.n_heads / tp
+    units = (heads * m.head_size, heads * m.rope_dim, m.q_lora_rank + m.kv_lora_rank, m.rope_dim)
+    return act / 2 * sum(c * u for c, u in zip(table, units))
 
 
 def moe_host_s(job: JobConfig, kern: Kernels, elementwise: Elementwise) -> float:

@@ -55,13 +55,14 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
-from titan_exp.perf.shapes import Unpriced, float8_gathered, fsdp_rounds, unpriced
+from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
 ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
+ATTENTION_PER_TOKEN_D = 5  # of ACT_PER_TOKEN_D: q, k, v, attention's output and wo's input, at Llama's width
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
 
@@ -97,6 +98,21 @@ def tensor_gib(parts: dict[str, float]) -> float:
     return parts["total"] - sum(parts[k] for k in ALLOCATOR_SLACK)
 
 
+def latent_attention_saved(m, tp: int) -> float:
+    """What multi-head latent attention saves for backward a token on one TP rank beyond what
+    ACT_PER_TOKEN_D counts for attention at Llama's widths (ATTENTION_PER_TOKEN_D x dim), in
+    activation elements: its q and k (n_heads / tp heads of head_size), v, attention's output and
+    wo's input (of v_head_size), and each latent's norm input and output (whole on every TP rank);
+    0 without MLA. An assumption from the saves of the layer's code (titan_exp.models.mla), not
+    fitted: on CPU in bf16 autograd's hooks count the debug model's within 1 % of this once its
+    norms' decomposed fp32 saves (6 bytes an element more than CUDA's fused norm) are added."""
+    if not m.mla:
+        return 0.0
+    heads = m.n_heads / tp
+    return (2 * heads * m.head_size + 3 * heads * m.v_head_size - ATTENTION_PER_TOKEN_D * m.dim / tp
+            + 2 * (m.q_lora_rank + m.kv_lora_rank))
+
+
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
                    gpu: GpuMemory = GpuMemory()) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position
@@ -104,8 +120,6 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     and the caching allocator's rounding, its fragmentation (`allocator`, by `gpu`), cuBLAS's
     workspaces and float8's copies are parts of their own (perf.memory_gpu); NCCL's buffers
     (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR)."""
-    if why := unpriced(job.model):
-        raise Unpriced(why)
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     if cuda:
@@ -176,6 +190,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     moe_share = m.n_moe_layers / m.n_layers
     ffn_width = (1 - moe_share) * m.ffn_hidden_dim + moe_share * m.n_shared_experts * m.expert_hidden_dim
     per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * ffn_width) * act_bytes / tp
+    per_block += tokens * latent_attention_saved(m, tp) * act_bytes
     # Sequence parallel: the attention's and the feed-forward's inputs are all-gathered to the
     # whole sequence, and their first linears save that gathered copy for backward (2 of the
     # ACT_PER_TOKEN_D), so those two are not divided by tp.

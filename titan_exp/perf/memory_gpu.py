@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 
 from titan_exp.config import ACMode, JobConfig
-from titan_exp.perf.shapes import Sizes, block_linears, block_tensors, low_precision_linears
+from titan_exp.perf.shapes import Sizes, attention_on_rank, block_linears, block_tensors, low_precision_linears
 
 MIB = 2**20
 MIN_BLOCK = 512  # [cca] kMinBlockSize
@@ -147,10 +147,9 @@ def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
     tp = job.parallelism.tensor_parallel_degree
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
-    q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
-    shapes = {"attention.wq": (m.dim, q / tp), "attention.wk": (m.dim, kv / tp), "attention.wo": (q / tp, m.dim),
-              "feed_forward.w1": (m.dim, ffn / tp), "feed_forward.w2": (ffn / tp, m.dim)}
-    low = low_precision_linears(job)  # (wv has wk's shape, w3 w1's: each pair is one entry)
+    shapes = attention_on_rank(m, tp) | {"feed_forward.w1": (m.dim, ffn / tp), "feed_forward.w3": (m.dim, ffn / tp),
+                                         "feed_forward.w2": (ffn / tp, m.dim)}
+    low = low_precision_linears(job)
     linears = [shape for name, shape in shapes.items() if name in low]
     if not linears:
         return []

@@ -47,6 +47,14 @@ class Elementwise:
     # gradient's cast back (below LLAMA: what they are).
     autocast_bytes: tuple[float, float] = (46, 48)
     autocast_weight_bytes: tuple[float, float] = (6, 6)
+    # Multi-head latent attention's memory-bound kernels in place of the (q + k heads x head_dim)
+    # unit above, bytes a token per unit of (heads x query/key width, heads x its rotated part, the
+    # latents' widths, the key's shared rotated part), eager and compiled; and its ops beyond
+    # Llama's attention (eager, compiled) x (without, with a query latent). This toolkit's MLA
+    # unless said (below LLAMA: what they are).
+    mla_eager: tuple[float, float, float, float] = (12, 94, 4, 2)
+    mla_compiled: tuple[float, float, float, float] = (8, 0, 4, 2)
+    mla_ops: tuple[tuple[int, int], tuple[int, int]] = ((2, 4), (1, 2))
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -99,3 +107,14 @@ EP_SORT_BYTES = 8
 # A float8 linear (torchao's) casts its fp32 weight to float8 in as many bytes as a bf16 one (no
 # forward cast to bf16 beside it), and its weight's gradient to fp32 all the same, 6 backward:
 # counted on torchao's Float8Linear under CPU autocast, by the same test file.
+# Multi-head latent attention (titan_exp.models.mla) in bf16, eager, counted on its block by
+# tests/test_gpu_model.py (the latents' norms as the fused kernel a CUDA torch runs): per unit of
+# heads x query/key width 12 (joining each head's two parts, q's once and k's twice: read both,
+# write the whole, 4 each; k's RoPE-less part read once more, 2 less per rotated column, counted
+# there), per unit of heads x rotated width 94 (RoPE in fp32 on q's and k's rotated parts, 48 each,
+# the shared part read where k is joined, less 2), per unit of the latents 4 (each norm reads and
+# writes it), per unit of the shared rotated width 2 (its read as k is joined). Its forward has 4
+# more ops than Llama's with a query latent (its norm, the joins; one GEMM more), 2 without.
+# Compiled, an assumption as Llama's compiled table is: q and k read and written once each
+# (4 a unit of their widths, as Llama's RoPE compiled), the norms and the shared part as eager;
+# 2 kernels more with a query latent (its GEMM and norm), 1 without.

@@ -15,13 +15,16 @@ class Unpriced(ValueError):
 
 
 def unpriced(m: ModelConfig) -> str | None:
-    """Why the step and memory models (perf.step, perf.memory) cannot price a model, or None. They
-    count a block as Llama's grouped-query attention and SwiGLU (or routed experts); multi-head
-    latent attention's latents, their norms and its narrower values are not among their parts."""
+    """Why a step on this machine's measured blocks cannot be priced for a model, or None: a CPU's
+    plan (and calibration, autotune) measures the model's block as grouped-query attention builds
+    it (measure_compute.sharded_block), which multi-head latent attention is not. A GPU's step
+    (perf.gpu, from a spec sheet's or a GPU's measured kernel rates) and the memory model price
+    MLA from its parts."""
     if m.mla:
-        return (f"model.kv_lora_rank = {m.kv_lora_rank}: the performance model prices grouped-query attention, not "
-                "multi-head latent attention (titan_exp.models.mla); measure this model's layouts with a sweep "
-                "(python launch.py -m parallelism=...), which trains it")
+        return (f"model.kv_lora_rank = {m.kv_lora_rank}: multi-head latent attention (titan_exp.models.mla) is "
+                "priced on GPUs only, from a spec sheet (python -m titan_exp.plan ... --device h100, or --hardware "
+                "FILE); this machine's calibration measures grouped-query attention blocks. Measure its layouts "
+                "here with a sweep (python launch.py -m parallelism=...), which trains it")
     return None
 
 
@@ -32,24 +35,47 @@ def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     return (1 if per_step else accumulation), (1 if per_step or mode == "never" else 2)
 
 
-# A block's linears by name (titan_exp.models.llama), in what they read and write: the attention's
-# (q, k, v, o) and the SwiGLU's (w1, w3, w2). An MoE layer's shared experts are taken to be
-# converted as the dense SwiGLU's are, where their names differ (an assumption).
-BLOCK_LINEARS = ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
-                 "feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
+# A block's SwiGLU's linears by name (titan_exp.models.llama): the attention's come before them
+# (attention_linears). An MoE layer's shared experts are taken to be converted as the dense
+# SwiGLU's are, where their names differ (an assumption).
+FFN_LINEARS = ("feed_forward.w1", "feed_forward.w3", "feed_forward.w2")
+
+
+def attention_linears(m: ModelConfig) -> dict[str, tuple[int, int, str]]:
+    """The attention's linears by name, in the order its forward runs them, with their whole shapes
+    (in, out) and how TP splits each: "out", column-wise by heads; "in", row-wise (wo); "whole", on
+    every TP rank (multi-head latent attention's down-projections to its latents:
+    parallel.tensor.attention_plan). Llama's q, k, v, o; MLA's (titan_exp.models.mla) wq (or
+    wq_a and wq_b through the query latent), wkv_a, wkv_b and wo."""
+    h, qk = m.n_heads, m.head_size
+    if not m.mla:
+        kv = m.kv_heads * qk
+        return {"attention.wq": (m.dim, h * qk, "out"), "attention.wk": (m.dim, kv, "out"),
+                "attention.wv": (m.dim, kv, "out"), "attention.wo": (h * qk, m.dim, "in")}
+    queries = ({"attention.wq_a": (m.dim, m.q_lora_rank, "whole"), "attention.wq_b": (m.q_lora_rank, h * qk, "out")}
+               if m.q_lora_rank else {"attention.wq": (m.dim, h * qk, "out")})
+    return queries | {"attention.wkv_a": (m.dim, m.kv_lora_rank + m.rope_dim, "whole"),
+                      "attention.wkv_b": (m.kv_lora_rank, h * (m.head_size - m.rope_dim + m.v_head_size), "out"),
+                      "attention.wo": (h * m.v_head_size, m.dim, "in")}
+
+
+def attention_on_rank(m: ModelConfig, tp: int) -> dict[str, tuple[float, float]]:
+    """attention_linears' shapes (in, out) on one TP rank of `tp`."""
+    split = {"out": lambda k, n: (k, n / tp), "in": lambda k, n: (k / tp, n), "whole": lambda k, n: (k, n)}
+    return {name: split[how](k, n) for name, (k, n, how) in attention_linears(m).items()}
 
 
 def block_linears(m: ModelConfig) -> dict[str, tuple[int, int]]:
-    """BLOCK_LINEARS' whole shapes (in, out), before TP splits them; the SwiGLU's the dense one's,
-    or, in an MoE model without dense blocks, its shared experts'."""
-    q, kv = m.n_heads * m.head_size, m.kv_heads * m.head_size
+    """The block's linears' whole shapes (in, out), before TP splits them: the attention's
+    (attention_linears), then the SwiGLU's, the dense one's, or, in an MoE model without dense
+    blocks, its shared experts'."""
     ffn = m.ffn_hidden_dim if m.n_moe_layers < m.n_layers else m.n_shared_experts * m.expert_hidden_dim
-    shapes = ((m.dim, q), (m.dim, kv), (m.dim, kv), (q, m.dim), (m.dim, ffn), (m.dim, ffn), (ffn, m.dim))
-    return dict(zip(BLOCK_LINEARS, shapes))
+    attention = {name: (k, n) for name, (k, n, _) in attention_linears(m).items()}
+    return attention | dict(zip(FFN_LINEARS, ((m.dim, ffn), (m.dim, ffn), (ffn, m.dim))))
 
 
 def low_precision_linears(job: JobConfig) -> frozenset[str]:
-    """The BLOCK_LINEARS the precision converter swaps for low-precision ones (precision.converts:
+    """The block_linears the precision converter swaps for low-precision ones (precision.converts:
     precision.filter_fqns, torchao's float8 shape filter, alignment); none without a converter."""
     return frozenset(name for name, (k, n) in block_linears(job.model).items()
                      if converts(job.precision, f"layers.0.{name}", k, n))
@@ -69,25 +95,30 @@ def float8_gathered(job: JobConfig) -> tuple[float, float]:
             and pr.float8_enable_fsdp_all_gather):
         return 0.0, 0.0
     low, moe = low_precision_linears(job), m.n_moe_layers / m.n_layers
-    (q, _), (kv, _), (ffn, _) = block_tensors(job)[:3]
     shared = m.n_shared_experts * m.dim * m.expert_hidden_dim / p.tensor_parallel_degree
-    swiglu = sum(name in low for name in BLOCK_LINEARS[4:])  # of the dense SwiGLU's, and the shared experts'
-    linears = [(q, ("attention.wq" in low) + ("attention.wo" in low)),
-               (kv, ("attention.wk" in low) + ("attention.wv" in low)),
-               (ffn, swiglu * (1 - moe)), (shared, swiglu * moe * (m.n_shared_experts > 0))]
+    swiglu = sum(name in low for name in FFN_LINEARS)  # of the dense SwiGLU's, and the shared experts'
+    if m.mla:  # each of the attention's linears on one TP rank
+        linears = [(k * n, 1) for name, (k, n) in attention_on_rank(m, p.tensor_parallel_degree).items() if name in low]
+    else:
+        (q, _), (kv, _) = block_tensors(job)[:2]
+        linears = [(q, ("attention.wq" in low) + ("attention.wo" in low)),
+                   (kv, ("attention.wk" in low) + ("attention.wv" in low))]
+    ffn = m.dim * m.ffn_hidden_dim / p.tensor_parallel_degree
+    linears += [(ffn, swiglu * (1 - moe)), (shared, swiglu * moe * (m.n_shared_experts > 0))]
     return sum(n * k for n, k in linears), sum(k for _, k in linears)
 
 
 def block_tensors(job: JobConfig) -> Sizes:
-    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o and
-    the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
+    """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o (under
+    MLA each of its attention's linears) and the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
     three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, 1/tp
     of each one's width) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
     q, kv = m.dim * m.n_heads * m.head_size / tp, m.dim * m.kv_heads * m.head_size / tp
     moe = m.n_moe_layers / m.n_layers
-    out = [(q, 2.0), (kv, 2.0), (m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
+    out = ([(k * n, 1.0) for k, n in attention_on_rank(m, tp).values()] if m.mla else [(q, 2.0), (kv, 2.0)])
+    out += [(m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
     if moe:
         out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim / p.expert_width_split, 3 * moe)]
         if m.n_shared_experts:

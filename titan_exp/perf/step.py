@@ -226,8 +226,6 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
     float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
     in bf16)."""
-    if why := unpriced(job.model):
-        raise Unpriced(why)
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -255,6 +253,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         c = profile.corrections.compute
         fwd, block, head = gpu.fwd * c, (gpu.fwd + gpu.bwd) * c, gpu.head * c
         kept = fwd - gpu.selective_s * c  # what per-op selective AC saves rather than recomputes
+    elif why := unpriced(m):  # a CPU's step takes the block calibration measured
+        raise Unpriced(why)
     else:
         cost = profile.block(model_shape(job), tp)
         if cost is None:
@@ -415,8 +415,9 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
         else:
             ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
-            kv_bytes = act_bytes / m.dim * cp * m.kv_heads * m.head_size / tp  # the whole sequence's K (or V)
-            per_block = (2 + 2 * full) * ag(kv_bytes) + 2 * rs(kv_bytes)
+            # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
+            k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp for width in (m.head_size, m.v_head_size))
+            per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
         parts["cp"] = accumulation * n_mb * worst.blocks * per_block
     if pp > 1:
         sr = profile.collective("send_recv", 2, "pp" in spans)
