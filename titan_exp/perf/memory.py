@@ -104,8 +104,9 @@ def latent_attention_saved(m, tp: int) -> float:
     activation elements: its q and k (n_heads / tp heads of head_size), v, attention's output and
     wo's input (of v_head_size), and each latent's norm input and output (whole on every TP rank);
     0 without MLA. An assumption from the saves of the layer's code (titan_exp.models.mla), not
-    fitted: on CPU in bf16 autograd's hooks count the debug model's within 1 % of this once its
-    norms' decomposed fp32 saves (6 bytes an element more than CUDA's fused norm) are added."""
+    fitted. On CPU in bf16, autograd's hooks count the tiny DeepSeek-V3 block's saves beyond the
+    debug Llama block's (at one shape, both 256 wide) within 1 % of this, once its norms'
+    decomposed fp32 saves (6 bytes an element more than CUDA's fused norm) are added."""
     if not m.mla:
         return 0.0
     heads = m.n_heads / tp

@@ -22,7 +22,7 @@ def unpriced(m: ModelConfig) -> str | None:
     MLA from its parts."""
     if m.mla:
         return (f"model.kv_lora_rank = {m.kv_lora_rank}: multi-head latent attention (titan_exp.models.mla) is "
-                "priced on GPUs only, from a spec sheet (python -m titan_exp.plan ... --device h100, or --hardware "
+                "priced on GPUs only, from a spec sheet (python -m titan_exp.perf.plan ... --device h100, or --hardware "
                 "FILE); this machine's calibration measures grouped-query attention blocks. Measure its layouts "
                 "here with a sweep (python launch.py -m parallelism=...), which trains it")
     return None
@@ -110,8 +110,8 @@ def float8_gathered(job: JobConfig) -> tuple[float, float]:
 
 def block_tensors(job: JobConfig) -> Sizes:
     """The mean block's weights on one TP rank, as (elements, how many per block): q, k, v, o (under
-    MLA each of its attention's linears) and the SwiGLU's three; in an MoE model's MoE layers (their share of the blocks) the routed experts'
-    three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, 1/tp
+    MLA each of its attention's linears) and the SwiGLU's three; in an MoE model's MoE layers
+    (their share of the blocks) the routed experts' three stacked weights (1/ep of the experts, EP spanning TP's ranks; without EP all of them, 1/tp
     of each one's width) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
