@@ -331,7 +331,11 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     cast_s = casts / cast_rate(kern, recipe, cast_mode)
 
     # Causal: half of the full matrices, q k^T's and the values' (x cp / cp); at the kernel's rate for
-    # the query/key heads' width (MLA's, wider than its values, are priced so: an assumption).
+    # the query/key heads' width (MLA's, wider than its values, are priced so: an assumption). Such
+    # heads SDPA runs on cuDNN's kernel, first on Hopper and Blackwell, which takes unequal query/key
+    # and value widths; FlashAttention-2's needs them equal, so on Ampere it runs the memory-efficient
+    # kernel (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp: check_head_dim_size_flash,
+    # check_cudnn_tensor_shapes), priced here on FlashAttention-2's curve.
     attn_flops = 2 * tokens * t.seq_len * heads * (m.head_size + m.v_head_size) / 2
     head_dim = head_dim_share(kern.head_dim, m.head_size, t.seq_len)
     attn_fwd = attn_flops / (attention_tflops(kern.attention_fwd, t.seq_len) * head_dim * 1e12)
