@@ -161,19 +161,14 @@ def test_mla_layouts_equal_one_process(name, single, tmp_path):
 
 
 @pytest.mark.quick
-def test_a_gpu_prices_mla_from_its_parts_and_this_machines_calibration_says_it_cannot(tmp_path, capsys):
+def test_a_gpu_prices_mla_from_its_parts():
     """On a GPU's kernel rates (a spec sheet's here) the step model prices MLA's own parts: its
     down-projections whole on every TP rank and the rest split by heads; attention's FLOPs over the
-    query/key and the value widths; CP's K and V at their widths. The memory model counts its saves.
-    This machine's calibration builds grouped-query attention blocks: its step, plan, autotune and
-    calibration say so, and a plan from a spec sheet prices it."""
+    query/key and the value widths; CP's K and V at their widths. The memory model counts its saves."""
     from titan_exp.perf import gpu
-    from titan_exp.perf.autotune import Autotune
-    from titan_exp.perf.calibrate import main as calibrate
     from titan_exp.perf.devices import SPECS, spec_profile
     from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.plan import main as plan
-    from titan_exp.perf.shapes import Unpriced, attention_on_rank
+    from titan_exp.perf.shapes import attention_on_rank
     from titan_exp.perf.step import predict_step
 
     job = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "training.global_batch_size=8"])
@@ -194,17 +189,33 @@ def test_a_gpu_prices_mla_from_its_parts_and_this_machines_calibration_says_it_c
     assert predict_step(job, profile, cuda=True).tokens_per_s_per_device > 0
     more_heads = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "model.n_heads=16"])
     assert predict_memory(more_heads, cuda=True)["activations"] > predict_memory(job, cuda=True)["activations"]
-    with pytest.raises(Unpriced, match="model.kv_lora_rank = 64: multi-head latent attention .* is priced on GPUs"):
-        predict_step(job, profile, cuda=False)  # this machine's step: the block calibration measured
-    with pytest.raises(SystemExit):
-        plan(["model=deepseek_v3_debug", "--world", "2"])
-    assert "--device h100" in capsys.readouterr().err
-    assert plan(["model=deepseek_v3_debug", "--world", "2", "--device", "h100", "--top", "2"]) == 0
-    assert "valid layouts on 2 devices" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="autotune: .*model.kv_lora_rank = 64"):
-        Autotune(job, [], launch=None, sweep_dir=tmp_path)
-    assert calibrate(["model=deepseek_v3_debug", "--world", "1"]) == 2
-    assert "calibrate: refused" in capsys.readouterr().err
+
+
+def test_this_machine_calibrates_an_mla_block_and_plans_on_it(tmp_path, capsys):
+    """A real 2-rank calibration measures the MLA model's own block (measure_compute.sharded_block:
+    one TP rank's heads, its latents' projections whole) under a shape of its own, not a GQA
+    model's of the same widths; the plan on this machine then ranks its layouts on it."""
+    import json
+    import subprocess
+    import sys
+
+    from titan_exp.perf.plan import main as plan
+    from titan_exp.perf.profile import model_shape
+
+    tiny = ["model=deepseek_v3_debug", "model.n_layers=2", "training.seq_len=64"]
+    subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *tiny, "--world", "2", "--tiny",
+                    "--profile-dir", str(tmp_path)], check=True, capture_output=True, text=True, timeout=600)
+    (path,) = tmp_path.glob("*-w2-*.json")
+    blocks = json.loads(path.read_text())["blocks"]
+    shape = model_shape(job_config(tiny))
+    assert "-mla64q128n32r32v32-" in shape and set(blocks) == {shape}
+    assert {"1", "2"} <= set(blocks[shape])  # tp 1 and tp 2
+    gqa = job_config([*tiny, "model.kv_lora_rank=0", "model.q_lora_rank=0", "model.qk_nope_head_dim=null",
+                      "model.qk_rope_head_dim=null", "model.v_head_dim=null"])
+    assert model_shape(gqa) != shape
+    assert plan([*tiny, "--world", "2", "--profile-dir", str(tmp_path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "valid layouts on 2 devices" in out and "(the 3 fastest shown)" in out and "not calibrated" not in out
 
 
 def test_a_dry_run_of_mla_measures_what_the_planner_predicts():

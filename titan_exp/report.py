@@ -117,7 +117,6 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
     if not run_dir.config.exists():
         return {}
     from titan_exp.config import load_job_config
-    from titan_exp.perf.shapes import Unpriced
     from titan_exp.perf.step import predict_step
     from titan_exp.perf.trace import latest_trace, step_breakdown
     from titan_exp.validation import ranks_have_gpus
@@ -125,10 +124,7 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
     job = load_job_config(run_dir.config)
     cuda = ranks_have_gpus(job)
     profile = _profile(job.world_size, cuda, job.cluster.nnodes)
-    try:
-        step = predict_step(job, profile, cuda=cuda)
-    except Unpriced:  # this machine's step model cannot price it: no prediction beside the measurement
-        return {}
+    step = predict_step(job, profile, cuda=cuda)
     parts, source = step.breakdown(), "model"
     trace = latest_trace(run_dir.path, job.profiling.save_traces_folder)
     traced = step_breakdown(trace) if trace else None

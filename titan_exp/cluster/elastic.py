@@ -67,13 +67,7 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
         return job, []
     from titan_exp.perf import hardware as hw
     from titan_exp.perf.planner import device_memory_gib, fastest_fitting, global_batch_of, split_label
-    from titan_exp.perf.shapes import unpriced
     from titan_exp.validation import ranks_have_gpus
-
-    if (why := unpriced(job.model)) and not job.cluster.hardware:  # a hardware file's spec sheet prices it
-        return job, [problem("cluster.elastic", True, f"re-plans with the performance model, which cannot price "
-                             f"this model on this machine ({why}); describe the GPUs in cluster.hardware, or "
-                             f"give the layout for {job.world_size} ranks yourself")]
 
     world, cuda = job.world_size, ranks_have_gpus(job)
     try:  # cluster.hardware: the file's GPUs, not this machine's profile

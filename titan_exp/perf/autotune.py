@@ -56,7 +56,6 @@ from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.planner import (batch_splits, device_memory_gib, factorizations, global_batch_of,
                                     layout_overrides, split_label, with_layout)
 from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
-from titan_exp.perf.shapes import unpriced
 from titan_exp.perf.step import predict_step
 from titan_exp.record import RunDir, Status
 from titan_exp.validation import resolve
@@ -180,7 +179,6 @@ class Autotune:
         import torch
 
         self.hardware, problems = hw.checked(job)  # before anything is calibrated or measured
-        problems += [why] if (why := unpriced(job.model)) else []
         if problems:
             raise ValueError("autotune: " + "; ".join(problems))
         self.job, self.sweep_dir, self.launch = job, Path(sweep_dir), launch

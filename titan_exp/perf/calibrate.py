@@ -28,7 +28,7 @@ from typing import Callable
 
 from titan_exp.config import Executor, JobConfig, compose_job, to_yaml
 from titan_exp.perf.profile import Kernels, MachineProfile, model_shape, this_machine
-from titan_exp.perf.shapes import tp_degrees, unpriced
+from titan_exp.perf.shapes import tp_degrees
 from titan_exp.perf.timing import Options
 from titan_exp.record import RunDir, Status
 from titan_exp.validation import resolve, validate
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", default=None, help="the calibration job's run dir (default: under the profile dir)")
     args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = calibration_job(compose_job(args.overrides), args.world)
-    errors = validate(job) + ([why] if (why := unpriced(job.model)) else [])  # the model it calibrates for
+    errors = validate(job)
     if errors:
         print("calibrate: refused, nothing was started:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 2

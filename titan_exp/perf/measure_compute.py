@@ -16,13 +16,14 @@ from torch import nn
 from titan_exp.config import ModelConfig, OptimizerImpl
 from titan_exp.perf.measure_kernels import matmul, matmul_dtypes
 from titan_exp.perf.profile import Line
-from titan_exp.perf.shapes import tp_degrees
+from titan_exp.perf.shapes import attention_linears, tp_degrees
 from titan_exp.perf.timing import Options, Runs, in_rounds, medians, side_by_side, timed, together
 from titan_exp.train.optim import kernels
 
 
 def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
-    """The model's block as one TP rank holds it: n_heads / tp heads, ffn / tp SwiGLU width. For
+    """The model's block as one TP rank holds it: n_heads / tp heads (multi-head latent attention's
+    with its latents' projections whole, as TP leaves them), ffn / tp SwiGLU width. For
     an MoE model an MoE block, whose router and routed experts TP leaves whole (all experts
     local: under EP a rank computes as many routed tokens on average, sent by all-to-all, which
     is costed apart)."""
@@ -30,11 +31,16 @@ def sharded_block(m: ModelConfig, tp: int, device: torch.device) -> nn.Module:
     from titan_exp.models.llama import TransformerBlock
 
     block = TransformerBlock(m, layer=m.n_dense_layers)
-    a, hd = block.attention, m.head_size
-    a.wq = nn.Linear(m.dim, m.n_heads // tp * hd, bias=False)
-    a.wk = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
-    a.wv = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
-    a.wo = nn.Linear(m.n_heads // tp * hd, m.dim, bias=False)
+    if m.mla:
+        from titan_exp.models.mla import LatentAttention
+
+        block.attention = LatentAttention(dataclasses.replace(m, n_heads=m.n_heads // tp))
+    else:
+        a, hd = block.attention, m.head_size
+        a.wq = nn.Linear(m.dim, m.n_heads // tp * hd, bias=False)
+        a.wk = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
+        a.wv = nn.Linear(m.dim, m.kv_heads // tp * hd, bias=False)
+        a.wo = nn.Linear(m.n_heads // tp * hd, m.dim, bias=False)
     if m.is_moe:
         for w in block.moe.experts.parameters():
             nn.init.normal_(w, std=0.02)
@@ -240,6 +246,8 @@ def gemm_shapes(m: ModelConfig, seq_len: int, opts: Options) -> list[tuple[int, 
         tokens = seqs * seq_len
         out += [(tokens, m.dim, m.n_heads * hd), (tokens, m.dim, m.kv_heads * hd), (tokens, m.dim, m.ffn_hidden_dim),
                 (tokens, m.ffn_hidden_dim, m.dim), (tokens, m.dim, m.vocab_size)]
+        if m.mla:  # its projections to and from the latents, and its narrower values' (perf.shapes)
+            out += [(tokens, k, n) for k, n, _ in attention_linears(m).values()]
     return sorted(set(out))
 
 

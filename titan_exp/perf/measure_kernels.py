@@ -152,9 +152,9 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
     fwd_curve, bwd_curve = [], []
     for seq in seqs:
         batch = max(1, tokens // seq)
-        q, k, v = (torch.randn(batch, m.n_heads, seq, m.head_size, device=device, dtype=dtype, requires_grad=True)
-                   for _ in range(3))
-        grad = torch.randn(batch, m.n_heads, seq, m.head_size, device=device, dtype=dtype)
+        q, k, v = (torch.randn(batch, m.n_heads, seq, width, device=device, dtype=dtype, requires_grad=True)
+                   for width in (m.head_size, m.head_size, m.v_head_size))  # MLA's values are narrower
+        grad = torch.randn(batch, m.n_heads, seq, m.v_head_size, device=device, dtype=dtype)
 
         @torch.no_grad()
         def fwd(q=q, k=k, v=v):
@@ -163,7 +163,7 @@ def attention_curves(m: ModelConfig, seqs: list[int], tokens: int, dtype: torch.
         def fwd_bwd(q=q, k=k, v=v, grad=grad):
             F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
 
-        flops = 2 * batch * seq * seq * m.n_heads * m.head_size  # causal: half of 4 s^2 h d
+        flops = batch * seq * seq * m.n_heads * (m.head_size + m.v_head_size)  # causal: half of 2 s^2 h (d_qk + d_v)
         fwd_s = together(fwd, opts.reps, device)
         bwd_s = max(together(fwd_bwd, opts.reps, device) - fwd_s, 1e-9)
         fwd_curve.append((seq, flops / fwd_s / 1e12))
@@ -176,8 +176,9 @@ def sdpa_kernel(m: ModelConfig, seq: int, dtype: torch.dtype, device: torch.devi
     """The kernel PyTorch's SDPA picks for causal attention at this shape: flash, cudnn, efficient
     or math (its own choice, `torch._fused_sdp_choice`)."""
     q = torch.empty(1, m.n_heads, seq, m.head_size, device=device, dtype=dtype)
-    names = {int(v): k for k, v in SDPBackend.__members__.items()}
-    name = names.get(int(torch._fused_sdp_choice(q, q, q, is_causal=True)), "unknown")
+    v = torch.empty(1, m.n_heads, seq, m.v_head_size, device=device, dtype=dtype)
+    names = {int(b): k for k, b in SDPBackend.__members__.items()}
+    name = names.get(int(torch._fused_sdp_choice(q, q, v, is_causal=True)), "unknown")
     return {"FLASH_ATTENTION": "flash", "CUDNN_ATTENTION": "cudnn", "EFFICIENT_ATTENTION": "efficient"}.get(name, name.lower())
 
 
@@ -231,7 +232,9 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
     """The rate (TB/s) at which this toolkit's block runs its memory-bound ops (elementwise_block),
     forward and backward, on `tokens` tokens of the model's shape, compiled as one graph with
     `compiled`: their seconds against the bytes perf.model_ops.LLAMA counts for them, as
-    perf.gpu.block_times prices them (the forward's, twice that backward)."""
+    perf.gpu.block_times prices them (the forward's, twice that backward). For a model with
+    multi-head latent attention these are Llama's ops at its widths: the rate, not the bytes, is
+    what block_times takes for its own (perf.model_ops' mla_* terms)."""
     block = elementwise_block(m, tokens, dtype, device)
     run = torch.compile(block.forward) if compiled else block.forward
     grads = [torch.randn_like(o) for o in block.forward()]

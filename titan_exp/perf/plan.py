@@ -32,7 +32,6 @@ from titan_exp.perf.calibrate import cover
 from titan_exp.perf.fit import estimates_line
 from titan_exp.perf.planner import device_memory_gib, plan, profile_line, to_markdown, write_sweep
 from titan_exp.perf.profile import profiles_dir, this_machine
-from titan_exp.perf.shapes import unpriced
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,8 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                         "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
     args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = compose_job(args.overrides)
-    if (why := unpriced(job.model)) and not (args.device or args.hardware or job.cluster.hardware):
-        parser.error(why)  # this machine's calibration cannot measure its block; a spec sheet prices it
     folder = Path(args.profile_dir) if args.profile_dir else None
     first = []
     if job.cluster.hardware is not None:  # the same file, named by the job's config
@@ -119,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     for note in sorted({n for pl in plans for n in pl.step.notes}):
         print(f"  note: {note}")
-    print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory))
+    print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory, valid=len(plans)))
     if args.write_sweep:
         out = write_sweep(plans, args.write_sweep, args.top, args.overrides)
         print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(args.overrides)}")

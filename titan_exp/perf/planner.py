@@ -238,10 +238,13 @@ def profile_line(profile: MachineProfile) -> str:
     return f"times predicted from the measured machine profile {profile.name} ({profile.created}{fitted})"
 
 
-def to_markdown(plans: list[Plan], world: int, device_memory_gib: float) -> str:
-    """The plans as a table; times are seconds per step, by part (perf.step.BREAKDOWN)."""
+def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: int | None = None) -> str:
+    """The plans as a table, of `valid` layouts (all of them: `plans`, unless only the top are
+    shown); times are seconds per step, by part (perf.step.BREAKDOWN)."""
     nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
-    lines = [f"{len(plans)} valid layouts on {world} devices ({device_memory_gib:g} GiB each), fastest first:", "",
+    shown = f" (the {len(plans)} fastest shown)" if valid is not None and valid > len(plans) else ""
+    lines = [f"{valid if valid is not None else len(plans)} valid layouts on {world} devices ({device_memory_gib:g} "
+             f"GiB each), fastest first{shown}:", "",
              "| rank | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
              "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nodes else "")]

@@ -226,6 +226,8 @@ def model_shape(job: JobConfig) -> str:
     """The block a calibration measures: for an MoE model, one of its MoE blocks."""
     m = job.model
     key = shape_key(m.dim, m.n_heads, m.kv_heads, m.ffn_hidden_dim, m.vocab_size, job.training.seq_len)
+    if m.mla:  # multi-head latent attention's latents and head widths
+        key += f"-mla{m.kv_lora_rank}q{m.q_lora_rank}n{m.qk_nope_head_dim}r{m.qk_rope_head_dim}v{m.v_head_dim}"
     if m.is_moe:
         key += f"-moe{m.n_experts}k{m.top_k}h{m.expert_hidden_dim}s{m.n_shared_experts}"
     return key

@@ -10,24 +10,6 @@ from titan_exp.precision import converts
 Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
 
 
-class Unpriced(ValueError):
-    """A model the step and memory models cannot price; its message says why (`unpriced`)."""
-
-
-def unpriced(m: ModelConfig) -> str | None:
-    """Why a step on this machine's measured blocks cannot be priced for a model, or None: a CPU's
-    plan (and calibration, autotune) measures the model's block as grouped-query attention builds
-    it (measure_compute.sharded_block), which multi-head latent attention is not. A GPU's step
-    (perf.gpu, from a spec sheet's or a GPU's measured kernel rates) and the memory model price
-    MLA from its parts."""
-    if m.mla:
-        return (f"model.kv_lora_rank = {m.kv_lora_rank}: multi-head latent attention (titan_exp.models.mla) is "
-                "priced on GPUs only, from a spec sheet (python -m titan_exp.perf.plan ... --device h100, or --hardware "
-                "FILE); this machine's calibration measures grouped-query attention blocks. Measure its layouts "
-                "here with a sweep (python launch.py -m parallelism=...), which trains it")
-    return None
-
-
 def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
     """(all-gather / reduce-scatter rounds per step, all-gathers per round) of an FSDP unit."""
     mode = job.parallelism.fsdp_reshard_after_forward

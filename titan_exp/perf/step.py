@@ -89,7 +89,7 @@ from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
 from titan_exp.perf.overlap import async_tp_exposed, fsdp_exposed, p2p_exposed
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
-from titan_exp.perf.shapes import Unpriced, float8_gathered, fsdp_rounds, unpriced
+from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
 
 # Extra bubble a schedule leaves, as a share of 1F1B's.
@@ -253,8 +253,6 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         c = profile.corrections.compute
         fwd, block, head = gpu.fwd * c, (gpu.fwd + gpu.bwd) * c, gpu.head * c
         kept = fwd - gpu.selective_s * c  # what per-op selective AC saves rather than recomputes
-    elif why := unpriced(m):  # a CPU's step takes the block calibration measured
-        raise Unpriced(why)
     else:
         cost = profile.block(model_shape(job), tp)
         if cost is None:
