@@ -25,7 +25,9 @@ MLA_SHAPES = {
                     n_experts=384, top_k=8, n_shared_experts=1, moe_hidden_dim=2048, n_dense_layers=1),
 }
 # Multi-token prediction layers: DeepSeek-V3's recipes run one at every release (published_recipes.csv,
-# mtp_num_layers; the 25.11 table's "w/o MTP" label is not what its files ran); Kimi K2's none.
+# mtp_num_layers; the 25.11 table's "w/o MTP" label is not what its files ran). Kimi K2's recipes set
+# none, and from v0.4.0 take its Hugging Face config's, which the repository does not hold: none, as
+# its layout string has no "m" (an assumption).
 MTP_LAYERS = {"deepseek_v3": 1, "kimi_k2": 0}
 
 

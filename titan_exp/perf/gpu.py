@@ -109,7 +109,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.config import JobConfig
+from titan_exp.config import JobConfig, ModelConfig
 from titan_exp.perf.float8_casts import cast_bytes, cast_host_s, cast_rate, recipe_of, torchao_eager
 from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
@@ -408,7 +408,7 @@ def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: in
     return tokens * (act / 2 * (table[0] * d + table[1] * (heads + kv) * hd + table[2] * f) + repeat)
 
 
-def latent_bytes(m, tp: int, table: tuple[float, float, float, float], act: int) -> float:
+def latent_bytes(m: ModelConfig, tp: int, table: tuple[float, float, float, float], act: int) -> float:
     """Multi-head latent attention's memory-bound bytes a token forward on one TP rank, at `act`-byte
     activations: `table` (Elementwise.mla_eager or mla_compiled, for bf16) per unit of its heads'
     query/key width (n_heads / tp x head_size), of their rotated part (x qk_rope_head_dim), of its

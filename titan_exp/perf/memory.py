@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titan_exp.config import ACMode, JobConfig
+from titan_exp.config import ACMode, JobConfig, ModelConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
@@ -98,7 +98,7 @@ def tensor_gib(parts: dict[str, float]) -> float:
     return parts["total"] - sum(parts[k] for k in ALLOCATOR_SLACK)
 
 
-def latent_attention_saved(m, tp: int) -> float:
+def latent_attention_saved(m: ModelConfig, tp: int) -> float:
     """What multi-head latent attention saves for backward a token on one TP rank beyond what
     ACT_PER_TOKEN_D counts for attention at Llama's widths (ATTENTION_PER_TOKEN_D x dim), in
     activation elements: its q and k (n_heads / tp heads of head_size), v, attention's output and
