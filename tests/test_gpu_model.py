@@ -285,6 +285,32 @@ def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_pri
         dist.destroy_process_group()
 
 
+@pytest.mark.parametrize("query_latent", [128, 0])
+def test_calibration_times_an_mla_blocks_own_memory_bound_ops(query_latent):
+    """For a model with multi-head latent attention, measure_kernels.elementwise_block runs the
+    ops of its block (latent_elementwise_block): counted the same way as the tiny DeepSeek-V3's
+    dense block, the same forward bytes (block_times' for it: Llama's norms, adds and SwiGLU, and
+    the mla_eager terms), backward within 2 %, and the same kernels but its GEMMs and attention;
+    so the rate calibration divides by them is the rate of the bytes block_times prices. (Value
+    heads as wide as query/key ones: CPU's SDPA then runs its flash kernel.)"""
+    import torch
+
+    from titan_exp.perf import measure_kernels as mk
+    from titan_exp.perf.gpu import latent_bytes, memory_bound_bytes
+
+    shape = ["model=deepseek_v3_debug", "model.n_experts=0", "model.n_shared_experts=0", "model.n_dense_layers=0",
+             "model.v_head_dim=64", f"model.q_lora_rank={query_latent}"]
+    m, seq = compose_job(["model=debugmodel", *shape]).model, 48
+    part = mk.elementwise_block(m, seq, torch.bfloat16, torch.device("cpu"))
+    ops = moved_bytes(part.forward, part.norms, [p for n in part.norms for p in n.parameters()], part.tables, seq)
+    whole = block_bytes(shape, autocast=False, seq=seq)
+    gemms = 6 + (2 if query_latent else 1)  # wkv_a, wkv_b, wo, w1, w3, w2; and wq, or wq_a and wq_b
+    assert ops["kernels"] + gemms + 1 == whole["kernels"]  # and attention
+    assert ops["fwd"] == whole["fwd"] and ops["bwd"] == pytest.approx(whole["bwd"], rel=0.02)
+    priced = memory_bound_bytes(model_ops.LLAMA.eager_bytes, 1, 2, m.dim, 0, 0, m.head_size, m.ffn_hidden_dim)
+    assert ops["fwd"] == priced + latent_bytes(m, 1, model_ops.LLAMA.mla_eager, 2)
+
+
 def test_autocasts_casts_and_fp32_stream_are_what_this_toolkits_block_moves():
     """model_ops.Elementwise.autocast_bytes and autocast_weight_bytes counted on titan_exp's own
     block, fp32 under bf16 autocast (a single GPU's run) against the same block in bf16: 46 bytes a

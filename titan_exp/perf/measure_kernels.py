@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
-from titan_exp.perf.gpu import HOST_COMPILED_S, hbm, linear_s, memory_bound_bytes, wave_utilization
+from titan_exp.perf.gpu import HOST_COMPILED_S, hbm, latent_bytes, linear_s, memory_bound_bytes, wave_utilization
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, together
@@ -205,6 +205,8 @@ class ElementwiseBlock:
 def elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device) -> ElementwiseBlock:
     from titan_exp.models.llama import apply_rope, rope_tables
 
+    if m.mla:
+        return latent_elementwise_block(m, tokens, dtype, device)
     d, hd, heads, kv, f = m.dim, m.head_size, m.n_heads, m.kv_heads, m.ffn_hidden_dim
     norms = tuple(torch.nn.RMSNorm(d, eps=m.norm_eps, device=device, dtype=dtype) for _ in range(2))
     cos, sin = (t.to(device) for t in rope_tables(hd, tokens, m.rope_theta))
@@ -227,14 +229,50 @@ def elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: t
     return ElementwiseBlock(forward, (x, attn, ffn_out, q, k, v, gate, up, *weights), norms, (cos, sin))
 
 
+def latent_elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: torch.device) -> ElementwiseBlock:
+    """elementwise_block for a model with multi-head latent attention: its memory-bound ops as
+    titan_exp.models.mla runs them (its latents' norms, the key's shared rotated part joined to
+    every head, RoPE on each head's last qk_rope_head_dim), with Llama's norms, residual adds and
+    SwiGLU product around them."""
+    from titan_exp.models.llama import rope_tables
+    from titan_exp.models.mla import rope_tail
+
+    d, f, heads, nope, rope = m.dim, m.ffn_hidden_dim, m.n_heads, m.head_size - m.rope_dim, m.rope_dim
+    latents = [n for n in (m.q_lora_rank, m.kv_lora_rank) if n]
+    norms = tuple(torch.nn.RMSNorm(n, eps=m.norm_eps, device=device, dtype=dtype) for n in (d, d, *latents))
+    cos, sin = (t.to(device) for t in rope_tables(rope, tokens, m.rope_theta))
+
+    def leaf(*shape):
+        return torch.randn(1, tokens, *shape, device=device, dtype=dtype, requires_grad=True)
+
+    # the outputs of wq (or wq_b), wkv_a, wkv_b and of wq_a if queries have a latent
+    x, attn, ffn_out, gate, up = leaf(d), leaf(d), leaf(d), leaf(f), leaf(f)
+    q, kv_a, kv_b = leaf(heads, m.head_size), leaf(m.kv_lora_rank + rope), leaf(heads, nope + m.v_head_size)
+    q_a = (leaf(m.q_lora_rank),) if m.q_lora_rank else ()
+
+    def forward():
+        h = x + attn
+        normed, ffn_in = norms[0](x), norms[1](h)
+        latent, k_rope = kv_a.split([m.kv_lora_rank, rope], dim=-1)
+        k_nope, v = kv_b.split([nope, m.v_head_size], dim=-1)
+        k = torch.cat([k_nope, k_rope.unsqueeze(2).expand(-1, -1, heads, -1)], dim=-1)
+        rotate = rope_tail(nope)
+        outs = [rotate(q, cos, sin), rotate(k, cos, sin), v, torch.nn.functional.silu(gate) * up, h + ffn_out]
+        outs += [norm(t) for norm, t in zip(norms[2:], (*q_a, latent))]  # to wq_b and wkv_b
+        # the attention norm's output to wq (or wq_a) and wkv_a; the FFN norm's to w1 and w3
+        return [*outs, normed, normed, ffn_in, ffn_in]
+
+    weights = tuple(w for n in norms for w in n.parameters())
+    return ElementwiseBlock(forward, (x, attn, ffn_out, gate, up, q, kv_a, kv_b, *q_a, *weights), norms, (cos, sin))
+
+
 def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Options, device: torch.device,
                      compiled: bool) -> float:
     """The rate (TB/s) at which this toolkit's block runs its memory-bound ops (elementwise_block),
     forward and backward, on `tokens` tokens of the model's shape, compiled as one graph with
     `compiled`: their seconds against the bytes perf.model_ops.LLAMA counts for them, as
-    perf.gpu.block_times prices them (the forward's, twice that backward). For a model with
-    multi-head latent attention these are Llama's ops at its widths: the rate, not the bytes, is
-    what block_times takes for its own (perf.model_ops' mla_* terms)."""
+    perf.gpu.block_times prices them (the forward's, twice that backward; with multi-head latent
+    attention, perf.model_ops' mla_* terms for its attention's)."""
     block = elementwise_block(m, tokens, dtype, device)
     run = torch.compile(block.forward) if compiled else block.forward
     grads = [torch.randn_like(o) for o in block.forward()]
@@ -244,9 +282,11 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
 
     step()  # compiles, warms up
     seconds = together(step, opts.reps, device)
-    forward = memory_bound_bytes(LLAMA.compiled_bytes if compiled else LLAMA.eager_bytes, tokens,
-                                 torch.empty((), dtype=dtype).element_size(), m.dim, m.n_heads, m.kv_heads,
-                                 m.head_size, m.ffn_hidden_dim)
+    act, gqa = torch.empty((), dtype=dtype).element_size(), 0 if m.mla else 1  # as block_times counts them
+    forward = memory_bound_bytes(LLAMA.compiled_bytes if compiled else LLAMA.eager_bytes, tokens, act, m.dim,
+                                 gqa * m.n_heads, gqa * m.kv_heads, m.head_size, m.ffn_hidden_dim)
+    if m.mla:
+        forward += tokens * latent_bytes(m, 1, LLAMA.mla_compiled if compiled else LLAMA.mla_eager, act)
     return 3 * forward / seconds / 1e12
 
 
