@@ -297,7 +297,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     # Linear layers (in, out) on one TP rank: the SwiGLU's width averaged over the blocks (dense
     # blocks' and MoE blocks' shared experts); an MoE layer's routed experts follow (routed_experts).
     # The attention's: q, k, v (MLA's projections to and from its latents) and o (perf.shapes).
-    heads, kv = m.n_heads // tp, m.kv_heads // tp
+    heads = m.n_heads // tp
     moe = m.n_moe_layers / m.n_layers
     ffn = (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
     up, down = (m.dim, ffn), (ffn, m.dim)
@@ -342,13 +342,8 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     attn_bwd = 2.5 * attn_flops / (attention_tflops(kern.attention_bwd, t.seq_len) * head_dim * 1e12)
 
     f_units = ffn + moe * m.top_k * m.expert_hidden_dim
-    weights = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
     rate = kern.elementwise_rate(compiled)  # [hbm]
-    gqa = 0 if m.mla else 1  # MLA's attention moves what latent_bytes counts instead
-    mem_fwd = memory_bound_bytes(weights, tokens, act, m.dim / tp, gqa * heads, gqa * kv, m.head_size, f_units) / rate
-    if m.mla:  # its latents' norms, the RoPE and joins of its heads' two parts (Elementwise.mla_*)
-        mem_fwd += tokens * latent_bytes(m, tp, elementwise.mla_compiled if compiled else elementwise.mla_eager,
-                                         act) / rate
+    mem_fwd = block_bytes(m, tp, elementwise, compiled, tokens, act, f_units) / rate
     mem_fwd += moe * routed.dispatch_bytes * act / 2 / rate
     # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
     # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
@@ -406,6 +401,20 @@ def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: in
     SDPA."""
     repeat = 2 * (kv + heads) * hd * act if kv < heads else 0.0
     return tokens * (act / 2 * (table[0] * d + table[1] * (heads + kv) * hd + table[2] * f) + repeat)
+
+
+def block_bytes(m: ModelConfig, tp: int, elementwise: Elementwise, compiled: bool, tokens: float, act: int,
+                f: float) -> float:
+    """A block's memory-bound bytes forward on one TP rank, `tokens` tokens at `act`-byte
+    activations and a SwiGLU `f` wide there, as `elementwise` counts its model's kernels, eager or
+    `compiled`: memory_bound_bytes, its attention's part under multi-head latent attention in
+    latent_bytes' terms instead."""
+    table = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
+    if not m.mla:
+        return memory_bound_bytes(table, tokens, act, m.dim / tp, m.n_heads // tp, m.kv_heads // tp, m.head_size, f)
+    latents = elementwise.mla_compiled if compiled else elementwise.mla_eager
+    return (memory_bound_bytes(table, tokens, act, m.dim / tp, 0, 0, m.head_size, f)
+            + tokens * latent_bytes(m, tp, latents, act))
 
 
 def latent_bytes(m: ModelConfig, tp: int, table: tuple[float, float, float, float], act: int) -> float:

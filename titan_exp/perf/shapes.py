@@ -97,9 +97,9 @@ def block_tensors(job: JobConfig) -> Sizes:
     of each one's width) and the shared experts'."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, p.expert_parallel_degree
-    q, kv = m.dim * m.n_heads * m.head_size / tp, m.dim * m.kv_heads * m.head_size / tp
     moe = m.n_moe_layers / m.n_layers
-    out = ([(k * n, 1.0) for k, n in attention_on_rank(m, tp).values()] if m.mla else [(q, 2.0), (kv, 2.0)])
+    out = ([(k * n, 1.0) for k, n in attention_on_rank(m, tp).values()] if m.mla
+           else [(m.dim * m.n_heads * m.head_size / tp, 2.0), (m.dim * m.kv_heads * m.head_size / tp, 2.0)])
     out += [(m.dim * m.ffn_hidden_dim / tp, 3 * (1 - moe))]
     if moe:
         out += [(m.n_experts / ep * m.dim * m.expert_hidden_dim / p.expert_width_split, 3 * moe)]
