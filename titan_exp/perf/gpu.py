@@ -343,7 +343,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
 
     f_units = ffn + moe * m.top_k * m.expert_hidden_dim
     rate = kern.elementwise_rate(compiled)  # [hbm]
-    mem_fwd = block_bytes(m, tp, elementwise, compiled, tokens, act, f_units) / rate
+    mem_fwd = elementwise_bytes(m, tp, elementwise, compiled, tokens, act, f_units) / rate
     mem_fwd += moe * routed.dispatch_bytes * act / 2 / rate
     # Memory-bound seconds of the forward and the backward: the tables', the float8 casts', and
     # under autocast with fp32 parameters its casts and fp32 residual stream (Elementwise).
@@ -403,7 +403,7 @@ def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: in
     return tokens * (act / 2 * (table[0] * d + table[1] * (heads + kv) * hd + table[2] * f) + repeat)
 
 
-def block_bytes(m: ModelConfig, tp: int, elementwise: Elementwise, compiled: bool, tokens: float, act: int,
+def elementwise_bytes(m: ModelConfig, tp: int, elementwise: Elementwise, compiled: bool, tokens: float, act: int,
                 f: float) -> float:
     """A block's memory-bound bytes forward on one TP rank, `tokens` tokens at `act`-byte
     activations and a SwiGLU `f` wide there, as `elementwise` counts its model's kernels, eager or

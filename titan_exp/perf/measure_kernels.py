@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
-from titan_exp.perf.gpu import HOST_COMPILED_S, block_bytes, hbm, linear_s, wave_utilization
+from titan_exp.perf.gpu import HOST_COMPILED_S, elementwise_bytes, hbm, linear_s, wave_utilization
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, together
@@ -283,7 +283,7 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
     step()  # compiles, warms up
     seconds = together(step, opts.reps, device)
     act = torch.empty((), dtype=dtype).element_size()
-    forward = block_bytes(m, 1, LLAMA, compiled, tokens, act, m.ffn_hidden_dim)  # as block_times counts them
+    forward = elementwise_bytes(m, 1, LLAMA, compiled, tokens, act, m.ffn_hidden_dim)  # as block_times counts them
     return 3 * forward / seconds / 1e12
 
 
