@@ -404,7 +404,7 @@ def memory_bound_bytes(table: tuple[float, float, float], tokens: float, act: in
 
 
 def elementwise_bytes(m: ModelConfig, tp: int, elementwise: Elementwise, compiled: bool, tokens: float, act: int,
-                f: float) -> float:
+                      f: float) -> float:
     """A block's memory-bound bytes forward on one TP rank, `tokens` tokens at `act`-byte
     activations and a SwiGLU `f` wide there, as `elementwise` counts its model's kernels, eager or
     `compiled`: memory_bound_bytes, its attention's part under multi-head latent attention in
