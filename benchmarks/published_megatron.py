@@ -33,13 +33,20 @@ MTP_LAYERS = {"deepseek_v3": 1, "kimi_k2": 0}
 
 def mla_shape(model: str) -> dict:
     """The model's fields for titan_exp's ModelConfig (over a Llama preset's: no GQA fields), its
-    multi-token-prediction layer priced as one more block (an assumption: that layer is a
-    transformer block of the model, an MoE one here, with a projection of 2 x dim to dim beside it
-    and a second output head and loss, which are left out: on the pipeline's last stage they are
-    about 1.6 blocks' FLOPs more, so a row whose last stage is its slowest is predicted too fast)."""
+    multi-token-prediction layer priced as one more block (that layer is a transformer block of
+    the model, an MoE one here, with a projection of 2 x dim to dim beside it, left out: about a
+    sixth of a block's FLOPs; and a second pass through the output head and loss: output_heads)."""
     shape = dict(MLA_SHAPES[model], n_kv_heads=None, head_dim=None)
     shape["n_layers"] += MTP_LAYERS[model]
     return shape
+
+
+def output_heads(model: str) -> int:
+    """How many times a microbatch passes through the output head and its loss on the last
+    pipeline stage: once, and once more for each multi-token-prediction layer (DeepSeek-V3's
+    shares the main model's output head: Megatron-Core's MultiTokenPredictionBlock computes its
+    logits with the output layer; priced since 2026-11-28)."""
+    return 1 + MTP_LAYERS.get(model, 0)
 
 
 def pipeline_ends(recipe_layout: str, stages: int) -> tuple[int, int] | None:

@@ -627,7 +627,7 @@ def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():
 
     hbm = K100.memory_tb_s
     for recipe, compiled in (("tensorwise", True), ("rowwise", False), ("rowwise_with_gw_hp", True)):
-        job = llama8b(f"precision=float8", f"precision.float8_recipe={recipe}", f"compile.enable={str(compiled).lower()}")
+        job = llama8b("precision=float8", f"precision.float8_recipe={recipe}", f"compile.enable={str(compiled).lower()}")
         key = f"{'rowwise' if recipe != 'tensorwise' else recipe}/{'compiled' if compiled else 'torchao'}"
         base, same = kinds(job, {}), kinds(job, {key: hbm})
         half, quarter = kinds(job, {key: hbm / 2}), kinds(job, {key: hbm / 4})
@@ -781,6 +781,29 @@ def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chun
     send = profile.collective("send_recv", 2)(1 * 8192 * 4096 * 2)  # a microbatch's bf16 activations, NVLink
     assert step.parts["p2p"] == pytest.approx(2 * 3 * send)  # 8 microbatches' 16 sends hide behind 8 layers each
     assert step.parts["p2p"] < 16 * send  # what waiting on every send would cost
+
+
+def test_a_pipeline_steps_at_its_slowest_ranks_pace_with_each_ranks_own_communication():
+    """The critical path is the slowest rank's compute; each rank adds its own communication, and
+    the step is the rank that ends last. OLMoE's 16 MoE blocks over PP 4 and EP 16 across two
+    nodes, the last stage a block short: a middle rank has the most blocks and all-to-alls. Give
+    the last stage three passes through the output head (a published model's multi-token
+    prediction runs it more than once: output_heads) and it sets the pace, but the middle rank,
+    waiting as long and exchanging a block's more tokens, still ends last. (Until 2026-11-28 the
+    step took the communication of the rank with the most compute: adding work made it faster.)"""
+    job = resolve(compose_job(["model=olmoe_1b_7b", "precision=bf16", "training.seq_len=4096",
+                               "training.local_batch_size=8", "training.global_batch_size=32",
+                               "parallelism.data_parallel_shard_degree=4", "parallelism.pipeline_parallel_degree=4",
+                               "parallelism.pipeline_parallel_microbatch_size=1", "parallelism.expert_parallel_degree=4",
+                               "parallelism.pipeline_parallel_last_stage_less_layers=1", "cluster.executor=slurm",
+                               "cluster.nnodes=2", "cluster.nproc_per_node=8"]))
+    profile = spec_profile(H100, 16, 8)
+    once, twice, thrice = (predict_step(job, profile, cuda=True, output_heads=h) for h in (1, 2, 3))
+    assert twice.step_s == pytest.approx(once.step_s)  # 3 blocks and 2 heads: still under a middle rank's 4 blocks
+    assert thrice.parts["bubble"] > once.parts["bubble"] and thrice.step_s > once.step_s  # the last rank sets the pace
+    assert thrice.parts["ep"] == pytest.approx(once.parts["ep"]) and thrice.parts["compute"] == pytest.approx(
+        once.parts["compute"])  # and a middle rank's 4 blocks, their all-to-alls among them, end the step
+    assert thrice.step_s - once.step_s == pytest.approx(thrice.parts["bubble"] - once.parts["bubble"])
 
 
 def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):

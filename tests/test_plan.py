@@ -240,6 +240,7 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_published as bench
     import published_engines as engines
+    import published_megatron as megatron
     from titan_exp.perf.devices import Efficiency
 
     planned = bench.plan_rows(bench.read_rows())
@@ -267,8 +268,11 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert hsdp and all(p.job.parallelism.data_parallel_shard_degree * p.job.parallelism.context_parallel_degree
                         == p.job.parallelism.expert_parallel_degree
                         and p.job.parallelism.data_parallel_replicate_degree == bench.moe_replicas(p.row) for p in hsdp)
-    # examined, so moved out of the held-out scores; MLA's rows, planned after, were not
-    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS) for p in hsdp)
+    # examined, so moved out of the held-out scores; MLA's rows, planned after, only where the multi-token
+    # prediction layer's pass through the output head was priced for them (PP 16 without VP on B200s, B300s)
+    pp16 = lambda row: (row["model"], row["pp"], row["vp"] in ("", "1"), row["gpu"] in ("b200", "b300")) == (  # noqa: E731
+        "deepseek_v3", "16", True, True)
+    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS or pp16(p.row)) for p in hsdp)
     eff = Efficiency()
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
@@ -279,12 +283,14 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert engine.tp_overlap and all(p.job.parallelism.enable_async_tensor_parallel == (int(p.row.num("tp", 1)) > 1)
                                      for p in mb)
     assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
-    # MLA's rows (DeepSeek-V3, Kimi K2), named held out before any was predicted: none moved, all
-    # planned but the six whose table states no precision; DeepSeek-V3 with its multi-token-prediction
-    # layer as one more block (671B and one MoE block's 11.5B), Kimi K2 without (1.03T, 32.9B active);
-    # their pipelines as their recipes' layout strings place the blocks where those have the row's stages.
+    # MLA's rows (DeepSeek-V3, Kimi K2), named held out before any was predicted: the seven PP 16 ones
+    # moved since, all planned but the six whose table states no precision; DeepSeek-V3 with its multi-
+    # token-prediction layer as one more block (671B and one MoE block's 11.5B) and a second pass through
+    # the output head, Kimi K2 without (1.03T, 32.9B active); their pipelines as their recipes' layout
+    # strings place the blocks where those have the row's stages.
     mla = [p for p in planned if p.row["model"] in bench.MLA_MODELS]
-    assert len(mla) == 39 and not [p for p in mla if bench.moved(p.row)]
+    assert len(mla) == 39 and [pp16(p.row) for p in mla if bench.moved(p.row) and p.job is not None] == [True] * 7
+    assert (megatron.output_heads("deepseek_v3"), megatron.output_heads("kimi_k2")) == (2, 1)
     assert sorted(str(p.why_not) for p in mla if p.job is None) == ["precision not stated"] * 6
     shapes = {p.row["model"]: p.job.model for p in mla if p.job is not None}
     assert shapes["deepseek_v3"].mla and shapes["deepseek_v3"].n_layers == 62

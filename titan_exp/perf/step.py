@@ -22,7 +22,8 @@ leave the cores to the others, which is why pp4 does well on a 2-core CPU and no
 
 Pipeline. The critical path of a schedule is (microbatches + b x (pp - 1) / v) x the slowest
 rank's time per microbatch, with v stages per rank and b = 1, or 1/2 for the zero-bubble
-schedules (backward split into input and weight gradients fills part of the bubble).
+schedules (backward split into input and weight gradients fills part of the bubble). Every rank
+waits it out, then adds its own communication and optimizer: the step is the rank that ends last.
 
 Communication, from the measured latency + bytes / bandwidth of each collective at its group size:
   FSDP   all-gather per block forward (and again in backward when resharded after forward;
@@ -219,13 +220,15 @@ def recomputed(ac: ActivationCheckpointConfig, fwd: float, per_op: float) -> flo
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
                  elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline",
-                 float8_experts: bool = False) -> StepPrediction:
+                 float8_experts: bool = False, output_heads: int = 1) -> StepPrediction:
     """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
     memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
     published run of it), async TP as `tp_overlap` runs it (overlap.TP_OVERLAP: torch's
     micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
     float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
-    in bf16)."""
+    in bf16). The last stage runs the output head and its loss `output_heads` times a microbatch:
+    once in this toolkit's models; a published model's multi-token prediction layers each run it
+    once more (DeepSeek-V3's share the output head)."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     p, t, m = job.parallelism, job.training, job.model
@@ -282,23 +285,13 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
 
     # Compute, the bubble, and the machine's ranks competing for its cores.
     loads = rank_loads(p, m.n_layers)
-    per_mb = [r.blocks * (block + recompute) + r.last * head for r in loads]
+    per_mb = [r.blocks * (block + recompute) + r.last * output_heads * head for r in loads]
     slowest = max(range(len(loads)), key=lambda i: per_mb[i])
     v = loads[0].stages
     critical = (n_mb + (BUBBLE[p.pipeline_parallel_schedule] * (pp - 1) / v if pp > 1 else 0)) * per_mb[slowest]
     # Costs were measured with all `world` ranks computing; fewer at a time run faster.
     active = world / pp * sum(n_mb * c for c in per_mb) / critical
     slowdown = max(1.0, active / profile.concurrency) / max(1.0, world / profile.concurrency)
-    busy = n_mb * per_mb[slowest]
-    share_recompute = loads[slowest].blocks * recompute / per_mb[slowest] if per_mb[slowest] else 0.0
-    parts = {
-        "compute": accumulation * busy * (1 - share_recompute) * slowdown,
-        "recompute": accumulation * busy * share_recompute * slowdown,
-        "bubble": accumulation * (critical - busy) * slowdown,
-    }
-
-    # Communication of the most loaded rank.
-    worst = loads[slowest]
     pr = job.precision
     param_bytes = 2 if pr.param_dtype == "bfloat16" else 4
     # Activations travel in the compute dtype: bf16 under bf16 mixed precision (FSDP casts the
@@ -310,146 +303,168 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     # Per-TP-rank parameter counts of the FSDP units over dp_shard x cp: the blocks (less their
     # routed experts under EP, which are a unit of their own), the embedding, the output.
     block_unit = (m.block_params - routed) / tp + (m.routed_params_on_tp_rank(tp, 1) if ep == 1 else 0)
-    units = [block_unit] * worst.blocks + (
-        [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
-    compute_window = parts["compute"] + parts["recompute"]
     shard = dps * cp
+    full = 1 if ac.mode == ACMode.full else 0
     spans = across_nodes(job)
     if spans and not profile.inter_node:
         notes.append("groups across nodes are costed as inside one: the profile has no inter-node "
                      "measurements (calibrate on the nodes: python -m titan_exp.perf.calibrate cluster.nnodes=N ...)")
-    # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
-    measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
-                     and not {"dp_shard", "cp"} & spans else None)
+    if p.expert_parallel_degree > 1 and gpu is not None:
+        notes.append("expert parallel: its all-to-all is priced by its bytes and NCCL's latencies; Megatron-Bridge's "
+                     "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
+                     "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
 
     def line(op: str, group: int, dims: tuple[str, ...]) -> Line:
         """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
         nodes if they span nodes, through as many NICs as the group has ranks in a node."""
         return profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
 
-    if shard > 1:
-        wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
-        ag, rs = line("all_gather", shard, ("dp_shard", "cp")), line("reduce_scatter", shard, ("dp_shard", "cp"))
-        rounds, gathers = fsdp_rounds(job, accumulation)
-        # Bytes each unit gathers: the blocks' float8 linears a byte each under float8 all-gather,
-        # after their amax (one all-reduce per weight unless precomputed once a step) and their
-        # cast from the shard (fp32 read, a byte written; on a GPU priced at HBM speed).
-        f8, f8_weights = float8_gathered(job)
-        sent = [u * param_bytes - (f8 * (param_bytes - 1) if i < worst.blocks else 0.0)
-                for i, u in enumerate(units)]
-        block_ag = ag(sent[0]) if worst.blocks else 0.0
-        precomputed = pr.float8_precompute_dynamic_scale_for_fsdp
-        amax = line("all_reduce", shard, ("dp_shard", "cp"))
-        per_byte = 1 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0
-        shard_f8 = f8 / shard  # elements of the block's float8 weights on this rank, fp32
-        scales_s = 0.0  # once a step when precomputed: every block's amax (a read of its shard), one all-reduce
-        if f8 and precomputed:
-            scales_s = worst.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * worst.blocks)
-        elif f8:  # per gather: the amax (a read of the shard) and one all-reduce a weight
-            block_ag += shard_f8 * 4 * per_byte + f8_weights * amax(4)
-        block_ag += shard_f8 * 5 * per_byte  # per gather: the cast, reading 4 bytes and writing 1
-        gather_s = [block_ag if i < worst.blocks else ag(b) for i, b in enumerate(sent)]
-        comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
-        if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers and dtype
-            block_u = units[0]
-            lines = gathers * block_ag + rs(block_u * 4)
-            comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / (2 * ag(block_u * 4) + rs(block_u * 4)) - lines)
-        efsdp = shard * tp // ep
-        if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
-            eag, ers = profile.collective("all_gather", efsdp, wide), profile.collective("reduce_scatter", efsdp, wide)
-            comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
-        if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
-            per_round = accumulation * n_mb / rounds
-            gather = block_ag
-            reduce = rs(units[0] * 4) if worst.blocks else 0.0
-            if ep > 1 and efsdp > 1 and worst.blocks:
-                gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
-            ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[worst.blocks:])
-            parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, gathers, per_round * fwd,
-                                                  per_round * (block - fwd + recompute), worst.blocks, ends)
-        else:
-            parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
-        parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
-        if rep > 1:
-            ar = line("all_reduce", rep, ("dp_replicate",))
-            parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
-                worst.blocks * ar(routed / (shard * tp) * 4) if ep > 1 else 0.0)
-    elif rep > 1:
-        ar = line("all_reduce", rep, ("dp_replicate",))
-        grad_bytes = sum(units) * 4
-        buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
-        comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
-        if gpu is not None:  # buckets reduce during backward; the last waits, and what backward cannot hide
-            backward = n_mb * worst.blocks * (block - fwd + recompute)
-            parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
-        else:
-            parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
-    full = 1 if ac.mode == ACMode.full else 0
-    if tp > 1:
-        wide = "tp" in spans
-        ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
-        if cost.tp_comm is not None and not wide:  # measured inside a node
-            # Measured on a real TP block (a recomputed forward repeats a third of it); the
-            # embedding's and output's collectives are in the measured rest of the model (head).
-            per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
-        else:
-            # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
-            # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
-            fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
-            per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
-            if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
-                partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
-                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
-                                                     tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
-                per_block = (1 + full) * forward + backward
-            per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
-            ends = (worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes)) + worst.last * 3 * ar(8 * mb * t.seq_len / cp)
-        parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
-        if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
-            parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
-    if cp > 1:
-        base = profile.block(model_shape(job), 1)
-        if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
-            per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
-        else:
-            ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
-            # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
-            k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp for width in (m.head_size, m.v_head_size))
-            per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
-        parts["cp"] = accumulation * n_mb * worst.blocks * per_block
-    if pp > 1:
-        sr = profile.collective("send_recv", 2, "pp" in spans)
-        send, sends = sr(act_bytes / tp), n_mb * 2 * v
-        parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, worst.blocks * fwd / v) if gpu is not None
-                                       else sends * send)
-    if ep > 1:
-        a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
-        routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
-                        * (2 if job.precision.param_dtype == "bfloat16" else 4))
-        moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
-        per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
-        parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
-        if gpu is not None:
-            notes.append("expert parallel: its all-to-all is priced by its bytes and NCCL's latencies; Megatron-Bridge's "
-                         "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
-                         "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
-    for part in COMM_PARTS:
-        if part in parts:
-            parts[part] = max(0.0, parts[part]) * profile.corrections.communication
-    local_params = sum(units) / shard + (worst.blocks * routed / (shard * tp) if ep > 1 else 0.0)
-    if tp > 1 and cost.update is not None:  # a real TP model's, measured: its blocks and its rest
-        rest = (worst.first + worst.last) / 2  # the embedding's and the output's halves of it
-        parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * worst.blocks
-    else:
-        parts["optimizer"] = local_params * profile.optimizer_s_per_param
-    parts["optimizer"] *= profile.corrections.compute
-    if not cuda and profile.fresh_memory_s_per_byte:
-        blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
-        from titan_exp.perf.memory_cpu import fresh_bytes  # only a CPU's terms read it
+    def rank_parts(rank: int) -> dict[str, float]:
+        """Pipeline rank `rank`'s step by part: the schedule's critical path, of which its own
+        blocks' compute, the rest idle (bubble), then its communication and optimizer."""
+        worst = loads[rank]
+        busy = n_mb * per_mb[rank]
+        share_recompute = worst.blocks * recompute / per_mb[rank] if per_mb[rank] else 0.0
+        parts = {
+            "compute": accumulation * busy * (1 - share_recompute) * slowdown,
+            "recompute": accumulation * busy * share_recompute * slowdown,
+            "bubble": accumulation * (critical - busy) * slowdown,
+        }
+        units = [block_unit] * worst.blocks + (
+            [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
+        compute_window = parts["compute"] + parts["recompute"]
+        # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
+        measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
+                         and not {"dp_shard", "cp"} & spans else None)
 
-        parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
-                                 * profile.fresh_memory_s_per_byte * profile.corrections.compute)
-    parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
+        if shard > 1:
+            wide = bool({"dp_shard", "cp"} & spans)  # the flattened dp_shard x cp group spans nodes
+            ag, rs = line("all_gather", shard, ("dp_shard", "cp")), line("reduce_scatter", shard, ("dp_shard", "cp"))
+            rounds, gathers = fsdp_rounds(job, accumulation)
+            # Bytes each unit gathers: the blocks' float8 linears a byte each under float8 all-gather,
+            # after their amax (one all-reduce per weight unless precomputed once a step) and their
+            # cast from the shard (fp32 read, a byte written; on a GPU priced at HBM speed).
+            f8, f8_weights = float8_gathered(job)
+            sent = [u * param_bytes - (f8 * (param_bytes - 1) if i < worst.blocks else 0.0)
+                    for i, u in enumerate(units)]
+            block_ag = ag(sent[0]) if worst.blocks else 0.0
+            precomputed = pr.float8_precompute_dynamic_scale_for_fsdp
+            amax = line("all_reduce", shard, ("dp_shard", "cp"))
+            per_byte = 1 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0
+            shard_f8 = f8 / shard  # elements of the block's float8 weights on this rank, fp32
+            scales_s = 0.0  # once a step when precomputed: every block's amax (a read of its shard), one all-reduce
+            if f8 and precomputed:
+                scales_s = worst.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * worst.blocks)
+            elif f8:  # per gather: the amax (a read of the shard) and one all-reduce a weight
+                block_ag += shard_f8 * 4 * per_byte + f8_weights * amax(4)
+            block_ag += shard_f8 * 5 * per_byte  # per gather: the cast, reading 4 bytes and writing 1
+            gather_s = [block_ag if i < worst.blocks else ag(b) for i, b in enumerate(sent)]
+            comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
+            if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers, dtype
+                block_u = units[0]
+                lines = gathers * block_ag + rs(block_u * 4)
+                measured_lines = 2 * ag(block_u * 4) + rs(block_u * 4)
+                comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / measured_lines - lines)
+            efsdp = shard * tp // ep
+            if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
+                eag = profile.collective("all_gather", efsdp, wide)
+                ers = profile.collective("reduce_scatter", efsdp, wide)
+                comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
+            if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
+                per_round = accumulation * n_mb / rounds
+                gather = block_ag
+                reduce = rs(units[0] * 4) if worst.blocks else 0.0
+                if ep > 1 and efsdp > 1 and worst.blocks:
+                    gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
+                ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[worst.blocks:])
+                parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, gathers, per_round * fwd,
+                                                      per_round * (block - fwd + recompute), worst.blocks, ends)
+            else:
+                parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
+            parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
+            if rep > 1:
+                ar = line("all_reduce", rep, ("dp_replicate",))
+                parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
+                    worst.blocks * ar(routed / (shard * tp) * 4) if ep > 1 else 0.0)
+        elif rep > 1:
+            ar = line("all_reduce", rep, ("dp_replicate",))
+            grad_bytes = sum(units) * 4
+            buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
+            comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
+            if gpu is not None:  # buckets reduce during backward; the last waits, and what backward cannot hide
+                backward = n_mb * worst.blocks * (block - fwd + recompute)
+                parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
+            else:
+                parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
+        if tp > 1:
+            wide = "tp" in spans
+            ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
+            if cost.tp_comm is not None and not wide:  # measured inside a node
+                # Measured on a real TP block (a recomputed forward repeats a third of it); the
+                # embedding's and output's collectives are in the measured rest of the model (head).
+                per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
+            else:
+                # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
+                # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+                fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
+                per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
+                if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
+                    partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
+                    forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
+                                                         tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
+                    per_block = (1 + full) * forward + backward
+                per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
+                ends = ((worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes))
+                        + worst.last * 3 * ar(8 * mb * t.seq_len / cp))
+            parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
+            if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
+                parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
+        if cp > 1:
+            base = profile.block(model_shape(job), 1)
+            if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
+                per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
+            else:
+                ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
+                # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
+                k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp
+                                    for width in (m.head_size, m.v_head_size))
+                per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+            parts["cp"] = accumulation * n_mb * worst.blocks * per_block
+        if pp > 1:
+            sr = profile.collective("send_recv", 2, "pp" in spans)
+            send, sends = sr(act_bytes / tp), n_mb * 2 * v
+            parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, worst.blocks * fwd / v) if gpu is not None
+                                           else sends * send)
+        if ep > 1:
+            a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
+            routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
+                            * (2 if job.precision.param_dtype == "bfloat16" else 4))
+            moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
+            per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
+            parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
+        for part in COMM_PARTS:
+            if part in parts:
+                parts[part] = max(0.0, parts[part]) * profile.corrections.communication
+        local_params = sum(units) / shard + (worst.blocks * routed / (shard * tp) if ep > 1 else 0.0)
+        if tp > 1 and cost.update is not None:  # a real TP model's, measured: its blocks and its rest
+            rest = (worst.first + worst.last) / 2  # the embedding's and the output's halves of it
+            parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * worst.blocks
+        else:
+            parts["optimizer"] = local_params * profile.optimizer_s_per_param
+        parts["optimizer"] *= profile.corrections.compute
+        if not cuda and profile.fresh_memory_s_per_byte:
+            blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
+            from titan_exp.perf.memory_cpu import fresh_bytes  # only a CPU's terms read it
+
+            parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
+                                     * profile.fresh_memory_s_per_byte * profile.corrections.compute)
+        parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
+        return parts
+
+    # The step ends with its slowest rank: the critical path is every rank's, its communication and
+    # optimizer its own (a rank with fewer blocks but more of another part can be the slowest).
+    ranks = {(r.stages, r.blocks, r.first, r.last): i for i, r in enumerate(loads)}.values()
+    parts = max((rank_parts(i) for i in ranks), key=lambda d: sum(d.values()))
     step = sum(parts.values())
     tokens = t.global_batch_size * t.seq_len
     return StepPrediction(step, tokens / step / world, parts, notes)
