@@ -152,12 +152,12 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
     ("2026-11-25: predicted 65 % too slow to 67 % too fast (GPT-OSS 120B with EP 8 on 64 B200s 64 % too slow, "
      "below its EP 64 row where the table has it above); examining them showed EP's all-to-alls priced over the "
      "network whenever data-parallel sharding spans nodes, where EP's group is its innermost ranks "
-     "(perf.step.ep_spans_nodes), and per-microbatch FSDP traffic across nodes that Megatron's distributed "
+     "(perf.placement.ep_spans_nodes), and per-microbatch FSDP traffic across nodes that Megatron's distributed "
      "optimizer does not have (job_for: an MoE row without FSDP is HSDP over its EP groups, moe_replicas)",
      lambda r: moe_replicas(r) > 1 and r["model"] not in MLA_MODELS),  # the MLA rows came after, unexamined
     ("2026-11-26: predicted 45 % too slow (Qwen3-30B with EP 16 on 16 H100s, 4,855 tokens/s against 8,826-8,960); "
      "examining them showed an all-to-all over 2 nodes priced as if all 16 ranks sat on different nodes (15/16 of "
-     "each rank's bytes through its NIC, where half go there: MachineProfile.collective, perf.step.ep_node_ranks)",
+     "each rank's bytes through its NIC, where half go there: MachineProfile.collective, perf.placement.ep_node_ranks)",
      lambda r: r["model"] == "qwen3_30b_a3b" and r["gpu"].startswith("h100") and r["ep"] == "16"),
 )
 

@@ -15,7 +15,8 @@ from titan_exp.perf import float8_casts as f8c
 from titan_exp.perf import gpu, model_ops, overlap
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, Line, MachineProfile
-from titan_exp.perf.step import across_nodes, moe_tp_extra, node_ranks, predict_step
+from titan_exp.perf.placement import across_nodes, node_ranks
+from titan_exp.perf.step import moe_tp_extra, predict_step
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
@@ -781,6 +782,19 @@ def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chun
     send = profile.collective("send_recv", 2)(1 * 8192 * 4096 * 2)  # a microbatch's bf16 activations, NVLink
     assert step.parts["p2p"] == pytest.approx(2 * 3 * send)  # 8 microbatches' 16 sends hide behind 8 layers each
     assert step.parts["p2p"] < 16 * send  # what waiting on every send would cost
+
+
+def test_collectives_inside_a_stages_blocks_lengthen_the_pipelines_fill_and_drain_too():
+    """TP's collectives run inside every microbatch of a stage, so a microbatch reaches the next
+    stage as late as they make it: the bubble is (pp - 1) / v of the slowest rank's microbatch
+    with them, not of its compute alone (on a GPU priced from its parts)."""
+    job = llama8b("parallelism.data_parallel_shard_degree=1", "parallelism.tensor_parallel_degree=2",
+                  "parallelism.pipeline_parallel_degree=4", "parallelism.pipeline_parallel_microbatch_size=1",
+                  "training.local_batch_size=8", "training.global_batch_size=8")
+    parts = predict_step(job, spec_profile(H100, 8, 8), cuda=True).parts
+    microbatch = (parts["compute"] + parts["recompute"] + parts["tp"]) / 8
+    assert parts["tp"] > 0.02 * parts["compute"]
+    assert parts["bubble"] == pytest.approx(3 * microbatch)
 
 
 def test_a_pipeline_steps_at_its_slowest_ranks_pace_with_each_ranks_own_communication():

@@ -18,7 +18,8 @@ from titan_exp.perf.memory import GpuMemory, predict_memory
 from titan_exp.perf.memory_cpu import fresh_bytes
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, machine_key, model_shape
 from titan_exp.perf.shapes import block_tensors
-from titan_exp.perf.step import across_nodes, predict_step
+from titan_exp.perf.placement import across_nodes
+from titan_exp.perf.step import predict_step
 from titan_exp.perf.planner import with_layout
 
 TINY = ["model.n_layers=4", "training.seq_len=64"]

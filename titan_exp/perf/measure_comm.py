@@ -61,7 +61,7 @@ def measure_collectives(world: int, opts: Options, device: torch.device,
     node by node, so a group of consecutive ranks stays inside a node while it fits there; with
     more than one node, the same collectives also run over groups that take one rank from each
     of g nodes, and send/recv between ranks on different nodes: what a mesh dim that spans
-    nodes pays, which the model uses for those dims (perf.step.across_nodes)."""
+    nodes pays, which the model uses for those dims (perf.placement.across_nodes)."""
     out: dict[str, dict[int, Line]] = {}
     for g in group_sizes(world):
         for op, line in _collective_lines([list(range(s, s + g)) for s in range(0, world, g)], opts, device).items():

@@ -21,7 +21,8 @@ import yaml
 from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps, world_of
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy, this_machine
-from titan_exp.perf.step import StepPrediction, across_nodes, predict_step
+from titan_exp.perf.placement import across_nodes
+from titan_exp.perf.step import StepPrediction, predict_step
 from titan_exp.validation import resolve, validate
 
 __all__ = ["Plan", "Replan", "fastest_fitting", "plan", "predict_memory", "valid_layouts", "with_layout",
@@ -63,7 +64,7 @@ class Plan:
     parts_gib: dict[str, float]
     step: StepPrediction
     fits: bool = True
-    across_nodes: tuple[str, ...] = ()  # mesh dims (and "ep") whose groups span nodes (perf.step.across_nodes)
+    across_nodes: tuple[str, ...] = ()  # mesh dims (and "ep") whose groups span nodes (perf.placement.across_nodes)
     nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
 
     @property

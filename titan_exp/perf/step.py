@@ -22,8 +22,10 @@ leave the cores to the others, which is why pp4 does well on a 2-core CPU and no
 
 Pipeline. The critical path of a schedule is (microbatches + b x (pp - 1) / v) x the slowest
 rank's time per microbatch, with v stages per rank and b = 1, or 1/2 for the zero-bubble
-schedules (backward split into input and weight gradients fills part of the bubble). Every rank
-waits it out, then adds its own communication and optimizer: the step is the rank that ends last.
+schedules (backward split into input and weight gradients fills part of the bubble). On a GPU
+priced from its parts that time holds the TP, CP and EP collectives inside the rank's blocks.
+Every rank waits the path out and adds the rest of its own communication and its optimizer: the
+step is the rank that ends last.
 
 Communication, from the measured latency + bytes / bandwidth of each collective at its group size:
   FSDP   all-gather per block forward (and again in backward when resharded after forward;
@@ -83,12 +85,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from titan_exp.config import MESH_DIMS, ACMode, ActivationCheckpointConfig, JobConfig
+from titan_exp.config import ACMode, ActivationCheckpointConfig, JobConfig
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
 from titan_exp.perf.overlap import async_tp_exposed, fsdp_exposed, p2p_exposed
+from titan_exp.perf.placement import across_nodes, ep_node_ranks, ep_spans_nodes, node_ranks
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
@@ -142,44 +145,6 @@ def dtype_factor(job: JobConfig, profile: MachineProfile, flops: float, block_s:
         return 1.0
     share = min(1.0, fp32(flops) / max(block_s, 1e-12))
     return (1 - share) + share * profile.gemm[dtype](flops) / fp32(flops)
-
-
-def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
-    """How many ranks of one process group over the mesh dims `dims` (adjacent in the mesh, as
-    the flattened dp_shard x cp group is) sit in the same node. Ranks are numbered node by node
-    and the mesh is laid out pp, dp_replicate, dp_shard, cp, tp with tp innermost (TorchTitan's
-    order, which keeps TP inside a node whenever it fits there), so a group's ranks are `stride`
-    apart, stride being the product of the degrees inside it."""
-    degrees = job.parallelism.degrees
-    inner = max(MESH_DIMS.index(d) for d in dims)
-    stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
-    return max(1, min(math.prod(degrees[d] for d in dims), ranks_in_a_node(job) // stride))
-
-
-def ranks_in_a_node(job: JobConfig) -> int:
-    """The job's ranks on one node (all of them where the nodes do not divide the world)."""
-    world, nodes = math.prod(job.parallelism.degrees.values()), max(1, job.cluster.nnodes)
-    return world // nodes if world % nodes == 0 else world
-
-
-def ep_node_ranks(job: JobConfig) -> int:
-    """How many ranks of an expert-parallel group sit in one node: its ranks are the innermost of
-    the dp_shard x cp x tp group (parallel/dims.py: dp_shard_in_ep x cp x tp), so it leaves a node
-    only when ep ranks do not fit in one, however far data-parallel sharding reaches."""
-    return min(job.parallelism.expert_parallel_degree, node_ranks(job, ("dp_shard", "cp", "tp")))
-
-
-def ep_spans_nodes(job: JobConfig) -> bool:
-    """Whether an expert-parallel group spans nodes (ep_node_ranks)."""
-    return ep_node_ranks(job) < job.parallelism.expert_parallel_degree
-
-
-def across_nodes(job: JobConfig) -> set[str]:
-    """The mesh dims whose process groups span nodes (fewer of a group's ranks share a node,
-    node_ranks, than the group has), and "ep" where expert parallel's do (ep_spans_nodes)."""
-    degrees = job.parallelism.degrees
-    return ({d for d in MESH_DIMS if degrees[d] > 1 and node_ranks(job, (d,)) < degrees[d]}
-            | ({"ep"} if ep_spans_nodes(job) else set()))
 
 
 def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_bytes: float,
@@ -286,12 +251,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     # Compute, the bubble, and the machine's ranks competing for its cores.
     loads = rank_loads(p, m.n_layers)
     per_mb = [r.blocks * (block + recompute) + r.last * output_heads * head for r in loads]
-    slowest = max(range(len(loads)), key=lambda i: per_mb[i])
     v = loads[0].stages
-    critical = (n_mb + (BUBBLE[p.pipeline_parallel_schedule] * (pp - 1) / v if pp > 1 else 0)) * per_mb[slowest]
-    # Costs were measured with all `world` ranks computing; fewer at a time run faster.
-    active = world / pp * sum(n_mb * c for c in per_mb) / critical
-    slowdown = max(1.0, active / profile.concurrency) / max(1.0, world / profile.concurrency)
     pr = job.precision
     param_bytes = 2 if pr.param_dtype == "bfloat16" else 4
     # Activations travel in the compute dtype: bf16 under bf16 mixed precision (FSDP casts the
@@ -319,16 +279,73 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         nodes if they span nodes, through as many NICs as the group has ranks in a node."""
         return profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
 
+    def inline_comm(load) -> dict[str, float]:
+        """Seconds a microbatch of a rank holding `load` waits for the collectives inside its
+        blocks: TP's and CP's per block (TP's also at the embedding and the output), EP's per MoE
+        block."""
+        out = {}
+        if tp > 1:
+            wide = "tp" in spans
+            ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
+            if cost.tp_comm is not None and not wide:  # measured inside a node
+                # Measured on a real TP block (a recomputed forward repeats a third of it); the
+                # embedding's and output's collectives are in the measured rest of the model (head).
+                per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
+            else:
+                # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
+                # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+                fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
+                per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
+                if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
+                    partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
+                    forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
+                                                         tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
+                    per_block = (1 + full) * forward + backward
+                per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
+                ends = ((load.first + load.last) * (ag(act_bytes) + rs(act_bytes))
+                        + load.last * 3 * ar(8 * mb * t.seq_len / cp))
+            out["tp"] = load.blocks * per_block + ends
+        if cp > 1:
+            base = profile.block(model_shape(job), 1)
+            if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
+                per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
+            else:
+                ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
+                # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
+                k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp
+                                    for width in (m.head_size, m.v_head_size))
+                per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+            out["cp"] = load.blocks * per_block
+        if ep > 1:
+            a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
+            routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
+                            * (2 if job.precision.param_dtype == "bfloat16" else 4))
+            per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
+            out["ep"] = load.blocks * m.n_moe_layers / m.n_layers * per_layer
+        return out
+
+    # On a GPU priced from its parts these collectives lengthen each microbatch of a stage, so the
+    # fill and drain of the pipeline too.
+    comm_mb = [inline_comm(r) for r in loads]
+    period = [compute + (sum(comm.values()) * profile.corrections.communication if gpu is not None else 0.0)
+              for compute, comm in zip(per_mb, comm_mb)]
+    slowest = max(range(len(loads)), key=lambda i: period[i])
+    critical = (n_mb + (BUBBLE[p.pipeline_parallel_schedule] * (pp - 1) / v if pp > 1 else 0)) * period[slowest]
+    # Costs were measured with all `world` ranks computing; fewer at a time run faster.
+    active = world / pp * sum(n_mb * c for c in per_mb) / critical
+    slowdown = max(1.0, active / profile.concurrency) / max(1.0, world / profile.concurrency)
+
     def rank_parts(rank: int) -> dict[str, float]:
         """Pipeline rank `rank`'s step by part: the schedule's critical path, of which its own
-        blocks' compute, the rest idle (bubble), then its communication and optimizer."""
+        blocks' compute and (GPU) the collectives inside them, the rest idle (bubble); then the
+        rest of its communication and its optimizer."""
         worst = loads[rank]
         busy = n_mb * per_mb[rank]
         share_recompute = worst.blocks * recompute / per_mb[rank] if per_mb[rank] else 0.0
         parts = {
             "compute": accumulation * busy * (1 - share_recompute) * slowdown,
             "recompute": accumulation * busy * share_recompute * slowdown,
-            "bubble": accumulation * (critical - busy) * slowdown,
+            "bubble": accumulation * (critical - n_mb * period[rank]) * slowdown,
         }
         units = [block_unit] * worst.blocks + (
             [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
@@ -396,52 +413,18 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
             else:
                 parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
-        if tp > 1:
-            wide = "tp" in spans
-            ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
-            if cost.tp_comm is not None and not wide:  # measured inside a node
-                # Measured on a real TP block (a recomputed forward repeats a third of it); the
-                # embedding's and output's collectives are in the measured rest of the model (head).
-                per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
-            else:
-                # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
-                # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
-                fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
-                per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
-                if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
-                    partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
-                    forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
-                                                         tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
-                    per_block = (1 + full) * forward + backward
-                per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
-                ends = ((worst.first + worst.last) * (ag(act_bytes) + rs(act_bytes))
-                        + worst.last * 3 * ar(8 * mb * t.seq_len / cp))
-            parts["tp"] = accumulation * n_mb * (worst.blocks * per_block + ends)
-            if p.enable_async_tensor_parallel and cuda and gpu is None:  # fused with the matmuls, as measured
-                parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
-        if cp > 1:
-            base = profile.block(model_shape(job), 1)
-            if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
-                per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
-            else:
-                ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
-                # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
-                k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp
-                                    for width in (m.head_size, m.v_head_size))
-                per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
-            parts["cp"] = accumulation * n_mb * worst.blocks * per_block
+        for part in ("tp", "cp"):
+            if part in comm_mb[rank]:
+                parts[part] = accumulation * n_mb * comm_mb[rank][part]
+        if p.enable_async_tensor_parallel and cuda and gpu is None and tp > 1:  # fused with the matmuls, as measured
+            parts["tp"] -= profile.overlap * min(parts["tp"], compute_window)
         if pp > 1:
             sr = profile.collective("send_recv", 2, "pp" in spans)
             send, sends = sr(act_bytes / tp), n_mb * 2 * v
             parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, worst.blocks * fwd / v) if gpu is not None
                                            else sends * send)
         if ep > 1:
-            a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
-            routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
-                            * (2 if job.precision.param_dtype == "bfloat16" else 4))
-            moe_blocks = worst.blocks * m.n_moe_layers / m.n_layers
-            per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
-            parts["ep"] = accumulation * n_mb * moe_blocks * per_layer
+            parts["ep"] = accumulation * n_mb * comm_mb[rank]["ep"]
         for part in COMM_PARTS:
             if part in parts:
                 parts[part] = max(0.0, parts[part]) * profile.corrections.communication
@@ -461,8 +444,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
         return parts
 
-    # The step ends with its slowest rank: the critical path is every rank's, its communication and
-    # optimizer its own (a rank with fewer blocks but more of another part can be the slowest).
+    # The step ends with its slowest rank: the critical path is every rank's, the rest of its
+    # communication and its optimizer its own (fewer blocks but more of those can end last).
     ranks = {(r.stages, r.blocks, r.first, r.last): i for i, r in enumerate(loads)}.values()
     parts = max((rank_parts(i) for i in ranks), key=lambda d: sum(d.values()))
     step = sum(parts.values())
