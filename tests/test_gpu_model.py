@@ -921,6 +921,20 @@ def test_a_group_spanning_nodes_sends_through_each_of_its_gpus_nics():
     assert across.parts["fsdp"] < 0.05 * across.step_s and across.tokens_per_s_per_device > 0.95 * inside.tokens_per_s_per_device
 
 
+def test_hsdp_all_reduces_each_blocks_gradient_beside_the_backward():
+    """FSDP2 all-reduces a block's gradient shard over the replicas right after its reduce-scatter,
+    beside the backward of the blocks before it: of the 8B's HSDP over two nodes only the
+    embedding's and the output's all-reduces wait (until 2026-11-28 every unit's did)."""
+    hsdp = llama8b("cluster.nnodes=2", "cluster.nproc_per_node=8", "parallelism.data_parallel_shard_degree=8",
+                   "parallelism.data_parallel_replicate_degree=2", "training.global_batch_size=32")
+    profile = spec_profile(H100, 16, 8)
+    ar = profile.collective("all_reduce", 2, True, 1)  # one replica per node: each through its own NIC
+    m = hsdp.model
+    ends = ar(m.embedding_params / 8 * 4) + ar(m.output_params / 8 * 4)
+    blocks = m.n_layers * ar(m.block_params / 8 * 4)
+    assert predict_step(hsdp, profile, cuda=True).parts["hsdp"] == pytest.approx(ends) and blocks > 5 * ends
+
+
 def test_expert_parallel_stays_in_a_node_however_far_data_parallel_reaches():
     """EP's group is dp_shard's innermost ranks (parallel/dims.py): EP 8 over two nodes of 8 keeps
     its all-to-alls on NVLink, as on one node; EP 16 sends them over the network. (They were once

@@ -36,7 +36,8 @@ Communication, from the measured latency + bytes / bandwidth of each collective 
          waits for other ranks as well), scaled from two fp32 all-gathers and a reduce-scatter
          to the job's gathers and dtype by the collectives' lines. Under float8 all-gather the
          blocks' float8 linears travel a byte each, cast from the shard first (shapes.float8_gathered).
-  HSDP   + an all-reduce of each block's gradient shard over the replicas.
+  HSDP   + an all-reduce of each block's gradient shard over the replicas (on a GPU priced from its
+         parts, beside the backward after its reduce-scatter, as FSDP2 issues it).
   DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
   TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
          (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
@@ -387,6 +388,10 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 eag = profile.collective("all_gather", efsdp, wide)
                 ers = profile.collective("reduce_scatter", efsdp, wide)
                 comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
+            # HSDP: each unit's gradient shard all-reduced over the replicas, once a step
+            ar = line("all_reduce", rep, ("dp_replicate",)) if rep > 1 else None
+            reduced = [ar(u / shard * 4) for u in units] if ar else [0.0] * len(units)
+            routed_ar = ar(routed / (shard * tp) * 4) if ar and ep > 1 else 0.0
             if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
                 per_round = accumulation * n_mb / rounds
                 gather = block_ag
@@ -394,15 +399,18 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                 if ep > 1 and efsdp > 1 and worst.blocks:
                     gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
                 ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[worst.blocks:])
-                parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, gathers, per_round * fwd,
-                                                      per_round * (block - fwd + recompute), worst.blocks, ends)
+                hidden = (gathers, per_round * fwd, per_round * (block - fwd + recompute), worst.blocks)
+                parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, *hidden, ends)
+                if ar:  # a block's after its reduce-scatter, beside the last round's backward, as FSDP2 issues it
+                    block_ar = (reduced[0] + routed_ar) if worst.blocks else 0.0
+                    ends_ar = ends + sum(reduced[worst.blocks:])
+                    parts["hsdp"] = (fsdp_exposed(gather, reduce + block_ar, *hidden, ends_ar)
+                                     - fsdp_exposed(gather, reduce, *hidden, ends))
             else:
                 parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
+                if ar:
+                    parts["hsdp"] = sum(reduced) + worst.blocks * routed_ar
             parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
-            if rep > 1:
-                ar = line("all_reduce", rep, ("dp_replicate",))
-                parts["hsdp"] = sum(ar(u / shard * 4) for u in units) + (
-                    worst.blocks * ar(routed / (shard * tp) * 4) if ep > 1 else 0.0)
         elif rep > 1:
             ar = line("all_reduce", rep, ("dp_replicate",))
             grad_bytes = sum(units) * 4
