@@ -340,19 +340,19 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         """Pipeline rank `rank`'s step by part: the schedule's critical path, of which its own
         blocks' compute and (GPU) the collectives inside them, the rest idle (bubble); then the
         rest of its communication and its optimizer."""
-        worst = loads[rank]
+        load = loads[rank]
         busy = n_mb * per_mb[rank]
-        share_recompute = worst.blocks * recompute / per_mb[rank] if per_mb[rank] else 0.0
+        share_recompute = load.blocks * recompute / per_mb[rank] if per_mb[rank] else 0.0
         parts = {
             "compute": accumulation * busy * (1 - share_recompute) * slowdown,
             "recompute": accumulation * busy * share_recompute * slowdown,
             "bubble": accumulation * (critical - n_mb * period[rank]) * slowdown,
         }
-        units = [block_unit] * worst.blocks + (
-            [m.embedding_params / tp] if worst.first else []) + ([m.output_params / tp] if worst.last else [])
+        units = [block_unit] * load.blocks + (
+            [m.embedding_params / tp] if load.first else []) + ([m.output_params / tp] if load.last else [])
         compute_window = parts["compute"] + parts["recompute"]
         # A real FSDP block measured at this shard degree (tp 1, without EP, inside a node).
-        measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and worst.blocks
+        measured_fsdp = (cost.fsdp_extra.get(shard) if shard > 1 and tp == 1 and ep == 1 and load.blocks
                          and not {"dp_shard", "cp"} & spans else None)
 
         if shard > 1:
@@ -363,31 +363,31 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             # after their amax (one all-reduce per weight unless precomputed once a step) and their
             # cast from the shard (fp32 read, a byte written; on a GPU priced at HBM speed).
             f8, f8_weights = float8_gathered(job)
-            sent = [u * param_bytes - (f8 * (param_bytes - 1) if i < worst.blocks else 0.0)
+            sent = [u * param_bytes - (f8 * (param_bytes - 1) if i < load.blocks else 0.0)
                     for i, u in enumerate(units)]
-            block_ag = ag(sent[0]) if worst.blocks else 0.0
+            block_ag = ag(sent[0]) if load.blocks else 0.0
             precomputed = pr.float8_precompute_dynamic_scale_for_fsdp
             amax = line("all_reduce", shard, ("dp_shard", "cp"))
             per_byte = 1 / hbm(gpu_kernels) if f8 and gpu_kernels and cuda else 0.0
             shard_f8 = f8 / shard  # elements of the block's float8 weights on this rank, fp32
             scales_s = 0.0  # once a step when precomputed: every block's amax (a read of its shard), one all-reduce
             if f8 and precomputed:
-                scales_s = worst.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * worst.blocks)
+                scales_s = load.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * load.blocks)
             elif f8:  # per gather: the amax (a read of the shard) and one all-reduce a weight
                 block_ag += shard_f8 * 4 * per_byte + f8_weights * amax(4)
             block_ag += shard_f8 * 5 * per_byte  # per gather: the cast, reading 4 bytes and writing 1
-            gather_s = [block_ag if i < worst.blocks else ag(b) for i, b in enumerate(sent)]
+            gather_s = [block_ag if i < load.blocks else ag(b) for i, b in enumerate(sent)]
             comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
             if measured_fsdp is not None:  # the blocks as a real FSDP block measured, for this round's gathers, dtype
                 block_u = units[0]
                 lines = gathers * block_ag + rs(block_u * 4)
                 measured_lines = 2 * ag(block_u * 4) + rs(block_u * 4)
-                comm += rounds * worst.blocks * (measured_fsdp(seqs) * lines / measured_lines - lines)
+                comm += rounds * load.blocks * (measured_fsdp(seqs) * lines / measured_lines - lines)
             efsdp = shard * tp // ep
             if ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
                 eag = profile.collective("all_gather", efsdp, wide)
                 ers = profile.collective("reduce_scatter", efsdp, wide)
-                comm += rounds * worst.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
+                comm += rounds * load.blocks * (gathers * eag(routed / ep * param_bytes) + ers(routed / ep * 4))
             # HSDP: each unit's gradient shard all-reduced over the replicas, once a step
             ar = line("all_reduce", rep, ("dp_replicate",)) if rep > 1 else None
             reduced = [ar(u / shard * 4) for u in units] if ar else [0.0] * len(units)
@@ -395,21 +395,21 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
                 per_round = accumulation * n_mb / rounds
                 gather = block_ag
-                reduce = rs(units[0] * 4) if worst.blocks else 0.0
-                if ep > 1 and efsdp > 1 and worst.blocks:
+                reduce = rs(units[0] * 4) if load.blocks else 0.0
+                if ep > 1 and efsdp > 1 and load.blocks:
                     gather, reduce = gather + eag(routed / ep * param_bytes), reduce + ers(routed / ep * 4)
-                ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[worst.blocks:])
-                hidden = (gathers, per_round * fwd, per_round * (block - fwd + recompute), worst.blocks)
+                ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[load.blocks:])
+                hidden = (gathers, per_round * fwd, per_round * (block - fwd + recompute), load.blocks)
                 parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, *hidden, ends)
                 if ar:  # a block's after its reduce-scatter, beside the last round's backward, as FSDP2 issues it
-                    block_ar = (reduced[0] + routed_ar) if worst.blocks else 0.0
-                    ends_ar = ends + sum(reduced[worst.blocks:])
+                    block_ar = (reduced[0] + routed_ar) if load.blocks else 0.0
+                    ends_ar = ends + sum(reduced[load.blocks:])
                     parts["hsdp"] = (fsdp_exposed(gather, reduce + block_ar, *hidden, ends_ar)
                                      - fsdp_exposed(gather, reduce, *hidden, ends))
             else:
                 parts["fsdp"] = comm - (profile.overlap * min(comm, compute_window) if cuda else 0.0)
                 if ar:
-                    parts["hsdp"] = sum(reduced) + worst.blocks * routed_ar
+                    parts["hsdp"] = sum(reduced) + load.blocks * routed_ar
             parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
         elif rep > 1:
             ar = line("all_reduce", rep, ("dp_replicate",))
@@ -417,7 +417,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
             comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
             if gpu is not None:  # buckets reduce during backward; the last waits, and what backward cannot hide
-                backward = n_mb * worst.blocks * (block - fwd + recompute)
+                backward = n_mb * load.blocks * (block - fwd + recompute)
                 parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
             else:
                 parts["ddp"] = comm - profile.overlap * min(comm, compute_window)
@@ -429,25 +429,25 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         if pp > 1:
             sr = profile.collective("send_recv", 2, "pp" in spans)
             send, sends = sr(act_bytes / tp), n_mb * 2 * v
-            parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, worst.blocks * fwd / v) if gpu is not None
+            parts["p2p"] = accumulation * (p2p_exposed(send, pp, sends, load.blocks * fwd / v) if gpu is not None
                                            else sends * send)
         if ep > 1:
             parts["ep"] = accumulation * n_mb * comm_mb[rank]["ep"]
         for part in COMM_PARTS:
             if part in parts:
                 parts[part] = max(0.0, parts[part]) * profile.corrections.communication
-        local_params = sum(units) / shard + (worst.blocks * routed / (shard * tp) if ep > 1 else 0.0)
+        local_params = sum(units) / shard + (load.blocks * routed / (shard * tp) if ep > 1 else 0.0)
         if tp > 1 and cost.update is not None:  # a real TP model's, measured: its blocks and its rest
-            rest = (worst.first + worst.last) / 2  # the embedding's and the output's halves of it
-            parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * worst.blocks
+            rest = (load.first + load.last) / 2  # the embedding's and the output's halves of it
+            parts["optimizer"] = cost.update.latency_s * rest + cost.update.per_unit_s * load.blocks
         else:
             parts["optimizer"] = local_params * profile.optimizer_s_per_param
         parts["optimizer"] *= profile.corrections.compute
         if not cuda and profile.fresh_memory_s_per_byte:
-            blocks = 0 if measured_fsdp is not None else worst.blocks  # measured FSDP blocks: in their cost
+            blocks = 0 if measured_fsdp is not None else load.blocks  # measured FSDP blocks: in their cost
             from titan_exp.perf.memory_cpu import fresh_bytes  # only a CPU's terms read it
 
-            parts["fresh_memory"] = (fresh_bytes(job, blocks, worst.first, worst.last, accumulation)
+            parts["fresh_memory"] = (fresh_bytes(job, blocks, load.first, load.last, accumulation)
                                      * profile.fresh_memory_s_per_byte * profile.corrections.compute)
         parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
         return parts
