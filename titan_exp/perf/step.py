@@ -87,7 +87,7 @@ import math
 from dataclasses import dataclass, field
 
 from titan_exp.config import ACMode, ActivationCheckpointConfig, JobConfig
-from titan_exp.parallel.pipeline import rank_loads
+from titan_exp.parallel.pipeline import RankLoad, rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
@@ -280,7 +280,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         nodes if they span nodes, through as many NICs as the group has ranks in a node."""
         return profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
 
-    def inline_comm(load) -> dict[str, float]:
+    def inline_comm(load: RankLoad) -> dict[str, float]:
         """Seconds a microbatch of a rank holding `load` waits for the collectives inside its
         blocks: TP's and CP's per block (TP's also at the embedding and the output), EP's per MoE
         block."""
