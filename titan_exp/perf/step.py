@@ -275,10 +275,14 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                      "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
                      "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
 
+    lines: dict[tuple, Line] = {}
+
     def line(op: str, group: int, dims: tuple[str, ...]) -> Line:
         """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
         nodes if they span nodes, through as many NICs as the group has ranks in a node."""
-        return profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
+        if (op, group, dims) not in lines:
+            lines[op, group, dims] = profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
+        return lines[op, group, dims]
 
     def inline_comm(load: RankLoad) -> dict[str, float]:
         """Seconds a microbatch of a rank holding `load` waits for the collectives inside its
@@ -327,7 +331,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
 
     # On a GPU priced from its parts these collectives lengthen each microbatch of a stage, so the
     # fill and drain of the pipeline too.
-    comm_mb = [inline_comm(r) for r in loads]
+    by_load = {r: inline_comm(r) for r in set(loads)}
+    comm_mb = [by_load[r] for r in loads]
     period = [compute + (sum(comm.values()) * profile.corrections.communication if gpu is not None else 0.0)
               for compute, comm in zip(per_mb, comm_mb)]
     slowest = max(range(len(loads)), key=lambda i: period[i])
@@ -454,7 +459,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
 
     # The step ends with its slowest rank: the critical path is every rank's, the rest of its
     # communication and its optimizer its own (fewer blocks but more of those can end last).
-    ranks = {(r.stages, r.blocks, r.first, r.last): i for i, r in enumerate(loads)}.values()
+    ranks = {r: i for i, r in enumerate(loads)}.values()  # one of each load
     parts = max((rank_parts(i) for i in ranks), key=lambda d: sum(d.values()))
     step = sum(parts.values())
     tokens = t.global_batch_size * t.seq_len
