@@ -284,55 +284,53 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
             lines[op, group, dims] = profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
         return lines[op, group, dims]
 
+    # Seconds a microbatch waits for the collectives inside a rank's blocks: TP's and CP's per
+    # block (TP's also at the embedding and the output: per end, and the loss's), EP's per MoE block.
+    tp_block = tp_end = tp_loss = cp_block = ep_block = 0.0
+    if tp > 1:
+        ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
+        if cost.tp_comm is not None and "tp" not in spans:  # measured inside a node
+            # Measured on a real TP block (a recomputed forward repeats a third of it); the
+            # embedding's and output's collectives are in the measured rest of the model (head).
+            tp_block = cost.tp_comm(seqs) * (1 + full / 3)
+        else:
+            # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
+            # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+            fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
+            tp_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
+            if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
+                partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
+                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
+                                                     tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
+                tp_block = (1 + full) * forward + backward
+            tp_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
+            tp_end, tp_loss = ag(act_bytes) + rs(act_bytes), 3 * ar(8 * mb * t.seq_len / cp)
+    if cp > 1:
+        base = profile.block(model_shape(job), 1)
+        if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
+            cp_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
+        else:
+            ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
+            # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
+            k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp
+                                for width in (m.head_size, m.v_head_size))
+            cp_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+    if ep > 1:
+        a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
+        routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
+                        * (2 if job.precision.param_dtype == "bfloat16" else 4))
+        per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
+        ep_block = m.n_moe_layers / m.n_layers * per_layer
+
     def inline_comm(load: RankLoad) -> dict[str, float]:
-        """Seconds a microbatch of a rank holding `load` waits for the collectives inside its
-        blocks: TP's and CP's per block (TP's also at the embedding and the output), EP's per MoE
-        block."""
-        out = {}
-        if tp > 1:
-            wide = "tp" in spans
-            ag, rs, ar = (line(op, tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
-            if cost.tp_comm is not None and not wide:  # measured inside a node
-                # Measured on a real TP block (a recomputed forward repeats a third of it); the
-                # embedding's and output's collectives are in the measured rest of the model (head).
-                per_block, ends = cost.tp_comm(seqs) * (1 + full / 3), 0.0
-            else:
-                # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
-                # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
-                fwd_gather = act_elements if float8_collectives(job, cuda) else act_bytes  # float8: a byte each
-                per_block = (2 + 2 * full) * (ag(fwd_gather) + rs(act_bytes)) + 2 * (ag(act_bytes) + rs(act_bytes))
-                if gpu is not None and p.enable_async_tensor_parallel:  # collectives beside their GEMMs
-                    partials = act_bytes * (1 + 1 / tp) / hbm(gpu_kernels) * c  # read every rank's, write the sum
-                    forward, backward = async_tp_exposed(ag(fwd_gather), ag(act_bytes), rs(act_bytes),
-                                                         tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
-                    per_block = (1 + full) * forward + backward
-                per_block += moe_tp_extra(job, rs, ar, act_elements, act_bytes, full)
-                ends = ((load.first + load.last) * (ag(act_bytes) + rs(act_bytes))
-                        + load.last * 3 * ar(8 * mb * t.seq_len / cp))
-            out["tp"] = load.blocks * per_block + ends
-        if cp > 1:
-            base = profile.block(model_shape(job), 1)
-            if base is not None and cp in base.cp_extra:  # measured on a real CP block (at tp 1)
-                per_block = base.cp_extra[cp](mb) / tp * (1 + full / 3)
-            else:
-                ag, rs = line("all_gather", cp, ("cp",)), line("reduce_scatter", cp, ("cp",))
-                # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
-                k_bytes, v_bytes = (act_bytes / m.dim * cp * m.kv_heads * width / tp
-                                    for width in (m.head_size, m.v_head_size))
-                per_block = (1 + full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
-            out["cp"] = load.blocks * per_block
-        if ep > 1:
-            a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
-            routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
-                            * (2 if job.precision.param_dtype == "bfloat16" else 4))
-            per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
-            out["ep"] = load.blocks * m.n_moe_layers / m.n_layers * per_layer
-        return out
+        """A microbatch's seconds in the collectives inside the blocks of a rank holding `load`."""
+        comm = {"tp": load.blocks * tp_block + (load.first + load.last) * tp_end + load.last * tp_loss,
+                "cp": load.blocks * cp_block, "ep": load.blocks * ep_block}
+        return {part: s for part, s in comm.items() if {"tp": tp, "cp": cp, "ep": ep}[part] > 1}
 
     # On a GPU priced from its parts these collectives lengthen each microbatch of a stage, so the
     # fill and drain of the pipeline too.
-    by_load = {r: inline_comm(r) for r in set(loads)}
-    comm_mb = [by_load[r] for r in loads]
+    comm_mb = [inline_comm(r) for r in loads]
     period = [compute + (sum(comm.values()) * profile.corrections.communication if gpu is not None else 0.0)
               for compute, comm in zip(per_mb, comm_mb)]
     slowest = max(range(len(loads)), key=lambda i: period[i])
