@@ -84,6 +84,8 @@ CONFIGS = {
     # rowwise keeps all but w1 and w3 in bf16, which torchao's H100 tables find faster there.
     "float8 rowwise + compile, small linears bf16": ["precision=float8_rowwise", *COMPILE,
                                                      "precision.filter_fqns=[output,auto_filter_small_kn]"],
+    "float8 tensorwise + compile, small linears bf16": ["precision=float8", *COMPILE,
+                                                        "precision.filter_fqns=[output,auto_filter_small_kn]"],
 }
 TRACED = "traced"
 # TorchTitan's sequence length, one sequence a step, AC none: what its Llama 3 tables run (one H200
