@@ -116,11 +116,12 @@ def test_the_planner_predicts_one_h200s_peak_memory():
     """Issue 37's memory target on every run with the default optimizer (fused AdamW): within 10 %
     of the allocator's reserved peak. The tensors the planner counts (perf.memory_gpu's one replica
     under autocast: the states at the peak's moment, autocast's weight copies, what each block
-    saves, the loss) are within 11 % of the allocated peak, over on all but three (median 5.5 %,
-    worst 10.1 %; three under by 1-2 %): predicted as what ran, an
+    saves, the loss) are within 8 % of the allocated peak, over on all but five (median 3.0 %,
+    worst 7.7 %; five under by 1-2 %; within 11 %, median 5.5 %, before float8's blocks were
+    counted without the compiled bf16 block's CUDA_EXTRA, 2026-11-28): predicted as what ran, an
     untied output (as_ran), they were within 4 % of it while the planner took these models for
     tied, which two of the account's values, inferred from the bf16 + compile rows
-    (memory_gpu.CUDA_COMPILED_EXTRA, LOSS_UNITS), made up for. The MoE row takes the fitted model
+    (memory_gpu.CUDA_EXTRA, LOSS_UNITS), made up for. The MoE row takes the fitted model
     (memory_gpu.autocast_replica counts dense blocks)."""
     over = []
     for r in rows():
@@ -129,7 +130,7 @@ def test_the_planner_predicts_one_h200s_peak_memory():
         assert abs(parts["total"] / r["peak_memory_gib"] - 1) <= 0.10, (r["model"], r["config"], parts["total"])
         if "MoE" not in r["config"]:
             over.append(allocated / r["peak_allocated_gib"] - 1)
-    assert max(map(abs, over)) < 0.105 and sum(o < 0 for o in over) == 3 and 0.05 < statistics.median(over) < 0.06
+    assert max(map(abs, over)) < 0.08 and sum(o < 0 for o in over) == 5 and 0.025 < statistics.median(over) < 0.035
 
 
 def saved_by_one_block(job, compiled: bool = False, seq: int = 64) -> float:
@@ -181,14 +182,13 @@ def saved_by_one_block(job, compiled: bool = False, seq: int = 64) -> float:
 ])
 def test_what_a_block_saves_is_counted_on_the_block(model, precision, compiled, ac):
     """perf.memory_gpu.AUTOCAST_SAVED is what this toolkit's block saves, recounted here on the
-    block itself (less the CUDA-only CUDA_COMPILED_EXTRA); the 8B's shape, on which the counts were
+    block itself (without the CUDA-only CUDA_EXTRA); the 8B's shape, on which the counts were
     checked when written, takes a minute a mode. Within a byte: float8's scales, a few fp32
     scalars a block, are no bytes a token."""
     job = resolve(job_config(overrides_for(model, SUITE["shape"]["steps"], False) + [
         f"precision={precision}", f"activation_checkpoint.mode={ac}"]))
     mode = "selective" if ac == "selective" else "compiled" if compiled else "eager"
-    extra = mg.CUDA_COMPILED_EXTRA * job.model.dim if mode == "compiled" else 0
-    assert saved_by_one_block(job, compiled) == pytest.approx(mg.autocast_saved(job, mode) - extra, abs=1)
+    assert saved_by_one_block(job, compiled) == pytest.approx(mg.autocast_saved(job, mode, cuda=False), abs=1)
 
 
 def test_the_gpu_trace_reads_one_steps_own_device_work(tmp_path):

@@ -286,6 +286,28 @@ def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_pri
         dist.destroy_process_group()
 
 
+def test_calls_timed_back_to_back_are_timed_per_call_with_one_wait(monkeypatch):
+    """timing.queued, by which calibration times the block's memory-bound ops: one warm-up call,
+    then `reps` calls with no wait between them, and the mean a call (not the sum, not a median
+    of calls each waited on)."""
+    import time
+
+    import torch
+
+    from titan_exp.perf import timing
+
+    calls, waits = [], []
+
+    def work():
+        calls.append(time.perf_counter())
+        time.sleep(0.07 if len(calls) == 4 else 0.01)  # 10 ms (the warm-up, not timed), 10, 10, 70
+
+    monkeypatch.setattr(timing, "sync", lambda device: waits.append(len(calls)))
+    seconds = timing.queued(work, 3, torch.device("cpu"))
+    assert len(calls) == 4 and waits == [1, 4]
+    assert 0.03 <= seconds < 0.05  # the mean; the median would be 10 ms, the sum 90
+
+
 @pytest.mark.parametrize("query_latent", [128, 0])
 def test_calibration_times_an_mla_blocks_own_memory_bound_ops(query_latent):
     """For a model with multi-head latent attention, measure_kernels.elementwise_block runs the

@@ -18,9 +18,10 @@ at once, as it would compute in a step; each rate is the slowest rank's.
   against a dense GEMM of the same rows and tiles: its share of the dense rate, [grouped];
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
   and this toolkit's block's own (its two RMSNorms, RoPE on q and k, GQA's repeat of k and v, the
-  SwiGLU's SiLU and product, the residual adds) forward and backward on a sequence of the model's
-  shape, eager, and compiled with `--compile`: the rate the bytes perf.model_ops counts for them
-  move at (Kernels.elementwise_tb_s), for perf.gpu to price the model's memory-bound kernels at;
+  SwiGLU's SiLU and product, the residual adds) forward and backward on ELEMENTWISE_SEQUENCES
+  sequences of the model's shape, eager, and compiled with `--compile`, called back to back: the
+  rate the bytes perf.model_ops counts for them move at (Kernels.elementwise_tb_s), for perf.gpu
+  to price the model's memory-bound kernels at;
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host]; and where
   torchao's float8 runs on the device, a tiny eager float8 linear's forward (tensorwise) against a
@@ -58,6 +59,13 @@ logger = logging.getLogger("titan_exp")
 HOST_OPS = 200  # tiny ops per timed chain
 COMPILED_KERNELS = 32  # tiny matmuls per compiled chain
 GROUPS = 8  # experts of the timed grouped GEMM
+# Sequences of the block's memory-bound ops timed at once, their calls queued back to back
+# (timing.queued): on the H200, one sequence of the 1B's, compiled, timed a call at a time, took
+# 1.29 ms, 0.48 of the contiguous add's rate, where the compiled model's own kernels ran at
+# 0.77-0.79 of it in the 3B's traces (BENCHMARKS.md, 2026-11-28): its ~0.8 ms of device work
+# waited, it seems, on the host's launching of a compiled forward and backward. Four sequences
+# queued make the device's work the longer (an assumption until a GPU calibrates with it).
+ELEMENTWISE_SEQUENCES = 4
 FLOAT8_LINEARS = 20  # tiny float8 linears' forwards per timed chain
 FLOAT8_CAST_RECIPES = ("tensorwise", "rowwise")  # torchao's recipes whose casts' rate is measured
 
@@ -281,7 +289,7 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
         torch.autograd.grad(run(), block.leaves, grads)
 
     step()  # compiles, warms up
-    seconds = together(step, opts.reps, device)
+    seconds = together(step, opts.reps, device, back_to_back=True)
     act = torch.empty((), dtype=dtype).element_size()
     forward = elementwise_bytes(m, 1, LLAMA, compiled, tokens, act, m.ffn_hidden_dim)  # as block_times counts them
     return 3 * forward / seconds / 1e12
@@ -391,10 +399,11 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     if opts.compile:
         measured.append("host_compiled_s")
     grouped = grouped_gemm_share(sides[0], GROUPS, dtype, opts, device)
-    elementwise = {"eager": elementwise_tb_s(m, seqs[-1], dtype, opts, device, compiled=False)}
+    block_tokens = ELEMENTWISE_SEQUENCES * seqs[-1]
+    elementwise = {"eager": elementwise_tb_s(m, block_tokens, dtype, opts, device, compiled=False)}
     if opts.compile:
         try:
-            elementwise["compiled"] = elementwise_tb_s(m, seqs[-1], dtype, opts, device, compiled=True)
+            elementwise["compiled"] = elementwise_tb_s(m, block_tokens, dtype, opts, device, compiled=True)
         except Exception as exc:  # noqa: BLE001 - unmeasured, it is priced at the memory rate
             logger.warning("calibration: the block's compiled memory-bound ops did not run here; the plan prices "
                            "them at the memory rate: %s: %s", type(exc).__name__, exc)

@@ -54,7 +54,7 @@ is named so:
   the update        16 bytes a parameter, and the foreach AdamW's temporaries (FOREACH_UPDATE).
 The allocator's cache beyond these tensors (0.3-7 % of the reserved peak on the H200's rows,
 BENCHMARKS.md) is not priced here. The account was written after those rows were measured (two of
-its values were inferred from them: CUDA_COMPILED_EXTRA); its held-out check is the next GPU's
+its values were inferred from them: CUDA_EXTRA); its held-out check is the next GPU's
 grid (benchmarks/gpu_grid.py), named so in BENCHMARKS.md on 2026-11-26.
 
 Sources (checked 2026-11):
@@ -217,15 +217,22 @@ AUTOCAST_SAVED = {  # (mode, float8) -> (d, f, q, kv, h, bytes)
     ("selective", False): (2, 2, 2, 2, 4, 0),
     ("selective", True): (10, 2, 2, 2, 4, 0),
 }
-# A compiled block on CUDA keeps 8 bytes a token per unit of dim more than the same block compiled
-# on CPU (two fp32 tensors of the residual stream, it seems: Inductor on CPU recomputes them), and
-# the compiled loss holds 3 units of the bf16 logits (its saved logits, counted, and a gradient):
-# the two values that fit the H200's bf16 + compile rows of the 1B and the 3B (2026-11-25,
-# benchmarks/data/gpu_h200_suite.json); its float8 + compile rows, counted after, agree within 1 %.
-CUDA_COMPILED_EXTRA = 8
+# What a block keeps on CUDA beyond (or short of) what it keeps on CPU, bytes a token per unit of
+# dim, by (mode, float8). A compiled bf16 block keeps 8 more (two fp32 tensors of the residual
+# stream, it seems: Inductor on CPU recomputes them); with the compiled loss's 3 units of logits
+# (LOSS_UNITS), the two values that fit the H200's bf16 + compile rows of the 1B and the 3B
+# (2026-11-25, benchmarks/data/gpu_h200_suite.json). A float8 block does not: compiled, it keeps
+# what the CPU count says; under selective AC, what the bf16 block keeps (the CPU count's 8 more
+# are not there). Chosen from the H200's tied rows of 2026-11-28 (the 1B grid's and the 3B's, in
+# benchmarks/data/gpu_h200_grid_1b_tied.json: float8 + compile's allocated peak is bf16 +
+# compile's less the CPU counts' difference, 11.37 GiB on the 3B, 4.81 on the 1B; selective AC's
+# float8 and bf16 peaks equal to the MiB, eager and compiled); checked on the 8B grid's rows
+# (gpu_h200_grid_8b.json), named before it was computed: its float8 + compile members' allocated
+# peak within 3 % (+2 %; +7 % with the 8).
+CUDA_EXTRA = {("compiled", False): 8, ("selective", True): -8}
 # The loss at its peak, in units of the bf16 logits (tokens x vocab x 2 bytes): eager, the logits,
 # their fp32 copy, log-softmax's saved fp32 output and its fp32 gradient (7; with it the H200's
-# eager rows are their parts' sum within 1.2 %); compiled, 3 (inferred with CUDA_COMPILED_EXTRA).
+# eager rows are their parts' sum within 1.2 %); compiled, 3 (inferred with CUDA_EXTRA).
 LOSS_UNITS = {"eager": 7, "compiled": 3}
 FOREACH_UPDATE = 4  # bytes a parameter: torch's foreach AdamW's fp32 temporary (the square root of
 # the second moment, one list for all parameters: torch/optim/adam.py, _multi_tensor_adam); fused: 0
@@ -244,12 +251,13 @@ def autocast_replica(job: JobConfig) -> bool:
     return alone and job.model.n_moe_layers == 0 and autocast_dtype(job.precision, False) == torch.bfloat16
 
 
-def autocast_saved(job: JobConfig, mode: str) -> float:
-    """Bytes a token one block keeps for backward under bf16 autocast on CUDA, `mode` eager,
-    compiled or selective (AC per op): AUTOCAST_SAVED, and CUDA_COMPILED_EXTRA when compiled."""
+def autocast_saved(job: JobConfig, mode: str, cuda: bool = True) -> float:
+    """Bytes a token one block keeps for backward under bf16 autocast, `mode` eager, compiled or
+    selective (AC per op): AUTOCAST_SAVED as counted on CPU, with CUDA_EXTRA on CUDA."""
     m = job.model
-    d, f, q, kv, h, c = AUTOCAST_SAVED[(mode, job.precision.converter != "none")]
-    d += CUDA_COMPILED_EXTRA if mode == "compiled" else 0
+    key = (mode, job.precision.converter != "none")
+    d, f, q, kv, h, c = AUTOCAST_SAVED[key]
+    d += CUDA_EXTRA.get(key, 0) if cuda else 0
     heads = q * m.n_heads * m.head_size + kv * m.kv_heads * m.head_size + h * m.n_heads
     return d * m.dim + f * m.ffn_hidden_dim + heads + c
 

@@ -66,10 +66,25 @@ def slowest(seconds: float, device: torch.device) -> float:
     return t.item()
 
 
-def together(fn: Callable[[], object], reps: int, device: torch.device) -> float:
-    """Every rank runs `fn` at the same time; the slowest rank's median."""
+def queued(fn: Callable[[], object], reps: int, device: torch.device) -> float:
+    """Mean seconds of `fn` over `reps` calls launched back to back after one warm-up call, with
+    one wait at the end: the host queues a call's kernels while the device runs the last call's,
+    so where the device is the slower of the two this is the device's time. `timed` waits after
+    each call, and times the host's launching too where it is the slower."""
+    fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / reps
+
+
+def together(fn: Callable[[], object], reps: int, device: torch.device, back_to_back: bool = False) -> float:
+    """Every rank runs `fn` at the same time; the slowest rank's median (`timed`), or with
+    `back_to_back` its mean over calls queued one after another (`queued`)."""
     dist.barrier()
-    return slowest(timed(fn, reps, device), device)
+    return slowest((queued if back_to_back else timed)(fn, reps, device), device)
 
 
 # Rounds of a full calibration: the median of 5 rather than 3 (two calibrations of the 100M model

@@ -1,0 +1,166 @@
+"""The H200 session of 2026-11-28 evening (benchmarks/data/gpu_h200_grid_1b_tied.json): the check
+named after the 3B's grid, before it ran (BENCHMARKS.md, "Planner and autotune on one NVIDIA
+H200"): the 1B's grid with its embeddings tied, from a profile calibrated there that measured
+torchao's float8 cast rates, float8 GEMMs with fast accumulation and the block's own memory-bound
+rate for the first time; autotune given a quarter of the grid's time; the tied 3B's compiled
+steps traced; and torchao's float8 shape filter on the 1B and the 3B. Measured, none is held out
+any more; checked here on any machine."""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import sys
+
+import pytest
+from conftest import REPO, as_ran, job_config
+
+from titan_exp.perf.devices import SPECS, spec_profile
+from titan_exp.perf.fit import spearman
+from titan_exp.perf.memory import predict_memory
+from titan_exp.perf.profile import MachineProfile
+from titan_exp.perf.step import gpu_work_by_kind, predict_step
+from titan_exp.validation import resolve
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_suite import CONFIGS  # noqa: E402  (the suite's configurations, as the rows name them)
+
+DATA = REPO / "benchmarks" / "data"
+GRID = json.loads((DATA / "gpu_h200_grid_1b_tied.json").read_text())
+PROFILE = MachineProfile.from_dict(json.loads((DATA / GRID["profile"]).read_text()))
+ROWS = GRID["rows"]
+EARLIER = {"1b untied": "gpu_h200_grid", "8b": "gpu_h200_grid_8b", "3b untied": "gpu_h200_grid_3b"}
+
+
+@functools.cache
+def job(overrides: tuple[str, ...]):
+    return resolve(job_config(list(overrides)))
+
+
+def member(row: dict, grid: dict = GRID):
+    return job((*grid["base"].split(), *row["overrides"], *as_ran(grid)))
+
+
+def suite_job(model: str, config: str):
+    return job((f"model={model}", "training.seq_len=8192", "training.local_batch_size=1",
+                "training.global_batch_size=1", *CONFIGS[config]))
+
+
+def errors(predicted: list[float], measured: list[float]) -> list[float]:
+    return [abs(p / m - 1) for p, m in zip(predicted, measured)]
+
+
+def ranked(predicted: list[float], measured: list[float]) -> float:
+    return spearman([1 / p for p in predicted], [1 / m for m in measured])
+
+
+def test_the_tied_1b_grid_met_issue_38s_step_time_targets_held_out():
+    """All 18 members measured in 154 s, each beside the prediction the grid gave there from the
+    profile calibrated in the same call, which the planner still gives. Calibrated: Spearman 0.94
+    (target 0.9), median |error| 6.6 % (target 10 %; named: at most 12 %), worst 21 % (eager
+    float8 with selective AC, host-bound, and float8 + compile under AC, priced slow); the plan's
+    first choice, float8 tensorwise + compile without AC, measured within 1 % of the best. The spec
+    sheet: 0.92, 11.4 %."""
+    assert len(ROWS) == 18 and all(r["status"] == "ok" for r in ROWS)
+    seconds = [r["step_s"] for r in ROWS]
+    calibrated = [predict_step(member(r), PROFILE, cuda=True).step_s for r in ROWS]
+    assert calibrated == pytest.approx([r["predicted_step_s"] for r in ROWS], rel=1e-9)
+    spec = [predict_step(member(r), spec_profile(SPECS["h200"], 1, 1), cuda=True).step_s for r in ROWS]
+    assert ranked(calibrated, seconds) == pytest.approx(0.936, abs=0.001)
+    assert statistics.median(errors(calibrated, seconds)) == pytest.approx(0.066, abs=0.001)
+    assert max(errors(calibrated, seconds)) == pytest.approx(0.211, abs=0.001)
+    assert (ranked(spec, seconds), statistics.median(errors(spec, seconds))) == pytest.approx((0.920, 0.114), abs=0.001)
+    first = ROWS[min(range(len(ROWS)), key=lambda i: calibrated[i])]
+    assert first["tokens_per_second"] >= 0.99 * max(r["tokens_per_second"] for r in ROWS)
+
+
+def test_the_tied_1b_grids_memory_within_issue_38s_target_since_float8s_blocks_are_counted_apart():
+    """On the GPU the planner was within 10 % of the reserved peak on 14 of 18 members; the misses
+    float8 + compile without AC and with selective AC, 10.7-11.2 % over. Since a float8 block on
+    CUDA is counted without the compiled bf16 block's extra (memory_gpu.CUDA_EXTRA, chosen from
+    these rows and the tied 3B's, so in sample here), all 18, worst 6.4 %."""
+    on_the_gpu = [abs(r["predicted_memory_gib"] / r["peak_memory_gib"] - 1) for r in ROWS]
+    assert sum(e <= 0.10 for e in on_the_gpu) == 14
+    assert {r["layout"] for r, e in zip(ROWS, on_the_gpu) if e > 0.10} == {
+        f"single, AC {ac}, compile=true, {p}" for ac in ("none", "selective") for p in ("float8", "float8_rowwise")}
+    now = [abs(predict_memory(member(r), cuda=True)["total"] / r["peak_memory_gib"] - 1) for r in ROWS]
+    assert max(now) == pytest.approx(0.064, abs=0.001)
+
+
+def test_autotune_found_the_grids_best_within_a_quarter_of_its_time():
+    """Issue 38's autotune target, met for the first time: `launch.py -m +sweep=autotune` over the
+    same axes, given a quarter of the grid's time (gpu_grid.py's default since 2026-11-28), raced
+    its predicted best alone and picked it, 99.1 % of the grid's best (target 97 %; the best,
+    float8 tensorwise + compile with selective AC, within 1 % of it), in 20 % of the grid's time."""
+    at = GRID["autotune"]
+    assert at["winner"] == "single, AC none, compile=true, float8 [local batch 1]"
+    assert at["winner_of_grid_best"] == pytest.approx(0.991, abs=0.001) and at["time_share"] == pytest.approx(0.20, abs=0.01)
+    assert len(GRID["autotune_record"]["rounds"][0]["members"]) == 1
+
+
+def test_the_tied_3b_compiled_steps_traced_against_what_was_named():
+    """Named for them before they ran: the optimizer phase priced at 30 ms (traced 29.4-29.6: met);
+    their memory 4.4 GiB under the untied runs' (bf16 + compile 68.68 GiB reserved, 73.04 untied:
+    met); float8 tensorwise + compile's GEMMs priced 8-15 % slow (11.7 %: met); bf16 + compile's
+    memory-bound work within 15 % of its trace (priced 72.9 ms, traced 46.3: missed, 57 % slow:
+    calibration's compiled block ran at 0.48 of the contiguous add's rate, the model's own kernels
+    at 0.77; measure_kernels.ELEMENTWISE_SEQUENCES)."""
+    rows = {r["config"]: r for r in GRID["suite_rows"]}
+    bf16, f8 = rows["bf16 + compile, traced"], rows["float8 tensorwise + compile, traced"]
+    for row in (bf16, f8):
+        here = gpu_work_by_kind(suite_job("llama3_3b", row["config"]), PROFILE)
+        there = row["trace"]["busy_by_kind_ms"]
+        assert here["optimizer"] * 1e3 == pytest.approx(30.9, abs=0.1) and 29 < there["optimizer"] < 30
+        if row is f8:
+            assert 1.08 < here["gemm"] * 1e3 / there["gemm"] < 1.15
+        else:
+            assert here["memory_bound"] * 1e3 / there["memory_bound"] == pytest.approx(1.57, abs=0.01)
+    untied = json.loads((DATA / "gpu_h200_grid_3b.json").read_text())
+    before = next(r for r in untied["rows"] if r["layout"] == "single, AC none, compile=true, bf16")
+    assert before["peak_memory_gib"] - bf16["peak_memory_gib"] == pytest.approx(4.4, abs=0.05)
+
+
+def test_torchaos_shape_filter_measured_faster_on_both_models():
+    """torchao's float8 shape filter (precision.filter_fqns=[output,auto_filter_small_kn]), each
+    model's pair in one run: the 1B's rowwise + compile 11.6 % faster with it (named from the 1B's
+    untied grid profile: 2.7 % slower; missed), the 3B's tensorwise + compile 6.0 % faster (named
+    from this profile, 20:00 UTC: 0.6 % faster; the order met, the size not), which takes float8
+    tensorwise + compile from 1.07x to 1.14x bf16 + compile on the 3B (issue 37's 1.25x still
+    missed). Predicted from this profile, every filtered run 6-14 % slow."""
+    runs = GRID["shape_filter_rows"]
+    one = {r["config"]: r["tokens_per_second"] for r in runs["llama3_1b"]}
+    three = {r["config"]: r["tokens_per_second"] for r in runs["llama3_3b"]}
+    assert one["float8 rowwise + compile, small linears bf16"] / one["float8 rowwise + compile"] == pytest.approx(1.116, abs=0.001)
+    filtered, plain = three["float8 tensorwise + compile, small linears bf16"], three["float8 tensorwise + compile"]
+    bf16 = three["bf16 + compile"]
+    assert filtered / plain == pytest.approx(1.060, abs=0.001)
+    assert (plain / bf16, filtered / bf16) == pytest.approx((1.072, 1.136), abs=0.001)
+    named = {c: predict_step(suite_job("llama3_3b", c), PROFILE, cuda=True).tokens_per_s_per_device for c in three}
+    assert {c: round(t, -1) for c, t in named.items()} == {
+        "float8 tensorwise + compile, small linears bf16": 21950, "float8 tensorwise + compile": 21810,
+        "bf16 + compile": 20540, "float8 rowwise + compile, small linears bf16": 20340}
+    for model, rows in runs.items():
+        for r in rows:
+            predicted = predict_step(suite_job(model, r["config"]), PROFILE, cuda=True).step_s
+            assert 0.0 < predicted / r["step_s"] - 1 < (0.15 if "small linears" in r["config"] else 0.09), r["config"]
+
+
+def test_this_profile_predicts_the_earlier_grids_within_issue_38s_targets():
+    """Not named before it was computed, and nothing in it fitted: this profile, calibrated on the
+    tied 1B (the first with float8 cast rates, fast-accumulation GEMMs and the block's memory-bound
+    rate), predicts the three earlier grids, measured on 2026-11-27 and 2026-11-28, within issue
+    38's step-time targets, where their own profiles did not: median |error| 8.3 % (1B, untied;
+    its own 13.2 %), 5.6 % (8B; 10.0 %), 7.1 % (3B, untied; 14.0 %); Spearman 0.94, 0.97, 0.94.
+    The compiled members are priced 1-21 % slow, the block's compiled rate (above)."""
+    expected = {"1b untied": (0.083, 0.938), "8b": (0.056, 0.971), "3b untied": (0.071, 0.942)}
+    for name, file in EARLIER.items():
+        grid = json.loads((DATA / f"{file}.json").read_text())
+        rows = [r for r in grid["rows"] if r["status"] == "ok"]
+        seconds = [r["step_s"] for r in rows]
+        predicted = [predict_step(member(r, grid), PROFILE, cuda=True).step_s for r in rows]
+        assert (statistics.median(errors(predicted, seconds)), ranked(predicted, seconds)) == pytest.approx(
+            expected[name], abs=0.001), name
+        for r, p in zip(rows, predicted):
+            if "compile=true" in r["layout"]:
+                assert 0.0 < p / r["step_s"] - 1 < 0.22, (name, r["layout"])
