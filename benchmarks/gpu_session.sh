@@ -9,13 +9,15 @@
 #    member of AC x compile x precision it starts in GRID_MINUTES (default 4), eager ones first;
 # 4. benchmarks/gpu_suite.py on llama3_3b, the rows named in $SUITE, predicted from the grid's
 #    calibrated profile.
-# The defaults are the next session's held-out check (named 2026-11-28, BENCHMARKS.md): the 1B's
-# grid with its embeddings tied (as since the fix of 2026-11-28), and the tied 3B's bf16 and float8
-# tensorwise + compile steps traced. The grids ran as
+# The defaults are the next session's held-out check (named 2026-11-28, BENCHMARKS.md): the 3B's
+# grid with its embeddings tied (as since the fix of 2026-11-28), from a profile whose block
+# memory-bound rate is timed queued, and the tied 3B's bf16 and float8 tensorwise + compile steps
+# traced. The grids ran as
 #     GRID="--model llama3_1b" SUITE="bf16 + compile|float8 tensorwise + compile" bash benchmarks/gpu_session.sh 4 2 555
 #     GRID="--model llama3_8b --layers 8" SUITE="bf16 eager, AC selective, traced|float8 rowwise + compile, traced" \
 #         bash benchmarks/gpu_session.sh 4 1.5 530     # 2026-11-27 and 2026-11-28
 #     GRID="--model llama3_3b" bash benchmarks/gpu_session.sh 4 1.5 565   # 2026-11-28 (untied, as the 1B's)
+#     GRID="--model llama3_1b" bash benchmarks/gpu_session.sh 4 1.5 565   # 2026-11-28 evening (tied)
 # Each stage has a time limit, all of them within TOTAL_S (default 570, under the device's 600 s a
 # command), and the archive is rewritten after each, so what ran comes back.
 #     GRID=... bash benchmarks/gpu_session.sh resume [AUTOTUNE_MINUTES]     # -> $OUT/gpu_session_resume.tgz
@@ -29,7 +31,7 @@ mkdir -p "$out" "$r"
 export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
 if [ "${1:-}" = resume ]; then
-  timeout 560 python3 benchmarks/gpu_grid.py ${GRID:---model llama3_1b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
+  timeout 560 python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
       --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
@@ -48,7 +50,7 @@ echo "smoke rc=$rc in $((SECONDS - start)) s"; tail -5 "$r/smoke.log"
 if [ $rc -ne 0 ]; then pack; exit 1; fi
 start=$SECONDS
 grid_minutes=${1:-4}
-timeout $(python3 -c "print(int(60 * $grid_minutes + 100))") python3 benchmarks/gpu_grid.py ${GRID:---model llama3_1b} \
+timeout $(python3 -c "print(int(60 * $grid_minutes + 100))") python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} \
     --global-batch 1 --budget-minutes "$grid_minutes" --out "$r/grid" > "$r/grid.log" 2>&1
 echo "grid rc=$? in $((SECONDS - start)) s"; tail -25 "$r/grid.log"
 pack
