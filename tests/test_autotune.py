@@ -158,3 +158,28 @@ def test_the_precision_axis_is_what_the_device_trains_fastest_with():
         (p, f"local batch {b}" + (f" x {4 // b} accumulated" if b < 4 else ""))
         for p in ("bf16", "float8", "float8_rowwise") for b in (1, 2, 4)}
     assert {c.layout.split(", ")[-1] for c in cpu} == {"fp32", "bf16"}
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("search", ["[precision,float8_filter]", "[float8_filter,precision]"])
+def test_the_float8_filter_axis_adds_each_float8_candidate_with_torchaos_shape_filter(search):
+    """autotune.search=[precision,float8_filter] (in either order): each float8 candidate, tensorwise
+    and rowwise, also with torchao's shape filter (precision.filter_fqns gains
+    auto_filter_small_kn, its own names kept); bf16's once. On one H200 the filter ran float8 +
+    compile 6-12 % faster (BENCHMARKS.md, 2026-11-28). Every candidate's overrides validate."""
+    from titan_exp.perf.devices import SPECS, spec_profile
+
+    base = [*SMALL, *TINY, "training.global_batch_size=1", "training.local_batch_size=1", "cluster=slurm",
+            "cluster.gpus_per_node=1", "precision.filter_fqns=[output]"]
+    job = job_config([*base, f"autotune.search={search}"])
+    gpu = candidates(job, 1, cuda=True, profile=spec_profile(SPECS["h200"], 1, 1), memory_gib=1e3)
+    assert sorted(c.layout.split(", ", 1)[1] for c in gpu) == [
+        "bf16", "float8", "float8, small linears bf16", "float8_rowwise", "float8_rowwise, small linears bf16"]
+    for c in gpu:
+        composed = job_config([*base, *c.overrides])
+        assert not validate(composed, cuda=True), c.name
+        assert composed.precision.filter_fqns == (["output", "auto_filter_small_kn"] if "small linears" in c.name
+                                                  else ["output"])
+    # where it would add nothing, it is refused before any rank starts, saying why
+    (cpu,) = validate(job, cuda=False)
+    assert "float8_filter: no candidate trains in float8" in cpu and "fp32 and bf16 on CPUs" in cpu

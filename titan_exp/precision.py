@@ -21,17 +21,13 @@ import logging
 import torch
 from torch import nn
 
-from titan_exp.config import Converter, DType, Float8Recipe, JobConfig, ModelConfig, PrecisionConfig, problem
+from titan_exp.config import AUTO_FILTER, Converter, DType, Float8Recipe, JobConfig, ModelConfig, PrecisionConfig, problem
 
 logger = logging.getLogger("titan_exp")
 
 DTYPES = {DType.float32: torch.float32, DType.bfloat16: torch.bfloat16}
 # Shapes the low-precision kernels need: float8 matmuls want multiples of 16, MX blocks are 32.
 ALIGNMENT = {Converter.float8: 16, Converter.mxfp8: 32}
-# In precision.filter_fqns, TorchTitan's name for torchao's float8 shape filter: a linear stays in
-# high precision where its recipe's float8 GEMM and casts were measured slower than bf16's on an
-# H100 (torchao.float8._auto_filter_for_recipe, torchao/float8/README.md's performance tables).
-AUTO_FILTER = "auto_filter_small_kn"
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:

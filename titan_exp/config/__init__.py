@@ -17,6 +17,7 @@ from titan_exp.config.compose import (
     user_sweeps,
 )
 from titan_exp.config.schema import (
+    AUTO_FILTER,
     ACMode,
     ActivationCheckpointConfig,
     AutotuneAxis,
@@ -69,6 +70,7 @@ from titan_exp.config.schema import (
 )
 
 __all__ = [
+    "AUTO_FILTER",
     "ACMode",
     "ActivationCheckpointConfig",
     "AutotuneAxis",

@@ -3,7 +3,7 @@ validation: it plans and measures the candidates)."""
 
 from __future__ import annotations
 
-from titan_exp.config.schema import AutotuneAxis, JobConfig, problem
+from titan_exp.config.schema import AutotuneAxis, Converter, Float8Recipe, JobConfig, problem
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -27,4 +27,26 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
                          "candidate already; drop it"))
     if len(set(a.search)) != len(a.search):
         e.append(problem("autotune.search", [s.value for s in a.search], "lists an axis twice"))
+    if AutotuneAxis.float8_filter in a.search:
+        e += _float8_filter(job, cuda)
     return e
+
+
+def _float8_filter(job: JobConfig, cuda: bool) -> list[str]:
+    """float8_filter adds a candidate beside each float8 tensorwise or rowwise one without the
+    filter: refused where there is none. (A member the search launches, its filter named in
+    precision.filter_fqns, keeps the axis in its config: that is no refusal.)"""
+    a, p = job.autotune, job.precision
+    searched = [s.value for s in a.search]
+    if AutotuneAxis.precision in a.search:  # its presets: float8's on a GPU, fp32 and bf16 on a CPU
+        if cuda:
+            return []
+        why, fix = "the precision axis searches fp32 and bf16 on CPUs", "drop float8_filter, or search on GPUs"
+    elif p.converter == Converter.float8 and p.float8_recipe != Float8Recipe.rowwise_with_gw_hp:
+        return []
+    else:
+        why = f"precision.converter is {p.converter.value}" + (
+            f", recipe {p.float8_recipe.value}" if p.converter == Converter.float8 else "")
+        fix = "search precision too on GPUs, or set precision=float8 or float8_rowwise"
+    return [problem("autotune.search", searched, f"float8_filter: no candidate trains in float8 tensorwise or "
+                    f"rowwise ({why}); {fix}")]

@@ -374,6 +374,12 @@ class ParallelismConfig:
         return math.prod(d for dim, d in self.degrees.items() if dim != "dp_shard")
 
 
+# In precision.filter_fqns, TorchTitan's name for torchao's float8 shape filter: a linear stays in
+# high precision where its recipe's float8 GEMM and casts were measured slower than bf16's on an
+# H100 (torchao.float8._auto_filter_for_recipe, torchao/float8/README.md's performance tables).
+AUTO_FILTER = "auto_filter_small_kn"
+
+
 @dataclass
 class PrecisionConfig:
     """Numeric formats: mixed precision, and low-precision linears through torchao."""
@@ -390,7 +396,7 @@ class PrecisionConfig:
     )
     mx_recipe: MXRecipe = doc(MXRecipe.mxfp8_emulated_rceil, "torchao MXFP8 training recipe")
     filter_fqns: List[str] = doc(["output"], "linears whose name contains one of these stay in high precision; "
-                                 "'auto_filter_small_kn' adds torchao's float8 shape filter (as TorchTitan)")
+                                 f"'{AUTO_FILTER}' adds torchao's float8 shape filter (as TorchTitan)")
     emulate: Optional[bool] = doc(None, "emulate low-precision matmuls; null = when the device lacks them")
 
 
@@ -657,7 +663,8 @@ class ProfilingConfig:
                                                               "(CUDA) or rank<r>_memory_phases.json (CPU)")
 
 
-AutotuneAxis = choices("AutotuneAxis", "layout activation_checkpoint compile precision local_batch_size microbatch_size")
+AutotuneAxis = choices("AutotuneAxis", "layout activation_checkpoint compile precision float8_filter local_batch_size "
+                                       "microbatch_size")
 
 
 @dataclass

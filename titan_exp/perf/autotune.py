@@ -8,7 +8,8 @@
    time the record reports. With autotune.calibrate=false those parts are FLOPs estimates, and
    the record's first line says so and how far off such estimates were when last checked.
 1. Candidates: every valid layout of the world size (titan_exp.perf.planner), times the values of
-   each other axis in `autotune.search` (AC mode, compile, precision), at the job's global batch,
+   each other axis in `autotune.search` (AC mode, compile, precision; float8_filter: each float8
+   tensorwise or rowwise candidate also with torchao's shape filter), at the job's global batch,
    each checked by the validator the launcher runs. Each runs at its fastest predicted split of
    the global batch (local batch and accumulation, PP microbatch), or at every split the search
    names (local_batch_size, microbatch_size): a layout is never dropped for want of a split.
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from titan_exp.config import CONF, ACMode, AutotuneAxis, Executor, JobConfig, layout_label
+from titan_exp.config import AUTO_FILTER, CONF, ACMode, AutotuneAxis, Converter, Executor, Float8Recipe, JobConfig, layout_label
 from titan_exp.files import atomic_write
 from titan_exp.perf import hardware as hw
 from titan_exp.perf.calibrate import Coverage, cover
@@ -72,7 +73,8 @@ def _key(override: str) -> str:
 GPU_PRECISIONS = ("bf16", "float8", "float8_rowwise")
 CPU_PRECISIONS = ("fp32", "bf16")
 # How a candidate's overrides read in its name.
-LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}"}
+LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}",
+          "precision.filter_fqns": "small linears bf16"}
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -127,6 +129,14 @@ def _variant(job: JobConfig, overrides: list[str], axis: AutotuneAxis, cuda: boo
             preset = OmegaConf.merge(OmegaConf.structured(job.precision), OmegaConf.load(CONF / "precision" / f"{name}.yaml"))
             out.append((r(job, precision=OmegaConf.to_object(preset)), [*overrides, f"precision={name}"]))
         return out
+    if axis == AutotuneAxis.float8_filter:  # torchao's shape filter beside a float8 candidate's own list
+        p = job.precision
+        if (p.converter != Converter.float8 or p.float8_recipe == Float8Recipe.rowwise_with_gw_hp
+                or AUTO_FILTER in p.filter_fqns):
+            return [(job, overrides)]
+        names = [*p.filter_fqns, AUTO_FILTER]
+        return [(job, overrides), (r(job, precision=r(p, filter_fqns=names)),
+                                   [*overrides, f"precision.filter_fqns=[{','.join(names)}]"])]
     return [(job, overrides)]
 
 
@@ -142,7 +152,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     out, seen = [], set()
     for degrees in degree_sets:
         variants: list[tuple[JobConfig, list[str]]] = [(with_layout(job, degrees, global_batch), [])]
-        for axis in axes:
+        for axis in sorted(axes, key=lambda a: a == AutotuneAxis.float8_filter):  # the filter after precision
             if axis != AutotuneAxis.layout:
                 variants = [v for j, o in variants for v in _variant(j, o, axis, cuda)]
         for variant, extra in variants:
