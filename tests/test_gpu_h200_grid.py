@@ -80,8 +80,8 @@ def test_the_planner_ranks_the_grid_and_its_first_choice_measures_near_the_best(
 def test_the_memory_the_planner_counts_is_what_the_grid_allocated():
     """The tensors perf.memory_gpu counts, for the model that ran (an untied output, as_ran): over
     the allocated peak on every member, by 1-10 % (median 4.6 %; 1-12 %, median 7.6 %, before
-    float8's blocks lost the compiled bf16 block's CUDA_EXTRA, 2026-11-28). While the planner took it for the
-    tied 1B, its count was within 3 % on 15 of the 18: two of the account's values, inferred from
+    float8's blocks lost the compiled bf16 block's CUDA_EXTRA, 2026-11-28). While the planner took
+    it for the tied 1B, its count was within 3 % on 15 of the 18: two of the account's values, inferred from
     2026-11-25's runs of the same untied models, made up for the untied matrix's states."""
     over = []
     for r in ROWS:
