@@ -18,10 +18,10 @@ at once, as it would compute in a step; each rate is the slowest rank's.
   against a dense GEMM of the same rows and tiles: its share of the dense rate, [grouped];
 - memory-bound kernels: an elementwise add of two large tensors into a third (three streams): [hbm];
   and this toolkit's block's own (its two RMSNorms, RoPE on q and k, GQA's repeat of k and v, the
-  SwiGLU's SiLU and product, the residual adds) forward and backward on ELEMENTWISE_SEQUENCES
-  sequences of the model's shape, eager, and compiled with `--compile`, called back to back: the
-  rate the bytes perf.model_ops counts for them move at (Kernels.elementwise_tb_s), for perf.gpu
-  to price the model's memory-bound kernels at;
+  SwiGLU's SiLU and product, the residual adds) forward and backward on a sequence of the model's
+  shape (on a GPU, ELEMENTWISE_SEQUENCES of them), eager, and compiled with `--compile`, called
+  back to back: the rate the bytes perf.model_ops counts for them move at
+  (Kernels.elementwise_tb_s), for perf.gpu to price the model's memory-bound kernels at;
 - host time: a chain of tiny ops that autograd records, with no wait in between, per op; and, with
   `--compile`, a compiled chain of tiny matmuls (one kernel each), per kernel: [host]; and where
   torchao's float8 runs on the device, a tiny eager float8 linear's forward (tensorwise) against a
@@ -399,7 +399,7 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     if opts.compile:
         measured.append("host_compiled_s")
     grouped = grouped_gemm_share(sides[0], GROUPS, dtype, opts, device)
-    block_tokens = ELEMENTWISE_SEQUENCES * seqs[-1]
+    block_tokens = (ELEMENTWISE_SEQUENCES if device.type == "cuda" else 1) * seqs[-1]  # a CPU plan reads blocks
     elementwise = {"eager": elementwise_tb_s(m, block_tokens, dtype, opts, device, compiled=False)}
     if opts.compile:
         try:
