@@ -12,7 +12,7 @@
 # The defaults are the next session's held-out check (named 2026-11-28, BENCHMARKS.md): the 3B's
 # grid with its embeddings tied (as since the fix of 2026-11-28), from a profile whose block
 # memory-bound rate is timed queued, and the tied 3B's bf16 and float8 tensorwise + compile steps
-# traced. The grids ran as
+# traced, the float8 one with full AC too. The grids ran as
 #     GRID="--model llama3_1b" SUITE="bf16 + compile|float8 tensorwise + compile" bash benchmarks/gpu_session.sh 4 2 555
 #     GRID="--model llama3_8b --layers 8" SUITE="bf16 eager, AC selective, traced|float8 rowwise + compile, traced" \
 #         bash benchmarks/gpu_session.sh 4 1.5 530     # 2026-11-27 and 2026-11-28
@@ -56,7 +56,7 @@ echo "grid rc=$? in $((SECONDS - start)) s"; tail -25 "$r/grid.log"
 pack
 start=$SECONDS
 suite_minutes=${2:-1.5}
-IFS='|' read -r -a suite <<< "${SUITE:-bf16 + compile, traced|float8 tensorwise + compile, traced}"
+IFS='|' read -r -a suite <<< "${SUITE:-bf16 + compile, traced|float8 tensorwise + compile, traced|float8 tensorwise + compile, AC full, traced}"
 timeout $(( ${3:-570} - SECONDS )) python3 benchmarks/gpu_suite.py --models llama3_3b \
     --configs "${suite[@]}" --steps 12 --no-tests --no-calibrate \
     --budget-minutes "$suite_minutes" --out "$r/suite" > "$r/suite.log" 2>&1
