@@ -66,6 +66,18 @@ def as_ran(data: dict) -> list[str]:
     return ["model.tie_word_embeddings=false"] if data.get("model_ran_untied") else []
 
 
+def errors(predicted: list[float], measured: list[float]) -> list[float]:
+    """|predicted / measured - 1| of each pair (step seconds, GiB)."""
+    return [abs(p / m - 1) for p, m in zip(predicted, measured)]
+
+
+def rank_correlation(predicted_s: list[float], measured_s: list[float]) -> float:
+    """Spearman's rank correlation of tokens/s, predicted against measured, from step seconds."""
+    from titan_exp.perf.fit import spearman
+
+    return spearman([1 / p for p in predicted_s], [1 / m for m in measured_s])
+
+
 def run_job(overrides: list[str], run_dir: Path, *, multirun: bool = False) -> tuple[int, dict | None]:
     """Launch through titan_exp.launch (ranks are real processes); (exit code, summary.json as read)."""
     from titan_exp.launch import launch

@@ -14,10 +14,9 @@ import statistics
 import sys
 
 import pytest
-from conftest import REPO, as_ran, job_config
+from conftest import REPO, as_ran, errors, job_config, rank_correlation
 
 from titan_exp.perf.devices import SPECS, spec_profile
-from titan_exp.perf.fit import spearman
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile
 from titan_exp.perf.step import gpu_work_by_kind, predict_step
@@ -47,14 +46,6 @@ def suite_job(model: str, config: str):
                 "training.global_batch_size=1", *CONFIGS[config]))
 
 
-def errors(predicted: list[float], measured: list[float]) -> list[float]:
-    return [abs(p / m - 1) for p, m in zip(predicted, measured)]
-
-
-def ranked(predicted: list[float], measured: list[float]) -> float:
-    return spearman([1 / p for p in predicted], [1 / m for m in measured])
-
-
 def test_the_tied_1b_grid_met_issue_38s_step_time_targets_held_out():
     """All 18 members measured in 154 s, each beside the prediction the grid gave there from the
     profile calibrated in the same call, which the planner still gives. Calibrated: Spearman 0.94
@@ -67,10 +58,10 @@ def test_the_tied_1b_grid_met_issue_38s_step_time_targets_held_out():
     calibrated = [predict_step(member(r), PROFILE, cuda=True).step_s for r in ROWS]
     assert calibrated == pytest.approx([r["predicted_step_s"] for r in ROWS], rel=1e-9)
     spec = [predict_step(member(r), spec_profile(SPECS["h200"], 1, 1), cuda=True).step_s for r in ROWS]
-    assert ranked(calibrated, seconds) == pytest.approx(0.936, abs=0.001)
+    assert rank_correlation(calibrated, seconds) == pytest.approx(0.936, abs=0.001)
     assert statistics.median(errors(calibrated, seconds)) == pytest.approx(0.066, abs=0.001)
     assert max(errors(calibrated, seconds)) == pytest.approx(0.211, abs=0.001)
-    assert (ranked(spec, seconds), statistics.median(errors(spec, seconds))) == pytest.approx((0.920, 0.114), abs=0.001)
+    assert (rank_correlation(spec, seconds), statistics.median(errors(spec, seconds))) == pytest.approx((0.920, 0.114), abs=0.001)
     first = ROWS[min(range(len(ROWS)), key=lambda i: calibrated[i])]
     assert first["tokens_per_second"] >= 0.99 * max(r["tokens_per_second"] for r in ROWS)
 
@@ -159,7 +150,7 @@ def test_this_profile_predicts_the_earlier_grids_within_issue_38s_targets():
         rows = [r for r in grid["rows"] if r["status"] == "ok"]
         seconds = [r["step_s"] for r in rows]
         predicted = [predict_step(member(r, grid), PROFILE, cuda=True).step_s for r in rows]
-        assert (statistics.median(errors(predicted, seconds)), ranked(predicted, seconds)) == pytest.approx(
+        assert (statistics.median(errors(predicted, seconds)), rank_correlation(predicted, seconds)) == pytest.approx(
             expected[name], abs=0.001), name
         for r, p in zip(rows, predicted):
             if "compile=true" in r["layout"]:

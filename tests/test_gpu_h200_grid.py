@@ -16,10 +16,9 @@ import json
 import statistics
 
 import pytest
-from conftest import REPO, as_ran, job_config
+from conftest import REPO, as_ran, errors, job_config, rank_correlation
 
 from titan_exp.perf.devices import SPECS, spec_profile
-from titan_exp.perf.fit import spearman
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile
 from titan_exp.perf.step import gpu_work_by_kind, predict_step
@@ -52,10 +51,6 @@ def _job(grid: str, name: str):
     return resolve(job_config([*GRIDS[grid]["base"].split(), *row["overrides"], *as_ran(GRIDS[grid])]))
 
 
-def errors(predicted: list[float], measured: list[float]) -> list[float]:
-    return [abs(p / m - 1) for p, m in zip(predicted, measured)]
-
-
 def step_times(profile, grid: str = "1b") -> list[float]:
     return [predict_step(job_of(r, grid), profile, cuda=True).step_s for r in measured(grid)]
 
@@ -70,7 +65,7 @@ def test_the_planner_ranks_the_grid_and_its_first_choice_measures_near_the_best(
     seconds = [r["step_s"] for r in ROWS]
     calibrated, spec = step_times(PROFILE), step_times(SPEC)
     for predicted in (calibrated, spec):
-        assert spearman([1 / p for p in predicted], [1 / m for m in seconds]) >= 0.9
+        assert rank_correlation(predicted, seconds) >= 0.9
     first = min(range(len(ROWS)), key=lambda i: calibrated[i])
     assert ROWS[first]["tokens_per_second"] >= 0.97 * max(r["tokens_per_second"] for r in ROWS)
     assert statistics.median(errors(spec, seconds)) <= 0.12
@@ -121,7 +116,7 @@ def test_the_8b_grid_is_ranked_and_its_memory_predicted_within_issue_38s_targets
     seconds = [r["step_s"] for r in rows]
     calibrated, spec = step_times(PROFILES["8b"], "8b"), step_times(SPEC, "8b")
     for predicted in (calibrated, spec):
-        assert spearman([1 / p for p in predicted], [1 / m for m in seconds]) >= 0.9
+        assert rank_correlation(predicted, seconds) >= 0.9
     first = rows[min(range(len(rows)), key=lambda i: calibrated[i])]
     assert first["tokens_per_second"] == max(r["tokens_per_second"] for r in rows)
     for r in rows:
@@ -237,7 +232,7 @@ def test_the_3b_grid_named_before_it_ran():
     named = [predict_step(resolve(job_config([*grid["base"].split(), *r["overrides"]])), PROFILES["3b"],
                           cuda=True).step_s for r in rows]
     assert named == pytest.approx([r["predicted_step_s"] for r in rows], rel=1e-9)
-    assert spearman([1 / p for p in named], [1 / m for m in seconds]) == pytest.approx(0.959, abs=0.001)
+    assert rank_correlation(named, seconds) == pytest.approx(0.959, abs=0.001)
     assert statistics.median(errors(named, seconds)) == pytest.approx(0.149, abs=0.001)
     first = rows[min(range(len(rows)), key=lambda i: named[i])]
     assert first["tokens_per_second"] == max(r["tokens_per_second"] for r in rows)
@@ -327,7 +322,7 @@ def test_the_traced_memory_bound_kernels_ran_slower_than_a_contiguous_add():
             k, elementwise_tb_s={"eager": 0.764 * k.memory_tb_s, "compiled": 0.764 * k.memory_tb_s}))
         assert statistics.median(errors(step_times(PROFILES[grid], grid), seconds)) == pytest.approx(before, abs=0.001)
         assert statistics.median(errors(step_times(shared, grid), seconds)) == pytest.approx(after, abs=0.001)
-        ranked = [spearman([1 / p for p in step_times(profile, grid)], [1 / m for m in seconds])
+        ranked = [rank_correlation(step_times(profile, grid), seconds)
                   for profile in (PROFILES[grid], shared)]
         assert ranked[1] >= ranked[0]  # Spearman unchanged or up
 

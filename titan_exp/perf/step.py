@@ -275,14 +275,15 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                      "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
                      "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
 
-    lines: dict[tuple, Line] = {}
+    priced_lines: dict[tuple, Line] = {}
 
     def line(op: str, group: int, dims: tuple[str, ...]) -> Line:
         """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
         nodes if they span nodes, through as many NICs as the group has ranks in a node."""
-        if (op, group, dims) not in lines:
-            lines[op, group, dims] = profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
-        return lines[op, group, dims]
+        key = (op, group, dims)
+        if key not in priced_lines:
+            priced_lines[key] = profile.collective(op, group, bool(set(dims) & spans), node_ranks(job, dims))
+        return priced_lines[key]
 
     # Seconds a microbatch waits for the collectives inside a rank's blocks: TP's and CP's per
     # block (TP's also at the embedding and the output: per end, and the loss's), EP's per MoE block.
