@@ -1,4 +1,4 @@
-"""The H200 session of 2026-11-28 evening (benchmarks/data/gpu_h200_grid_1b_tied.json): the check
+"""The H200 runs of 2026-11-28, evening (benchmarks/data/gpu_h200_grid_1b_tied.json): the check
 named after the 3B's grid, before it ran (BENCHMARKS.md, "Planner and autotune on one NVIDIA
 H200"): the 1B's grid with its embeddings tied, from a profile calibrated there that measured
 torchao's float8 cast rates, float8 GEMMs with fast accumulation and the block's own memory-bound
