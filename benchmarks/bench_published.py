@@ -15,7 +15,9 @@ this file) says which, from the source's own code: its attention kernel (priced 
 curve, perf.gpu.ATTENTION), whether its elementwise kernels are fused (priced as compile fuses
 them) and whether it overlaps TP's collectives with their GEMMs (priced as Transformer Engine's
 userbuffers overlap them). Each row's block has the memory-bound kernels of the model it ran, as
-its engine ran them (`elementwise` there: TorchTitan's Llama, LLM Foundry's MPT).
+its engine ran them (`elementwise` there: TorchTitan's Llama, LLM Foundry's MPT). Where a
+Megatron-Bridge recipe overlaps EP's all-to-alls with another microbatch's compute and its dispatch
+never waits for the host, the step prices that overlap (`ep_overlapped`).
 
 The fitted constant is the one the GPU path has (`FITTED`: compute_scale, a block's time over the
 sum of the parts titan_exp/perf/gpu.py prices), each source's fitting rows weighing as much as
@@ -159,6 +161,14 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
      "examining them showed an all-to-all over 2 nodes priced as if all 16 ranks sat on different nodes (15/16 of "
      "each rank's bytes through its NIC, where half go there: MachineProfile.collective, perf.placement.ep_node_ranks)",
      lambda r: r["model"] == "qwen3_30b_a3b" and r["gpu"].startswith("h100") and r["ep"] == "16"),
+    ("2026-11-28: predicted 6-38 % too slow (Megatron-Bridge's MoE rows from v0.5.0, whose recipes run the step as "
+     "one CUDA graph and overlap EP's all-to-alls with another microbatch's compute; 18-24 % of each predicted step "
+     "was EP waiting in full); that overlap (perf.overlap.ep_exposed, ep_overlapped) was then priced where the "
+     "dispatch never waits for the host, leaving them 25 % too slow to 10 % too fast. Seen before it was: the earlier "
+     "releases' rows that set the overlap with a dropless dispatch, 58 % too slow to 117 % too fast, which priced "
+     "with it would be 42 % too slow to 167 % too fast; they stay held out, priced without it. Named as its held-out check: Megatron-Bridge's next release's "
+     "rows with the overlap, scored before any change",
+     lambda r: ep_overlapped(r)),
 )
 
 
@@ -269,11 +279,24 @@ def recipe(row: Row) -> dict[str, str] | None:
     return read_recipes().get((row.table.split()[0], row["model"], row["gpu"], precision))
 
 
-# What a Megatron-Bridge MoE row's recipe ran that this model does not price, by the first that
-# applies: from v0.5.0 (26.06) its GB200, GB300 and B300 recipes run the whole iteration as one
-# CUDA graph, with FP8 attention, the experts' all-to-all overlapped, a fused grouped MLP and the
-# experts padded to 1.5 times their tokens; before, HybridEP's or DeepEP's dispatch, or NCCL's
-# all-to-all.
+def ep_overlapped(row: Row) -> bool:
+    """Whether `row`'s recipe overlaps EP's all-to-alls with another microbatch's compute
+    (overlap_moe_expert_parallel_comm, perf.overlap.ep_exposed) with a dispatch that never waits
+    for the host: its step one CUDA graph (cuda_graph_impl full_iteration, from v0.5.0), which
+    holds no host sync, each expert rank padded to a fixed capacity (moe_expert_rank_capacity_factor).
+    A dropless dispatch sizes its buffers by token counts the host reads back, which drains the
+    queue the overlap runs from (the earlier releases' rows that set it: RECIPE_GROUPS). Megatron-
+    Bridge's comm-overlap check refuses the overlap under PP without virtual stages."""
+    rec = recipe(row)
+    return bool(rec and rec["moe_a2a_overlap"].startswith("true") and rec["cuda_graph_impl"].startswith("full_iteration")
+                and int(row.num("ep", 1)) > 1 and (int(row.num("pp", 1)) == 1 or int(row.num("vp", 1)) > 1))
+
+
+# What a Megatron-Bridge MoE row's recipe ran, by the first that applies: from v0.5.0 (26.06) its
+# GB200, GB300 and B300 recipes run the whole iteration as one CUDA graph, with FP8 attention, the
+# experts' all-to-all overlapped (priced since 2026-11-28: ep_overlapped; the rest is not), a fused
+# grouped MLP and the experts padded to 1.5 times their tokens; before, HybridEP's or DeepEP's
+# dispatch, or NCCL's all-to-all.
 RECIPE_GROUPS = (("one CUDA graph a step, FP8 attention, all-to-all overlapped, fused grouped MLP (v0.5.0 on)",
                   lambda r: r["cuda_graph_impl"] == "full_iteration"),
                  ("HybridEP's dispatch", lambda r: "hybridep" in r["dispatcher"]),
@@ -472,7 +495,7 @@ def predict(p: Planned, eff: Efficiency) -> float:
     tps = predict_step(job, spec_profile(spec, gpus, gpus_per_node(row), eff, attention), cuda=True,
                        elementwise=elementwise(row), tp_overlap=overlap,
                        float8_experts=engine.float8_experts,
-                       output_heads=output_heads(row["model"])).tokens_per_s_per_device
+                       output_heads=output_heads(row["model"]), ep_overlap=ep_overlapped(row)).tokens_per_s_per_device
     unit, _ = published(row)
     if unit == "tokens/s":
         return tps

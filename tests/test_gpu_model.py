@@ -976,6 +976,27 @@ def test_expert_parallel_stays_in_a_node_however_far_data_parallel_reaches():
     assert across_nodes(olmoe(16, 8)) == {"dp_shard"} and across_nodes(olmoe(16, 16)) == {"dp_shard", "ep"}
 
 
+def test_an_engine_that_pairs_microbatches_hides_eps_all_to_alls_behind_the_other_ones_compute():
+    """perf.overlap.ep_exposed (Megatron-Core's overlap_moe_expert_parallel_comm): a forward's
+    all-to-alls beside the paired backward's compute, a backward's beside the forward's; the first
+    forward and the last backward wait in full. This toolkit's EP, unpaired, waits in full."""
+    # 4 microbatches: 0.3 s of forward all-to-alls behind 2.0 s of backward hide; 0.3 s of
+    # backward ones behind a 0.1 s forward leave 0.2; the unpaired ends wait 0.3 + 0.3
+    assert overlap.ep_exposed(0.3, 0.3, 0.1, 2.0, 4) == pytest.approx((3 * 0.2 + 0.6) / 4)
+    assert overlap.ep_exposed(0.3, 0.3, 1.0, 2.0, 1) == pytest.approx(0.6)  # one microbatch: nothing to pair
+    with pytest.raises(ValueError, match="microbatches = 0"):
+        overlap.ep_exposed(0.3, 0.3, 1.0, 2.0, 0)
+    job = olmoe_job(8, "training.global_batch_size=64")  # 8 microbatches a rank
+    profile = spec_profile(H100, 8, 8)
+    alone, paired = (predict_step(job, profile, cuda=True, ep_overlap=o) for o in (False, True))
+    # OLMoE's blocks outlast their all-to-alls on NVLink: only the unpaired ends' wait, 1/8 of them
+    assert paired.parts["ep"] == pytest.approx(alone.parts["ep"] / 8)
+    assert paired.step_s == pytest.approx(alone.step_s - 7 / 8 * alone.parts["ep"], rel=1e-6)
+    # a block not priced from a GPU's parts (a CPU's, gloo's) pairs nothing
+    assert (predict_step(job, profile, cuda=False, ep_overlap=True).parts["ep"]
+            == predict_step(job, profile, cuda=False).parts["ep"])
+
+
 def olmoe_job(ep: int, *overrides: str):
     return resolve(compose_job(["model=olmoe_1b_7b", "precision=bf16", "training.seq_len=1024",
                                 "training.local_batch_size=1", "training.global_batch_size=8",

@@ -269,10 +269,12 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
                         == p.job.parallelism.expert_parallel_degree
                         and p.job.parallelism.data_parallel_replicate_degree == bench.moe_replicas(p.row) for p in hsdp)
     # examined, so moved out of the held-out scores; MLA's rows, planned after, only where the multi-token
-    # prediction layer's pass through the output head was priced for them (PP 16 without VP on B200s, B300s)
+    # prediction layer's pass through the output head was priced for them (PP 16 without VP on B200s, B300s),
+    # or EP's overlap with another microbatch's compute (ep_overlapped)
     pp16 = lambda row: (row["model"], row["pp"], row["vp"] in ("", "1"), row["gpu"] in ("b200", "b300")) == (  # noqa: E731
         "deepseek_v3", "16", True, True)
-    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS or pp16(p.row)) for p in hsdp)
+    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS or pp16(p.row)
+                                            or bench.ep_overlapped(p.row)) for p in hsdp)
     eff = Efficiency()
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
@@ -288,8 +290,16 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     # token-prediction layer as one more block (671B and one MoE block's 11.5B) and a second pass through
     # the output head, Kimi K2 without (1.03T, 32.9B active); their pipelines as their recipes' layout
     # strings place the blocks where those have the row's stages.
+    # EP's all-to-alls overlapped with another microbatch's compute where the recipe sets it and its
+    # dispatch never waits for the host (the step one CUDA graph: v0.5.0's 26.06 tables on), not
+    # where it sets it with a dropless dispatch (12 rows of earlier tables)
+    pairing = [p for p in planned if p.job is not None
+               and (bench.recipe(p.row) or {}).get("moe_a2a_overlap", "").startswith("true")]
+    overlapped = {p.row.table.split()[0] for p in pairing if bench.ep_overlapped(p.row)}
+    assert len(pairing) == 38 and overlapped == {"26.06", "26.06.01", "26.08"}
+    assert sum(map(bench.ep_overlapped, (p.row for p in pairing))) == 26
     mla = [p for p in planned if p.row["model"] in bench.MLA_MODELS]
-    assert len(mla) == 39 and [pp16(p.row) for p in mla if bench.moved(p.row) and p.job is not None] == [True] * 7
+    assert len(mla) == 39 and sum(pp16(p.row) for p in mla if bench.moved(p.row) and p.job is not None) == 7
     assert (megatron.output_heads("deepseek_v3"), megatron.output_heads("kimi_k2")) == (2, 1)
     assert sorted(str(p.why_not) for p in mla if p.job is None) == ["precision not stated"] * 6
     shapes = {p.row["model"]: p.job.model for p in mla if p.job is not None}

@@ -2,8 +2,9 @@
 all-gather behind the block before it and a reduce-scatter behind the block's backward
 (fsdp_exposed); async TP's collectives behind the GEMMs they are fused with, where torch's pass
 fuses one, or as Transformer Engine's userbuffers overlap them (async_tp_exposed); a pipeline's
-sends behind the compute of the stages' chunks (p2p_exposed). perf.step applies them to the
-blocks perf.gpu prices."""
+sends behind the compute of the stages' chunks (p2p_exposed); expert parallelism's all-to-alls
+behind another microbatch's compute, where an engine pairs them (ep_exposed). perf.step applies
+them to the blocks perf.gpu prices."""
 
 from __future__ import annotations
 
@@ -62,3 +63,21 @@ def async_tp_exposed(gather_fwd_s: float, gather_s: float, scatter_s: float, gro
     if overlap == "userbuffers":
         return forward, beside([gather_s, scatter_s] * 2)
     return forward + 2 * partials_s, beside([0.0, gather_s] * 2) + 2 * scatter_s
+
+
+def ep_exposed(forward_s: float, backward_s: float, fwd_compute_s: float, bwd_compute_s: float,
+               microbatches: int) -> float:
+    """Expert parallelism's exposed seconds per microbatch of one MoE block, its forward's
+    all-to-alls (`forward_s`: dispatch, combine, the token counts) and its backward's
+    (`backward_s`), where the engine overlaps them with another microbatch's compute, as
+    Megatron-Core's overlap_moe_expert_parallel_comm does (its combined 1F1B schedule: microbatch
+    i + 1's forward beside microbatch i's backward, layer by layer, each one's all-to-alls on a
+    communication stream beside the other's compute; Megatron-Bridge's docs/training/
+    communication-overlap.md). In the steady state a forward's all-to-alls wait only where they
+    outlast the paired backward's compute, and a backward's where they outlast the forward's; a
+    round's first forward and last backward have no partner and wait in full. This toolkit's
+    trainer pairs none: its EP waits in full (perf.step)."""
+    if microbatches < 1:
+        raise ValueError(f"microbatches = {microbatches}: at least 1")
+    steady = max(0.0, forward_s - bwd_compute_s) + max(0.0, backward_s - fwd_compute_s)
+    return ((microbatches - 1) * steady + forward_s + backward_s) / microbatches

@@ -91,7 +91,7 @@ from titan_exp.parallel.pipeline import RankLoad, rank_loads
 from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.gpu import block_times, hbm
 from titan_exp.perf.model_ops import LLAMA, Elementwise
-from titan_exp.perf.overlap import async_tp_exposed, fsdp_exposed, p2p_exposed
+from titan_exp.perf.overlap import async_tp_exposed, ep_exposed, fsdp_exposed, p2p_exposed
 from titan_exp.perf.placement import across_nodes, ep_node_ranks, ep_spans_nodes, node_ranks
 from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
 from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
@@ -186,13 +186,15 @@ def recomputed(ac: ActivationCheckpointConfig, fwd: float, per_op: float) -> flo
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
                  elementwise: Elementwise = LLAMA, tp_overlap: str = "micro_pipeline",
-                 float8_experts: bool = False, output_heads: int = 1) -> StepPrediction:
+                 float8_experts: bool = False, output_heads: int = 1, ep_overlap: bool = False) -> StepPrediction:
     """One training step of `job` on `profile`'s machine. A GPU block priced from its parts takes its
     memory-bound kernels as `elementwise` says (this toolkit's Llama; another model's for a
     published run of it), async TP as `tp_overlap` runs it (overlap.TP_OVERLAP: torch's
     micro-pipeline pass, this toolkit's; or another engine's), and an MoE's routed experts in
     float8 under a float8 recipe only if `float8_experts` (another engine's; this toolkit's stay
-    in bf16). The last stage runs the output head and its loss `output_heads` times a microbatch:
+    in bf16), EP's all-to-alls beside another microbatch's compute only if `ep_overlap`
+    (perf.overlap.ep_exposed: another engine's schedule; this toolkit's EP waits in full). The
+    last stage runs the output head and its loss `output_heads` times a microbatch:
     once in this toolkit's models; a published model's multi-token prediction layers each run it
     once more (DeepSeek-V3's share the output head)."""
     if job.parallelism.data_parallel_shard_degree == -1:
@@ -320,7 +322,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
                         * (2 if job.precision.param_dtype == "bfloat16" else 4))
-        per_layer = (4 + 2 * full) * a2a(routed_bytes) + (1 + full) * a2a(8 * m.n_experts)
+        forward = 2 * a2a(routed_bytes) + a2a(8 * m.n_experts)  # dispatch, combine, the token counts
+        backward = 2 * a2a(routed_bytes) + full * forward  # and the recomputed forward's
+        per_layer = forward + backward
+        if ep_overlap and gpu is not None:  # beside another microbatch's compute (another engine's)
+            per_layer = ep_exposed(forward, backward, fwd, block - fwd + recompute, accumulation * n_mb)
         ep_block = m.n_moe_layers / m.n_layers * per_layer
 
     def inline_comm(load: RankLoad) -> dict[str, float]:
