@@ -75,8 +75,10 @@ def ep_exposed(forward_s: float, backward_s: float, fwd_compute_s: float, bwd_co
     communication stream beside the other's compute; Megatron-Bridge's docs/training/
     communication-overlap.md). In the steady state a forward's all-to-alls wait only where they
     outlast the paired backward's compute, and a backward's where they outlast the forward's; a
-    round's first forward and last backward have no partner and wait in full. This toolkit's
-    trainer pairs none: its EP waits in full (perf.step)."""
+    step's first forward and last backward have no partner and wait in full. (A pipeline's warm-up
+    forwards and cool-down backwards go unpaired too; left out here: under interleaved 1F1B with
+    hundreds of microbatch chunks a step, as the published rows run, they are a few per cent of
+    them.) This toolkit's trainer pairs none: its EP waits in full (perf.step)."""
     if microbatches < 1:
         raise ValueError(f"microbatches = {microbatches}: at least 1")
     steady = max(0.0, forward_s - bwd_compute_s) + max(0.0, backward_s - fwd_compute_s)
