@@ -9,7 +9,7 @@
 #    member of AC x compile x precision it starts in GRID_MINUTES (default 4), eager ones first;
 # 4. benchmarks/gpu_suite.py on llama3_3b, the rows named in $SUITE, predicted from the grid's
 #    calibrated profile.
-# The defaults are the next session's held-out check (named 2026-11-28, BENCHMARKS.md): the 3B's
+# The defaults are the next GPU run's held-out check (named 2026-11-28, BENCHMARKS.md): the 3B's
 # grid with its embeddings tied (as since the fix of 2026-11-28), from a profile whose block
 # memory-bound rate is timed queued, and the tied 3B's bf16 and float8 tensorwise + compile steps
 # traced, the float8 one with full AC too. The grids ran as

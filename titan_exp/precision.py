@@ -54,8 +54,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.mxfp8:
         e.append(problem("precision.filter_fqns", list(pr.filter_fqns),
                          f"'{AUTO_FILTER}' is torchao's float8 shape filter; MXFP8 has none: remove it, or use float8"))
-    if (AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.float8
-            and pr.float8_recipe == Float8Recipe.rowwise_with_gw_hp):
+    if AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.float8 and not pr.shape_filterable:
         e.append(problem("precision.filter_fqns", list(pr.filter_fqns),
                          f"torchao's '{AUTO_FILTER}' has no thresholds for the rowwise_with_gw_hp recipe: remove it, "
                          "or use precision.float8_recipe=tensorwise or rowwise"))

@@ -3,7 +3,7 @@ validation: it plans and measures the candidates)."""
 
 from __future__ import annotations
 
-from titan_exp.config.schema import AutotuneAxis, Converter, Float8Recipe, JobConfig, problem
+from titan_exp.config.schema import AutotuneAxis, Converter, JobConfig, problem
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -42,7 +42,7 @@ def _float8_filter(job: JobConfig, cuda: bool) -> list[str]:
         if cuda:
             return []
         why, fix = "the precision axis searches fp32 and bf16 on CPUs", "drop float8_filter, or search on GPUs"
-    elif p.converter == Converter.float8 and p.float8_recipe != Float8Recipe.rowwise_with_gw_hp:
+    elif p.shape_filterable:
         return []
     else:
         why = f"precision.converter is {p.converter.value}" + (

@@ -399,6 +399,12 @@ class PrecisionConfig:
                                  f"'{AUTO_FILTER}' adds torchao's float8 shape filter (as TorchTitan)")
     emulate: Optional[bool] = doc(None, "emulate low-precision matmuls; null = when the device lacks them")
 
+    @property
+    def shape_filterable(self) -> bool:
+        """Whether torchao's float8 shape filter (AUTO_FILTER) has thresholds for this recipe:
+        float8 tensorwise or rowwise."""
+        return self.converter == Converter.float8 and self.float8_recipe != Float8Recipe.rowwise_with_gw_hp
+
 
 @dataclass
 class CompileConfig:

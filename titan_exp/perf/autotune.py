@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from titan_exp.config import AUTO_FILTER, CONF, ACMode, AutotuneAxis, Converter, Executor, Float8Recipe, JobConfig, layout_label
+from titan_exp.config import AUTO_FILTER, CONF, ACMode, AutotuneAxis, Executor, JobConfig, layout_label
 from titan_exp.files import atomic_write
 from titan_exp.perf import hardware as hw
 from titan_exp.perf.calibrate import Coverage, cover
@@ -131,8 +131,7 @@ def _variant(job: JobConfig, overrides: list[str], axis: AutotuneAxis, cuda: boo
         return out
     if axis == AutotuneAxis.float8_filter:  # torchao's shape filter beside a float8 candidate's own list
         p = job.precision
-        if (p.converter != Converter.float8 or p.float8_recipe == Float8Recipe.rowwise_with_gw_hp
-                or AUTO_FILTER in p.filter_fqns):
+        if not p.shape_filterable or AUTO_FILTER in p.filter_fqns:
             return [(job, overrides)]
         names = [*p.filter_fqns, AUTO_FILTER]
         return [(job, overrides), (r(job, precision=r(p, filter_fqns=names)),

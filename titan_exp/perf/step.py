@@ -322,11 +322,11 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         a2a = profile.collective("all_to_all", ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = (mb * t.seq_len / cp / p.dispatch_split * m.top_k * m.dim
                         * (2 if job.precision.param_dtype == "bfloat16" else 4))
-        forward = 2 * a2a(routed_bytes) + a2a(8 * m.n_experts)  # dispatch, combine, the token counts
-        backward = 2 * a2a(routed_bytes) + full * forward  # and the recomputed forward's
-        per_layer = forward + backward
+        ep_fwd = 2 * a2a(routed_bytes) + a2a(8 * m.n_experts)  # dispatch, combine, the token counts
+        ep_bwd = 2 * a2a(routed_bytes) + full * ep_fwd  # and the recomputed forward's
+        per_layer = ep_fwd + ep_bwd
         if ep_overlap and gpu is not None:  # beside another microbatch's compute (another engine's)
-            per_layer = ep_exposed(forward, backward, fwd, block - fwd + recompute, accumulation * n_mb)
+            per_layer = ep_exposed(ep_fwd, ep_bwd, fwd, block - fwd + recompute, accumulation * n_mb)
         ep_block = m.n_moe_layers / m.n_layers * per_layer
 
     def inline_comm(load: RankLoad) -> dict[str, float]:
