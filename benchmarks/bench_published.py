@@ -7,8 +7,8 @@ transcribed from): TorchTitan's Llama 3.1 tables, Megatron-Bridge's performance 
 Foundry's MPT tables and Megatron-LM's scaling table. No other published measurement is used, for
 fitting or for checking.
 
-Each row becomes the job it describes (`job_for`; what a source leaves unstated is the assumption
-named there), planned for CUDA on the spec sheet of its GPU (titan_exp/perf/devices.py), and
+Each row becomes the job it describes (published_jobs.job_for, beside this file; what a source
+leaves unstated is the assumption named there), planned for CUDA on the spec sheet of its GPU (titan_exp/perf/devices.py), and
 predicted with `predict_step` and, where the source publishes memory, `predict_memory`. Where a
 source's engine runs other kernels than this toolkit, `ENGINES` (published_engines.py, beside
 this file) says which, from the source's own code: its attention kernel (priced from its published
@@ -32,8 +32,8 @@ within each table and, of its pairs that ran one model on one machine, the order
 for (`machine_pairs`), and each technique's published effect (pairs of rows of one table that differ in
 that technique alone) against the predicted one.
 Megatron-Bridge's MoE rows of Qwen3 and GPT-OSS 120B (expert parallel) were first planned on
-2026-11-25, held out by declaration before any was predicted (`MOE_SHAPES`); the summary counts
-them, and a line apart gives each MoE model's and the dense rows separately. The 22 of them on
+2026-11-25, held out by declaration before any was predicted (published_jobs.MOE_SHAPES); the
+summary counts them, and a line apart gives each MoE model's and the dense rows separately. The 22 of them on
 several nodes without FSDP were then examined and moved (MOVED_TO_FIT), out of the scores but not
 into the fit (`fitting_set`).
 Megatron-Bridge's GB200 and GB300 rows were first planned after ENGINES was written (their spec
@@ -49,6 +49,11 @@ expert_tensor_parallel_size 1, which Megatron-Bridge's Qwen3 recipes set,
 src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py): held out by declaration before any was
 predicted (`ep_over_tp`).
 
+The pieces beside this file: published_rows.py reads the data sets (the rows, Megatron-Bridge's
+recipes), published_jobs.py plans a row as a job, published_engines.py and published_megatron.py
+say what each source's engine and Megatron's models ran, published_scoring.py scores techniques,
+order and repeats; this file fits, predicts and reports.
+
 The last line is the summary the issue's targets are stated on:
 `held-out: N rows from K sources; tokens/s median |error| X %, worst Y %; memory median ..., worst ...`.
 """
@@ -56,21 +61,17 @@ The last line is the summary the issue's targets are stated on:
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import math
 import statistics
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from typing import Callable
-from functools import lru_cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from titan_exp.config import ACMode, Executor, PipelineSchedule, compose_job  # noqa: E402
 from titan_exp.models.llama import flops_per_token  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
@@ -79,21 +80,13 @@ from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
 from published_engines import ENGINES, elementwise  # noqa: E402  (beside this file)
-from published_megatron import MLA_SHAPES, mla_shape, output_heads, pipeline_ends  # noqa: E402
+from published_jobs import (GPUS, MLA_MODELS, NVLINK_DOMAIN, ep_over_tp, gpus_per_node, is_moe,  # noqa: E402
+                            job_for, moe_replicas, skip_reason)
+from published_megatron import output_heads  # noqa: E402
+from published_rows import RECIPES, Planned, Row, known_regression, published, read_rows, recipe  # noqa: E402
+from published_scoring import EFFECT_POINTS, effects, machine_pairs, repeats, swapped_pairs  # noqa: E402
 
-DATA = REPO / "benchmarks" / "data" / "published_gpu.csv"
-# What Megatron-Bridge's performance scripts ran for each of its rows, read at each release's tag
-# (benchmarks/data/README.md says how): reported beside the errors, priced nowhere.
-RECIPES = REPO / "benchmarks" / "data" / "published_recipes.csv"
 SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
-
-# The data set's GPU names -> the spec sheets of titan_exp/perf/devices.py.
-GPUS = {"h100_96gb_500w": "h100_500w", "h100_sxm_80gb": "h100", "h100_80gb": "h100", "h100": "h100",
-        "a100_80gb": "a100", "a100": "a100", "a100_40gb": "a100_40gb", "b200": "b200", "b300": "b300", "gb200": "gb200",
-        "gb300": "gb300"}
-# Rack-scale systems: GPUs in one NVLink domain (the spec's "node"); a run over several racks is
-# taken to fill each with the largest share of its GPUs that divides them (an assumption).
-NVLINK_DOMAIN = {"gb200": 72, "gb300": 72}
 HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
 # What the GPU path fits (Efficiency's fields), with the range searched: one term, the block's time
 # over the sum of the parts perf.gpu prices; every other constant is a spec sheet's or a
@@ -173,111 +166,9 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
 )
 
 
-@dataclass
-class Row:
-    source: str
-    table: str
-    label: str
-    cells: dict[str, str]  # the CSV row, as read
-
-    def __getitem__(self, key: str) -> str:
-        return self.cells[key]
-
-    @property
-    def key(self) -> str:
-        return f"{self.source} | {self.table[:60]} | {self.label}"
-
-    def num(self, key: str, default: float | None = None) -> float | None:
-        value = self[key]
-        return float(value) if value not in ("", None) else default
-
-    @property
-    def precision(self) -> str:
-        return "fp8" if self["dtype"] == "fp8" else self["dtype"] or "bf16"
-
-
-def known_regression(row: Row) -> bool:
-    """Whether the row's source footnotes it as a known performance regression (its note says so)."""
-    return "known performance regression" in row["note"]
-
-
 def moved(row: Row) -> str | None:
     """Why `row` was moved to the fitting set (MOVED_TO_FIT), or None."""
     return next((why for why, rows in MOVED_TO_FIT if rows(row)), None)
-
-
-def read_rows() -> list[Row]:
-    with DATA.open() as f:
-        return [Row(r["source"], r["table"], r["row_label"], r) for r in csv.DictReader(f)]
-
-
-# The rows of models with multi-head latent attention (DeepSeek-V3's and Kimi K2's: 39 rows of
-# Megatron-Bridge's). This toolkit trains MLA since 2026-11-28 (titan_exp.models.mla), and its GPU
-# performance model prices it since the same day (perf.gpu). These rows were never predicted before:
-# named held out here, on 2026-11-28, before any was; planned as published_megatron.py describes
-# (their shapes, DeepSeek-V3's multi-token-prediction layer, the recipes' pipeline layouts).
-MLA_MODELS = tuple(MLA_SHAPES)
-
-
-def skip_reason(row: Row) -> str | None:
-    """Why a row cannot be planned, or None."""
-    if not row["n_layers"] and row["model"] not in MOE_SHAPES and row["model"] not in MLA_MODELS:
-        return ("MoE or hybrid model: no shape for it here (of the MoE models, Qwen3's and GPT-OSS's only: MOE_SHAPES; "
-                "DeepSeek-V3's and Kimi K2's: MLA_MODELS)")
-    if row["gpu"] not in GPUS:
-        return f"no spec sheet for {row['gpu']}"
-    if row["dtype"] == "fp4":
-        return "NVFP4: no such precision here"
-    if row["source"] == "megatron_bridge" and not row["dtype"]:
-        return "precision not stated"
-    if row["fp8_recipe"] not in ("", "fp8_cs", "mxfp8"):
-        return f"float8 recipe {row['fp8_recipe']}: not one of torchao's here"
-    if not (row["tokens_per_s_per_gpu"] or row["mfu"] or row["tflops_per_gpu"]):
-        return "no throughput published"
-    return None
-
-
-# The MoE models of Megatron-Bridge's tables that this toolkit's block can describe: Qwen3's (GQA
-# with heads 128 wide, every layer's SwiGLU replaced by 128 routed experts, 8 a token, none shared;
-# their per-head q and k norms, two small memory-bound kernels, are left out). Shapes from the model
-# cards' config.json (huggingface.co/Qwen/Qwen3-30B-A3B and Qwen/Qwen3-235B-A22B), which
-# Megatron-Bridge's recipes load (src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py:
-# AutoBridge.from_hf_pretrained); and GPT-OSS 120B's (below). Their rows are held out: named so on
-# 2026-11-25, before any was predicted (`fitting_set` takes none of them).
-MOE_SHAPES = {
-    "qwen3_30b_a3b": dict(dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128, vocab_size=151936,
-                          n_experts=128, top_k=8, moe_hidden_dim=768),
-    "qwen3_235b_a22b": dict(dim=4096, n_layers=94, n_heads=64, n_kv_heads=4, head_dim=128, vocab_size=151936,
-                            n_experts=128, top_k=8, moe_hidden_dim=1536),
-    # openai/gpt-oss-120b's config.json. Its every other layer attends over a sliding window of 128
-    # tokens, which this block cannot describe: priced as full attention (at 4,096 tokens about 6 %
-    # of a step's FLOPs too many, so too slow); its attention sinks and biases are left out.
-    "gpt_oss_120b": dict(dim=2880, n_layers=36, n_heads=64, n_kv_heads=8, head_dim=64, vocab_size=201088,
-                         n_experts=128, top_k=4, moe_hidden_dim=2880),
-}
-
-
-def is_moe(row: Row) -> bool:
-    return row["model"] in MOE_SHAPES or row["model"] in MLA_MODELS
-
-
-@lru_cache(maxsize=None)
-def read_recipes() -> dict[tuple[str, str, str, str], dict[str, str]]:
-    """RECIPES by (release, model, GPU, precision: bf16, fp8_cs, fp8_mx or nvfp4; a "?" in the file
-    marks a precision its table leaves unstated, read from its layout)."""
-    with RECIPES.open() as f:
-        return {(r["release"], r["model"], r["gpu"], r["precision"].split()[0].rstrip("?")): r for r in csv.DictReader(f)}
-
-
-def recipe(row: Row) -> dict[str, str] | None:
-    """What Megatron-Bridge's scripts ran for `row` at its release's tag (None for other sources). A
-    table that states FP8 without its recipe ran the FP8_CS preset, as its layout shows."""
-    if row.source != "megatron_bridge":
-        return None
-    fp8 = row["fp8_recipe"]
-    precision = ("nvfp4" if fp8 == "nvfp4" else "fp8_mx" if fp8 in ("mxfp8", "32x32_w_and_act")
-                 else "bf16" if row["dtype"] == "bf16" else "fp8_cs")
-    return read_recipes().get((row.table.split()[0], row["model"], row["gpu"], precision))
 
 
 def ep_overlapped(row: Row) -> bool:
@@ -318,147 +209,6 @@ def recipe_groups(listed) -> str:
                      for name, errs in groups.items())
 
 
-@lru_cache(maxsize=None)
-def _base(precision: str):
-    return compose_job(["model=llama3_8b", f"precision={precision}"])
-
-
-def job_for(row: Row):
-    """The JobConfig of a published row. Assumptions where a source is silent:
-    - a GELU MLP of width F (MPT, GPT) is a SwiGLU one of width 2F/3, rounded to a multiple of 16
-      (float8's need): the same matmul FLOPs and parameters within 0.3 % (3 x d x 2F/3 =
-      2 x d x F); MPT and Megatron's GPT tie the embedding to the
-      output, as they do by default (under PP, where ties are refused here, untied: the same
-      FLOPs, Megatron keeps a synchronized copy on the last stage); MPT's learned position embedding is left out;
-    - no ffn size (Megatron-LM's GPT rows): 4 x hidden; no KV heads: as many as query heads;
-    - no sequence length (TorchTitan's Tables 1 and 3-5): 8,192, TorchTitan's Llama 3 default;
-    - no activation checkpointing column (Megatron): none; no compile column: off, unless the
-      source's engine fuses its elementwise kernels itself (ENGINES: Transformer Engine), priced
-      as compiled;
-    - a bare "FP8" and FP8 current scaling: torchao's tensorwise recipe; MXFP8: mxfp8;
-    - Megatron data parallel without FSDP: replicated (its distributed optimizer shards only the
-      optimizer states, which moves memory, not the step's traffic) where that composes, that is
-      without TP, PP, CP or EP; with them, sharded (FSDP), the data parallel that composes here
-      (expert parallel is carved out of it and TP); in an MoE model, sharded over the EP group only and
-      replicated across the rest (HSDP): Megatron's distributed optimizer moves parameters and
-      gradients across data parallel once a step, not each microbatch, and a rank's experts stay
-      whole on it (set 2026-11-25 after the rows were examined: MOVED_TO_FIT);
-    - an MoE model (MOE_SHAPES): its experts as many as the row's EP degree splits them over,
-      tokens routed evenly (Megatron-Bridge's MoE benchmarks force-balance them);
-    - the local batch is global / data-parallel ranks; without pipeline parallel, a stated micro
-      batch below it is gradient accumulation; with it, the micro batch is the pipeline's (1 where
-      unstated: Megatron-LM's table);
-    - gpus per node: 8 unless stated.
-    """
-    gpus = int(row.num("gpus"))
-    tp, pp, cp = (int(row.num(k, 1)) for k in ("tp", "pp", "cp"))
-    dp = gpus // (tp * pp * cp)
-    seq = int(row.num("seq_len", 8192))
-    swiglu = row["source"] in ("torchtitan", "megatron_bridge")
-    precision = {"fp8": "mxfp8" if row["fp8_recipe"] == "mxfp8" else "float8"}.get(row.precision, "bf16")
-    job = _base(precision)
-    if is_moe(row):
-        shape = mla_shape(row["model"]) if row["model"] in MLA_MODELS else MOE_SHAPES[row["model"]]
-        model = dataclasses.replace(job.model, flavor=row["model"], **shape, max_seq_len=max(seq, 8192))
-    else:
-        hidden, heads = int(row.num("hidden")), int(row.num("heads"))
-        ffn = int(row.num("ffn_hidden", 4 * hidden))
-        model = dataclasses.replace(job.model, flavor=row["model"], dim=hidden, n_layers=int(row.num("n_layers")),
-                                    n_heads=heads, n_kv_heads=int(row.num("kv_heads", heads)),
-                                    vocab_size=int(row.num("vocab")),
-                                    intermediate_size=ffn if swiglu else 16 * round(2 * ffn / 48),
-                                    tie_word_embeddings=not swiglu and pp == 1, max_seq_len=max(seq, 8192))
-    global_batch = row.num("global_batch")
-    local = int(row.num("local_batch") or global_batch // dp)
-    micro = int(row.num("micro_batch") or (1 if pp > 1 else local))
-    fsdp = (row["fsdp"] not in ("", "0", "false") or row["source"] in ("torchtitan", "llm_foundry")
-            or tp * pp * cp > 1 or is_moe(row))
-    ep = int(row.num("ep", 1))
-    shard = dp // moe_replicas(row) if fsdp else 1
-    par = dataclasses.replace(job.parallelism, tensor_parallel_degree=tp, pipeline_parallel_degree=pp,
-                              context_parallel_degree=cp, expert_parallel_degree=ep,
-                              data_parallel_shard_degree=shard, data_parallel_replicate_degree=dp // shard,
-                              enable_async_tensor_parallel=row["async_tp"] == "true"
-                              or (tp > 1 and ENGINES[row.source].tp_overlap is not None))
-    if pp > 1:
-        vp = int(row.num("vp", 1))
-        interleaved = vp > 1 or "interleaved" in row["pp_schedule"].lower()
-        if row["source"] == "torchtitan":
-            micro = local // pp  # TorchTitan (Dec 2024) split the local batch into as many microbatches as stages
-        per_rank = (vp if vp > 1 else 2) if interleaved else 1
-        ends = int(ends_counted(row))  # the embedding and the loss as a block each, or not
-        first, last = (ends, ends) if row["model"] not in MLA_MODELS else layout_ends(row, pp * per_rank)
-        par = dataclasses.replace(par, pipeline_parallel_schedule=PipelineSchedule["Interleaved1F1B" if interleaved else "1F1B"],
-                                  pipeline_parallel_microbatch_size=micro, pipeline_parallel_stages_per_rank=per_rank,
-                                  pipeline_parallel_first_stage_less_layers=first,
-                                  pipeline_parallel_last_stage_less_layers=last)
-    ac = row["activation_checkpointing"] or "none"
-    accumulate = pp == 1 and micro < local
-    training = dataclasses.replace(job.training, seq_len=seq, local_batch_size=micro if accumulate else local,
-                                   global_batch_size=int(global_batch or local * dp))
-    per_node = gpus_per_node(row)
-    job = dataclasses.replace(
-        job, model=model, parallelism=par, training=training,
-        activation_checkpoint=dataclasses.replace(job.activation_checkpoint, mode=ACMode(ac)),
-        compile=dataclasses.replace(job.compile, enable=row["compile"] == "true" or ENGINES[row.source].fused),
-        cluster=dataclasses.replace(job.cluster, executor=Executor.slurm, nnodes=max(1, gpus // per_node),
-                                    nproc_per_node=per_node, gpus_per_node=per_node))
-    return job
-
-
-def ends_counted(row: Row) -> bool:
-    """Whether a row's pipeline counts the embedding and the loss as a block each: Megatron-Bridge's
-    Llama 3.1 405B, whose recipe sets account_for_embedding_in_pipeline_split and
-    account_for_loss_in_pipeline_split (src/megatron/bridge/recipes/llama/llama3.py,
-    llama31_405b_pretrain_config), as its 126 blocks need for every published layout (16 x 8, 16 x 4,
-    8 x 4 stages: 128 counted split evenly, 126 not). Set 2026-11-27 with the toolkit's
-    pipeline_parallel_{first,last}_stage_less_layers, for the five rows of 16 x 8 stages refused
-    until then; held out: named here before any was predicted."""
-    return row.source == "megatron_bridge" and row["model"] == "llama3.1_405b"
-
-
-def layout_ends(row: Row, stages: int) -> tuple[int, int]:
-    """An MLA row's pipeline ends (published_megatron.pipeline_ends) from the layout its recipe
-    gives, where that layout has the row's stages; else (0, 0), the blocks split evenly, as
-    Megatron does without a layout (account_for_embedding/loss_in_pipeline_split unset)."""
-    rec = recipe(row)
-    return (rec and pipeline_ends(rec["pipeline_layout"], stages)) or (0, 0)
-
-
-def moe_replicas(row: Row) -> int:
-    """An MoE row without FSDP: its data-parallel ranks over the EP group's (ep / (cp x tp)), each
-    group a replica (HSDP, job_for); else 1."""
-    gpus, tp, pp, cp, ep = (int(row.num(k, 1)) for k in ("gpus", "tp", "pp", "cp", "ep"))
-    dp = gpus // (tp * pp * cp)
-    if is_moe(row) and row["fsdp"] in ("", "0", "false") and ep % (cp * tp) == 0 and dp % (ep // (cp * tp)) == 0:
-        return dp // (ep // (cp * tp))
-    return 1
-
-
-def ep_over_tp(row: Row) -> bool:
-    """Whether a row's expert parallel reaches into its TP ranks (EP > data parallel x CP): the
-    rows first planned when EP came to spread over TP (2026-11-27); held out, named here before
-    any was predicted."""
-    gpus, tp, pp, cp, ep = (int(row.num(k, 1)) for k in ("gpus", "tp", "pp", "cp", "ep"))
-    return is_moe(row) and tp > 1 and ep > (gpus // (tp * pp * cp)) * cp
-
-
-def gpus_per_node(row: Row) -> int:
-    """GPUs that share NVLink: the row's, or 8; in a rack-scale system (NVLINK_DOMAIN) the largest
-    divisor of the run's GPUs that fits in the rack."""
-    gpus = int(row.num("gpus"))
-    if row["gpu"] in NVLINK_DOMAIN:
-        return max(d for d in range(1, min(gpus, NVLINK_DOMAIN[row["gpu"]]) + 1) if gpus % d == 0)
-    return min(int(row.num("gpus_per_node", 8)), gpus)
-
-
-@dataclass
-class Planned:
-    row: Row
-    job: object | None
-    why_not: str | None
-
-
 def plan_rows(rows: list[Row]) -> list[Planned]:
     out = []
     for row in rows:
@@ -474,15 +224,6 @@ def plan_rows(rows: list[Row]) -> list[Planned]:
                 why, job = f"not built: {e}", None
         out.append(Planned(row, job, why))
     return out
-
-
-def published(row: Row) -> tuple[str, float]:
-    """What a row publishes of its throughput: tokens/s/GPU, else MFU (a share of the bf16 peak)."""
-    if row["tokens_per_s_per_gpu"]:
-        return "tokens/s", float(row["tokens_per_s_per_gpu"])
-    if row["mfu"]:
-        return "mfu", float(row["mfu"]) / 100
-    return "tflops", float(row["tflops_per_gpu"])
 
 
 def predict(p: Planned, eff: Efficiency) -> float:
@@ -542,108 +283,6 @@ def fit(rows: list[Planned]) -> Efficiency:
             a, b = (a, d) if cost(c) < cost(d) else (c, b)
         eff = dataclasses.replace(eff, **{name: (a + b) / 2})
     return eff
-
-
-TECHNIQUES = {"compile": lambda r: r["compile"], "precision": lambda r: (r.precision, r["fp8_recipe"]),
-              "async TP": lambda r: r["async_tp"], "activation checkpointing": lambda r: r["activation_checkpointing"],
-              "pipeline schedule": lambda r: (r["pp_schedule"], r["vp"])}
-# Issue 36's target for each technique's predicted effect: within this many percentage points.
-EFFECT_POINTS = 5
-SAME = ("gpu", "gpus", "model", "tp", "pp", "cp", "dp", "seq_len", "global_batch", "local_batch", "micro_batch")
-
-
-def context_parallel_pair(a: Row, b: Row) -> bool:
-    """Whether two rows are context parallelism's published experiment: the same GPUs and technique,
-    the sequence grown with the CP degree (each rank's share of it the same), its ranks taken from
-    FSDP's (TorchTitan's Tables 2 and 6)."""
-    def share(r: Row) -> tuple[float, float] | None:
-        stated = r.num("seq_len"), r.num("dp")
-        return None if None in stated else (stated[0] / r.num("cp", 1), stated[1] * r.num("cp", 1))
-    rest = [k for k in SAME if k not in ("cp", "dp", "seq_len")]
-    return (a["cp"] != b["cp"] and all(a[k] == b[k] for k in rest) and share(a) is not None
-            and share(a) == share(b) and all(f(a) == f(b) for f in TECHNIQUES.values()))
-
-
-def effects(scored: list[tuple[Planned, float]]) -> list[tuple[str, str, float, float]]:
-    """(technique, pair, published ratio, predicted ratio) for pairs of rows of one table that
-    differ in that technique alone, and for context parallelism, pairs of its weak scaling over the
-    sequence (context_parallel_pair; one step of the CP degree, not every pair)."""
-    out = []
-    for i, (a, pa) in enumerate(scored):
-        for b, pb in scored[i + 1:]:
-            ra, rb = a.row, b.row
-            if ra.source != rb.source or ra.table != rb.table:
-                continue
-            if any(ra[k] != rb[k] for k in SAME):
-                differ = (["context parallel"] if context_parallel_pair(ra, rb)
-                          and rb.num("cp", 1) == 2 * ra.num("cp", 1) else [])
-            else:
-                differ = [t for t, f in TECHNIQUES.items() if f(ra) != f(rb)]
-            if len(differ) == 1:
-                pair = f"{' '.join(ra.table.split()[:2])}: {ra.label} -> {rb.label}"
-                out.append((differ[0], pair, published(rb)[1] / published(ra)[1], pb / pa))
-    return out
-
-
-ONE_MACHINE = ("model", "gpu", "gpus")
-
-
-def machine_pairs(scored: list[tuple[Planned, float]]) -> tuple[int, int]:
-    """(ordered, all): the pairs of rows of one table that ran one model on one machine (another
-    layout or technique; published ties left out) whose predictions order them as published,
-    which is the planner's question on a user's machine."""
-    pairs = [(a, pa, b, pb) for i, (a, pa) in enumerate(scored) for b, pb in scored[i + 1:]
-             if a.row.table == b.row.table and all(a.row[k] == b.row[k] for k in ONE_MACHINE)
-             and published(a.row)[1] != published(b.row)[1]]
-    return sum((published(a.row)[1] - published(b.row)[1]) * (pa - pb) > 0 for a, pa, b, pb in pairs), len(pairs)
-
-
-def swapped_pairs(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
-    """The tables whose predictions do not keep the published order, by the pairs of rows they
-    swap, each named for what tells its rows apart: two GPUs ("gb300 over gb200", the published
-    faster first), two models on one GPU, or two layouts (or techniques) of one model on one GPU."""
-    def kind(a: Planned, b: Planned) -> str:
-        if a.row["gpu"] != b.row["gpu"]:
-            return f"{a.row['gpu']} over {b.row['gpu']}"
-        return "two models on one GPU" if a.row["model"] != b.row["model"] else "two layouts of one model on one GPU"
-
-    out: Counter = Counter()
-    for rows in tables.values():
-        swapped = {kind(*((a, b) if published(a.row)[1] > published(b.row)[1] else (b, a)))
-                   for i, (a, pa) in enumerate(rows) for b, pb in rows[i + 1:]
-                   if (published(a.row)[1] - published(b.row)[1]) * (pa - pb) < 0}
-        if swapped:
-            out[" and ".join(sorted(swapped))] += 1
-    return out
-
-
-# What a row publishes or says of itself, not what it ran: rows alike in every other column ran one
-# configuration (in different tables: a source's releases).
-NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
-                     "tflops_per_gpu", "mfu", "memory_gib", "derived", "note"}
-
-
-def repeats(rows: list[Row]) -> str:
-    """How far one configuration's measurements published in several tables lie apart: the floor
-    under any model's worst error on them (a prediction p is within (max - min) / (max + min) of
-    both ends at best, at p = 2 max min / (max + min)). A row its source footnotes as a known
-    regression ran another engine in effect, and is not a repeat."""
-    runs: dict[tuple, list[tuple[float, Row]]] = {}
-    for r in rows:
-        if (r["tokens_per_s_per_gpu"] or r["mfu"] or r["tflops_per_gpu"]) and not known_regression(r):
-            unit, value = published(r)
-            configuration = tuple(v for k, v in r.cells.items() if k not in NOT_CONFIGURATION)
-            runs.setdefault((unit, *configuration), []).append((value, r))
-    again = [sorted(v, key=lambda x: x[0]) for v in runs.values() if len({r.table for _, r in v}) > 1]
-    if not again:
-        return "no configuration is published twice"
-    spreads = [(v[-1][0] / v[0][0], v) for v in again]
-    widest, v = max(spreads, key=lambda x: x[0])
-    (low, a), (high, _) = v[0], v[-1]
-    return (f"published in more than one table (a source's releases): {len(again)} configurations, "
-            f"{sum(map(len, again))} rows; fastest over slowest median {statistics.median(s for s, _ in spreads):.2f}, "
-            f"widest {widest:.2f} ({a.source} {a['model']} on {a['gpus']} {a['gpu']}: {low:,.0f} to {high:,.0f} "
-            f"{published(a)[0]}), where no prediction is within {100 * (high - low) / (high + low):.0f} % of both")
 
 
 def main(argv: list[str] | None = None) -> int:
