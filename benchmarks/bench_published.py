@@ -94,6 +94,14 @@ HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
 FITTED = {"compute_scale": (0.3, 3.0)}
 
 
+# Named 2026-11-28 at 23:30 UTC, before any row was predicted with it: host time per op by the host's
+# CPU (perf.gpu's [host] from this project's five H200 calibrations, an x86 host; times 37.08/13.48
+# on a Grace host, TransformerEngine issue 2053's torch Linear forward on GB200 against a Xeon
+# 8480C). Predicted: held-out GB200 and GB300 rows whose blocks the host bounds get slower, none
+# faster; rows whose every block the GPU bounds move by less than 1 %. No row moves to the
+# fitting set for it: reported by `host_check` on every run.
+HOST_CHECK = "host time per op by the host's CPU (2026-11-28)"
+
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out
 # score): (why, which rows), the why dated and naming the change.
 MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
