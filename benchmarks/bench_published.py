@@ -100,7 +100,7 @@ FITTED = {"compute_scale": (0.3, 3.0)}
 # 8480C). Predicted: held-out GB200 and GB300 rows whose blocks the host bounds get slower, none
 # faster; rows whose every block the GPU bounds move by less than 1 %. No row moves to the
 # fitting set for it: reported by `host_check` on every run.
-HOST_CHECK = "host time per op by the host's CPU (2026-11-28)"
+HOST_CHECK = "host time per op by the host's CPU"
 
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out
 # score): (why, which rows), the why dated and naming the change.
@@ -234,11 +234,13 @@ def plan_rows(rows: list[Row]) -> list[Planned]:
     return out
 
 
-def predict(p: Planned, eff: Efficiency) -> float:
-    """The prediction in the unit the row publishes."""
+def predict(p: Planned, eff: Efficiency, host_cpu: str | None = None) -> float:
+    """The prediction in the unit the row publishes (with its GPUs on another `host_cpu` if given:
+    host_check)."""
     row, job = p.row, p.job
     gpus = int(row.num("gpus"))
     spec = SPECS[GPUS[row["gpu"]]]
+    spec = dataclasses.replace(spec, host_cpu=host_cpu) if host_cpu else spec
     engine = ENGINES[row.source]
     attention = engine.kernel(spec.architecture)
     overlap = engine.tp_overlap or "micro_pipeline"  # else torch's async TP, as this toolkit's
@@ -251,6 +253,23 @@ def predict(p: Planned, eff: Efficiency) -> float:
         return tps
     tflops = tps * flops_per_token(job.model, job.training.seq_len) / 1e12
     return tflops / spec.bf16_tflops if unit == "mfu" else tflops
+
+
+def host_check(listed: list[tuple[Planned, float, float]], fits: dict[str, Efficiency]) -> str:
+    """HOST_CHECK's outcome: the held-out rows on Grace-hosted GPUs, those whose prediction their
+    host moves (against the same GPUs on an x86 host) by more than 0.5 %, which way, and their
+    median signed error on each host."""
+    grace = [(p, pred, e) for p, pred, e in listed if SPECS[GPUS[p.row["gpu"]]].host_cpu == "grace"]
+    moved_by = [(p, e, predict(p, fits[p.row.source], host_cpu="x86") / pred) for p, pred, e in grace]
+    moved_by = [(p, e, x86) for p, e, x86 in moved_by if abs(x86 - 1) > 0.005]
+    if not moved_by:
+        return f"{len(grace)} held-out Grace-hosted rows; the host moves none of them"
+    slower = sum(x86 > 1 for _, _, x86 in moved_by)
+    on_x86 = statistics.median((1 + e) * x86 - 1 for _, e, x86 in moved_by)
+    return (f"{len(grace)} held-out Grace-hosted rows (GB200, GB300); the host moves {len(moved_by)} of them "
+            f"({slower} slower, by {100 * min(1 - 1 / x for _, _, x in moved_by):.0f}-"
+            f"{100 * max(1 - 1 / x for _, _, x in moved_by):.0f} %): median error {100 * on_x86:+.0f} % on an x86 "
+            f"host, {100 * statistics.median(e for _, e, _ in moved_by):+.0f} % on Grace")
 
 
 def fitting_set(planned: list[Planned]) -> list[Planned]:
@@ -375,6 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Of them, multi-head latent attention (MLA_MODELS, first planned 2026-11-28): {len(mla)} rows, "
                   f"median |error| {100 * median_abs([e for _, e in mla]):.0f} %; by what their recipe ran: "
                   + recipe_groups([(p, None, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]))
+    if listed:
+        print(f"Held-out check of {HOST_CHECK} (named 2026-11-28 before measuring): {host_check(listed, fits)}")
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

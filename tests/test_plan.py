@@ -410,6 +410,7 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
         ("device: h100\ngpus_per_node: 2.5\n", "gpus_per_node = 2.5: must be a whole number > 0"),
         ("device: h100\nnvlink_gb_s: -1\n", "nvlink_gb_s = -1: must be a number > 0"),
         ("device: h100\npower_limit_w: 0\n", "power_limit_w = 0: must be a number > 0"),
+        ("device: h100\nhost_cpu: arm\n", "host_cpu = 'arm': choose from x86, grace"),
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, sms: 1.5}\n",
          "device.sms = 1.5: must be a whole number > 0"),
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, fp8_share: 1.2}\n"

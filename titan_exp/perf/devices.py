@@ -26,7 +26,7 @@ Sources (checked 2026-11):
           72, dense being half the sparse figures listed): https://www.nvidia.com/en-us/data-center/gb200-nvl72/
           FP16/BF16 360 PFLOPS and FP8 720 PFLOPS sparse, 13.4 TB HBM3e at 576 TB/s, NVLink
           130 TB/s; the GPU is B200 (148 SMs) configured at 1,200 W (NVIDIA Blackwell architecture
-          technical brief); ConnectX-7 400 Gb/s per GPU.
+          technical brief); ConnectX-7 400 Gb/s per GPU; a Grace CPU hosts each two GPUs.
   [gb300] NVIDIA GB300 NVL72, the same way: https://www.nvidia.com/en-us/data-center/gb300-nvl72/
           FP16/BF16 360 PFLOPS and FP8 720 PFLOPS sparse, 20 TB HBM3e at 576 TB/s, NVLink
           130 TB/s, ConnectX-8 800 Gb/s per GPU; Blackwell Ultra, 160 SMs, 1,400 W.
@@ -52,6 +52,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from titan_exp.perf.gpu import HOST_CPU
 from titan_exp.perf.nccl import NET_STEP_S, NVLINK_STEP_S, SIMPLE, NcclModel
 from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, machine_key
 
@@ -84,6 +85,7 @@ class DeviceSpec:
     matmul_share: float = MAMF["h100"][0]  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
     fp8_share: float | None = None  # the best-shaped float8 matmul's share [mamf]; None = matmul_share
     architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
+    host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (perf.gpu.HOST_CPU)
 
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
@@ -110,12 +112,12 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
                "per GPU; TF32 taken as B200's", sms=160, tdp_w=1100.0, matmul_share=MAMF["b300"][0],
                fp8_share=MAMF["b300"][1], architecture="blackwell"),
     DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
-               "[gb200] GB200 NVL72's B200 at 1,200 W", sms=148, tdp_w=1200.0, matmul_share=MAMF["gb200"][0],
-               fp8_share=MAMF["gb200"][1], architecture="blackwell"),
+               "[gb200] GB200 NVL72's B200 at 1,200 W, Grace-hosted", sms=148, tdp_w=1200.0,
+               matmul_share=MAMF["gb200"][0], fp8_share=MAMF["gb200"][1], architecture="blackwell", host_cpu="grace"),
     DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e12 / 72 / GIB, 8.0, 900, 100,
-               "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W; its matmul shares B300's scaled as GB200's "
-               "are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=MAMF["gb300"][0],
-               fp8_share=MAMF["gb300"][1], architecture="blackwell"),
+               "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W, Grace-hosted; its matmul shares B300's scaled "
+               "as GB200's are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=MAMF["gb300"][0],
+               fp8_share=MAMF["gb300"][1], architecture="blackwell", host_cpu="grace"),
 )}
 
 
@@ -212,6 +214,8 @@ HARDWARE_KEYS = {
                          "3.4), microseconds",
     "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
     "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.gpu.clock_ratio)",
+    "host_cpu": "the CPU the ranks' Python runs on, " + " or ".join(HOST_CPU) + ": its host time per op (perf.gpu."
+                "HOST_CPU; a named device's own by default: grace for gb200 and gb300, else x86)",
 }
 
 
@@ -293,6 +297,10 @@ def load_hardware(path: str | Path) -> Hardware:
     spec = dataclasses.replace(spec, **links)
     if "power_limit_w" in data:
         spec = dataclasses.replace(spec, power_limit_w=_positive(path, "power_limit_w", data["power_limit_w"]))
+    if "host_cpu" in data:
+        if data["host_cpu"] not in HOST_CPU:
+            raise ValueError(f"{path}: host_cpu = {data['host_cpu']!r}: choose from {', '.join(HOST_CPU)}")
+        spec = dataclasses.replace(spec, host_cpu=data["host_cpu"])
     eff = Efficiency()
     for key, field in (("latency_nvlink_us", "latency_nvlink_s"), ("latency_network_us", "latency_network_s")):
         if key in data:

@@ -92,9 +92,14 @@ Sources (checked 2026-11):
          profile prices them at the rate this toolkit's block ran its own memory-bound ops on the
          GPU, eager and compiled (Kernels.elementwise_tb_s; the loss's kernels and autocast's
          casts taken to run alike), else at its contiguous add's rate.
-  [host] Host time per eager op 8 us (Python, the dispatcher, autograd's record, the launch),
-         per compiled kernel 4 us; assumptions of the order a profiler shows, to be replaced by
-         what `python -m titan_exp.perf.calibrate` measures on the GPU.
+  [host] Host time per eager op (Python, the dispatcher, autograd's record, the launch) and per
+         compiled kernel on an x86 server host: the medians of this project's five H200
+         calibrations (benchmarks/data/gpu_h200_*profile.json, 2026-11-27/28; eager 8.1-14.1 us,
+         compiled 9.9-17.3 us). `python -m titan_exp.perf.calibrate` measures the GPU's own host.
+  [te-2053] A Grace host runs the same Python and launches slower: NVIDIA/TransformerEngine issue
+         2053 (2025-08-11) measured a torch Linear's forward at 37.08 us of CPU time on GB200's
+         Grace and 13.48 us on an H100 DGX's Xeon Platinum 8480C (GH200: 33.17 us), bf16, hidden
+         2048, 8,192 tokens; a Grace host's times are the x86 ones x 37.08 / 13.48 (HOST_CPU).
   [torchao-eager] torchao's float8 casts without compile: perf.float8_casts.
   [grouped] A grouped GEMM (torch._grouped_mm; Transformer Engine's grouped linears) is taken to
          run its tiles at the dense GEMM's rate (an assumption: no microbenchmark of these kernels
@@ -119,7 +124,8 @@ from titan_exp.precision import converts
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
 HBM_SHARE = 0.9  # [hbm]
-HOST_EAGER_S, HOST_COMPILED_S = 8e-6, 4e-6  # [host]
+HOST_EAGER_S, HOST_COMPILED_S = 12.9e-6, 15.4e-6  # [host]: on an x86 host
+HOST_CPU = {"x86": 1.0, "grace": 37.08 / 13.48}  # host time per op over an x86 host's [te-2053]
 IDLE_SHARE = 0.1  # [power]
 FA2_SEQ = (512, 1024, 2048, 4096, 8192, 16384)
 H100_BF16 = 989.4  # the TFLOP/s [fa3]'s rates are shares of
@@ -177,7 +183,7 @@ def spec_kernels(spec, attention: str | None = None) -> Kernels:
     the best shape's share [mamf], attention on its kernel's curve (ATTENTION: "flash", SDPA's
     FlashAttention-2; "cudnn"; "triton"; by default the one SDPA runs on its architecture,
     SDPA_KERNEL [sdpa]) [fa3] or the GPU's own [cudnn-fe], memory-bound kernels at HBM_SHARE of
-    the bandwidth [hbm], host times [host]."""
+    the bandwidth [hbm], host times [host] on its host's CPU [te-2053]."""
     attention = attention or SDPA_KERNEL.get(spec.architecture, "flash")
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r}: no such kernel; choose from {', '.join(ATTENTION)}")
@@ -188,7 +194,8 @@ def spec_kernels(spec, attention: str | None = None) -> Kernels:
     fwd, bwd = attention_curves(spec, attention)
     return Kernels(matmul_tflops={k: v * shares[k] * clock for k, v in peaks.items()},
                    attention_fwd=fwd, attention_bwd=bwd,
-                   memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S, host_compiled_s=HOST_COMPILED_S,
+                   memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S * HOST_CPU[spec.host_cpu],
+                   host_compiled_s=HOST_COMPILED_S * HOST_CPU[spec.host_cpu],
                    sms=spec.sms, architecture=spec.architecture, attention_kernel=attention, source="spec")
 
 
