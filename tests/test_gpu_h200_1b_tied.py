@@ -52,7 +52,8 @@ def test_the_tied_1b_grid_met_issue_38s_step_time_targets_held_out():
     (target 0.9), median |error| 6.6 % (target 10 %; named: at most 12 %), worst 21 % (eager
     float8 with selective AC, host-bound, and float8 + compile under AC, priced slow); the plan's
     first choice, float8 tensorwise + compile without AC, measured within 1 % of the best. The spec
-    sheet: 0.92, 11.4 %."""
+    sheet: 0.92, 10.3 % (11.4 % before a spec sheet's host times became the medians of this
+    project's H200 calibrations, this grid's among them: not held out)."""
     assert len(ROWS) == 18 and all(r["status"] == "ok" for r in ROWS)
     seconds = [r["step_s"] for r in ROWS]
     calibrated = [predict_step(member(r), PROFILE, cuda=True).step_s for r in ROWS]
@@ -61,7 +62,7 @@ def test_the_tied_1b_grid_met_issue_38s_step_time_targets_held_out():
     assert rank_correlation(calibrated, seconds) == pytest.approx(0.936, abs=0.001)
     assert statistics.median(errors(calibrated, seconds)) == pytest.approx(0.066, abs=0.001)
     assert max(errors(calibrated, seconds)) == pytest.approx(0.211, abs=0.001)
-    assert (rank_correlation(spec, seconds), statistics.median(errors(spec, seconds))) == pytest.approx((0.920, 0.114), abs=0.001)
+    assert (rank_correlation(spec, seconds), statistics.median(errors(spec, seconds))) == pytest.approx((0.920, 0.103), abs=0.001)
     first = ROWS[min(range(len(ROWS)), key=lambda i: calibrated[i])]
     assert first["tokens_per_second"] >= 0.99 * max(r["tokens_per_second"] for r in ROWS)
 

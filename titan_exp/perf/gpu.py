@@ -92,14 +92,11 @@ Sources (checked 2026-11):
          profile prices them at the rate this toolkit's block ran its own memory-bound ops on the
          GPU, eager and compiled (Kernels.elementwise_tb_s; the loss's kernels and autocast's
          casts taken to run alike), else at its contiguous add's rate.
-  [host] Host time per eager op (Python, the dispatcher, autograd's record, the launch) and per
-         compiled kernel on an x86 server host: the medians of this project's five H200
-         calibrations (benchmarks/data/gpu_h200_*profile.json, 2026-11-27/28; eager 8.1-14.1 us,
-         compiled 9.9-17.3 us). `python -m titan_exp.perf.calibrate` measures the GPU's own host.
-  [te-2053] A Grace host runs the same Python and launches slower: NVIDIA/TransformerEngine issue
-         2053 (2025-08-11) measured a torch Linear's forward at 37.08 us of CPU time on GB200's
-         Grace and 13.48 us on an H100 DGX's Xeon Platinum 8480C (GH200: 33.17 us), bf16, hidden
-         2048, 8,192 tokens; a Grace host's times are the x86 ones x 37.08 / 13.48 (HOST_CPU).
+  [host] Per eager op (Python, dispatch, autograd's record, the launch) and per compiled kernel,
+         an x86 host: the medians of this project's five H200 calibrations (benchmarks/data/
+         gpu_h200_*profile.json: 8.1-14.1 us, 9.9-17.3 us); calibrate measures a GPU's own host.
+  [te-2053] A Grace host's, x 37.08 / 13.48 (HOST_CPU): NVIDIA/TransformerEngine issue 2053's torch
+         Linear forward, CPU time on GB200's Grace against an H100 DGX's Xeon 8480C (2025-08-11).
   [torchao-eager] torchao's float8 casts without compile: perf.float8_casts.
   [grouped] A grouped GEMM (torch._grouped_mm; Transformer Engine's grouped linears) is taken to
          run its tiles at the dense GEMM's rate (an assumption: no microbenchmark of these kernels
@@ -135,16 +132,13 @@ FA2_BWD = tuple(t / H100_BF16 for t in (214, 260, 291, 310, 318, 322))
 AMPERE_FA2_PEAK = 0.73  # [fa3]: FlashAttention-2's paper, A100 forward
 TRITON_SLOWDOWN = 1.8  # [fa2]
 # Attention kernels: (forward, backward) shares of H100's bf16 peak at FA2_SEQ, head dim 128, causal [fa3].
-ATTENTION = {
-    "flash": (FA2_FWD, FA2_BWD),
-    "cudnn": (tuple(t / H100_BF16 for t in (315, 410, 484, 518, 529, 539)),
-              tuple(t / H100_BF16 for t in (305, 408, 465, 499, 518, 516))),
-    "triton": None,  # FlashAttention-2's curve over TRITON_SLOWDOWN [fa2] (attention_curves)
-}
+ATTENTION = {"flash": (FA2_FWD, FA2_BWD),
+             "cudnn": (tuple(t / H100_BF16 for t in (315, 410, 484, 518, 529, 539)),
+                       tuple(t / H100_BF16 for t in (305, 408, 465, 499, 518, 516))),
+             "triton": None}  # "triton": FlashAttention-2's curve over TRITON_SLOWDOWN [fa2] (attention_curves)
 # The kernel PyTorch SDPA runs by GPU architecture [sdpa]: what a spec sheet's plan prices.
 SDPA_KERNEL = {"ampere": "flash", "hopper": "cudnn", "blackwell": "cudnn"}
-# Blackwell GPUs' own attention curves [cudnn-fe]: kernel -> (forward, backward) as (sequence, TFLOP/s),
-# at the GPU's TDP clock (a power cap scales them by perf.gpu.clock_ratio).
+# Blackwell GPUs' own attention curves [cudnn-fe], kernel -> (forward, backward) (sequence, TFLOP/s), at the TDP clock.
 _CUDNN_SEQ = (2048, 4096, 8192, 16384, 32768)
 _FLASH_SEQ = (512, 1024, 2048, 4096, 8192, 16384, 32768)
 _GB200_CUDNN = ((1098, 1407, 1646, 1728, 1569), (899, 1172, 1344, 1327, 1202))
