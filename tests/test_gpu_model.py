@@ -871,6 +871,8 @@ def test_a_grace_hosted_gpu_pays_its_hosts_slower_python_where_the_host_bounds_a
     host = gpu.block_times(small, 1, x86).fwd
     assert host > sum(gpu.block_times(small, 1, x86).kinds["fwd"].values())  # the host bounds it
     assert gpu.block_times(small, 1, on_grace).fwd == pytest.approx(ratio * host)
+    assert any(n.startswith("the host bounds a block") for n in gpu.block_times(small, 1, x86).notes)
+    assert not any(n.startswith("the host bounds") for n in gpu.block_times(big, 1, on_grace).notes)
     (tmp_path / "hw.yaml").write_text("device: b200\nhost_cpu: grace\n")
     hw = load_hardware(tmp_path / "hw.yaml")
     assert hw.spec.host_cpu == "grace" and "host_cpu grace" in hw.line()

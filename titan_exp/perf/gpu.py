@@ -13,11 +13,11 @@ degree tp, forward and backward:
             is memory-bound).
   attention causal flash attention, its FLOPs at the rate its kernel reaches at that sequence length
             and head dim [fa3] (a Blackwell GPU's own measured curves [cudnn-fe]), forward, and
-            backward at 2.5 x the forward's FLOPs. A spec sheet's
-            plan takes the kernel to be the one PyTorch SDPA picks [sdpa]: cuDNN's on Hopper and
-            Blackwell, FlashAttention-2 on Ampere; a calibrated profile measures and names the one
-            SDPA runs. ATTENTION also holds cuDNN's fused attention (Transformer
-            Engine's on Hopper) and the Triton FlashAttention of 2023 [fa2].
+            backward at 2.5 x the forward's FLOPs. A spec sheet's plan takes the kernel to be the
+            one PyTorch SDPA picks [sdpa]: cuDNN's on Hopper and Blackwell, FlashAttention-2 on
+            Ampere; a calibrated profile measures and names the one SDPA runs. ATTENTION also holds
+            cuDNN's fused attention (Transformer Engine's on Hopper) and the Triton FlashAttention
+            of 2023 [fa2].
   memory    the memory-bound kernels (RMSNorm, RoPE, residual adds, SwiGLU, the layout copies
             attention needs), their bytes per token at HBM speed [hbm]: as eager PyTorch runs them
             (each op reads and writes its tensors), or as compile fuses them
@@ -62,10 +62,9 @@ Sources (checked 2026-11):
          bf16 peak; below 512 the share falls in proportion to the sequence (an assumption).
          On Ampere, FlashAttention-2's paper (Dao 2023) gives up to 73 % of the A100's peak
          forward: the Hopper curve is scaled to that. The same figures give cuDNN's causal
-         attention at head dim 128, forward 315, 410, 484, 518, 529, 539 and backward 305, 408,
-         465, 499, 518, 516; and FlashAttention-2's causal forward at head dim 64, 180, 229, 262,
-         284, 295, 299, taken as head dim 64's share of head dim 128's for every kernel and for
-         the backward too (an assumption: no backward at head dim 64 is read here).
+         attention at head dim 128 (ATTENTION) and FlashAttention-2's causal forward at head dim
+         64 (HEAD_DIM_64), taken as head dim 64's share of head dim 128's for every kernel and
+         for the backward too (an assumption: no backward at head dim 64 is read here).
   [cudnn-fe] NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training, bf16, causal, head dim 128,
          forward and backward TFLOP/s (its backward FLOPs 2.5 x the forward's, as here), each
          Blackwell GPU measured on its own (BLACKWELL_ATTENTION): cuDNN's fused attention from
@@ -75,18 +74,16 @@ Sources (checked 2026-11):
          B200}.csv (commits d48a60eb and bb37575d; 128 query heads, batch 1), sequence 512-32k. B200's
          cuDNN curve, not measured there, is GB200's at B200's bf16 peak over GB200's (2,250 over
          2,500: the same die at a lower clock, as their flash curves differ, 0.90 at 8k; an assumption);
-         B300's two curves, neither measured there, are GB300's the same way.
-         Hopper's and Ampere's curves stay [fa3]'s; a Blackwell GPU without its own curves takes them
-         (as shares of its peak), which overstates FlashAttention-2 there about twice.
+         B300's two curves, neither measured there, are GB300's the same way. Hopper's and Ampere's
+         stay [fa3]'s; a Blackwell GPU without its own takes them (as shares of its peak), which
+         overstates FlashAttention-2 there about twice.
   [sdpa] Which kernel this toolkit's attention runs: PyTorch SDPA's first eligible backend in its
-         priority order, which puts cuDNN's attention first on Hopper and Blackwell (sm90, sm100)
-         with a recent cuDNN (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp,
-         check_prefer_cudnn_attention; this project's H200 calibration, torch 2.11, found cuDNN's
-         running) and FlashAttention-2 first elsewhere (SDPA_KERNEL). A torch build
-         with an older cuDNN keeps FlashAttention-2 first; calibrate measures whichever runs.
-  [fa2]  Dao, FlashAttention-2 (arXiv:2307.08691), Section 4.1: FlashAttention-2 is 1.3-2.5x
-         faster than FlashAttention in Triton on A100; the Triton kernel is priced at
-         FlashAttention-2's rate over 1.8, the range's geometric middle (an assumption).
+         priority order, cuDNN's on Hopper and Blackwell (sm90, sm100) with a recent cuDNN
+         (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, check_prefer_cudnn_attention; found
+         running by this project's H200 calibration, torch 2.11), else FlashAttention-2 (SDPA_KERNEL);
+         an older cuDNN keeps FlashAttention-2 first; calibrate measures whichever runs.
+  [fa2]  Dao, FlashAttention-2 (arXiv:2307.08691), Section 4.1: FlashAttention-2 is 1.3-2.5x faster
+         than Triton's FlashAttention on A100, priced at its rate over 1.8, the range's geometric middle.
   [hbm]  Memory-bound kernels at 90 % of the spec's HBM bandwidth (the share STREAM-like copies
          reach on HBM GPUs; an assumption, not a measurement of these kernels). A calibrated
          profile prices them at the rate this toolkit's block ran its own memory-bound ops on the
@@ -368,9 +365,12 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
     if low == "float8":
         host += len(converted) * cast_host_s(kern, recipe, cast_mode, gathered8)
     fwd, bwd = max(fwd_gpu, host), max(bwd_gpu, 2 * host)
-    if low == "float8" and torchao_eager(recipe, cast_mode) and host > fwd_gpu:
+    if host > fwd_gpu:  # the host bounds the block: say why
+        eager8 = low == "float8" and torchao_eager(recipe, cast_mode)
         notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "
-                     f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts")
+                     f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts" if eager8
+                     else "the host bounds a block: its Python and launches outlast the GPU's work (perf.gpu [host]; "
+                     "a Grace host's take 2.75x an x86 one's); more tokens a microbatch hide them")
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
     # GEMMs (not aten.mm) and the router whole.
