@@ -83,7 +83,7 @@ Sources (checked 2026-11):
          running by this project's H200 calibration, torch 2.11), else FlashAttention-2 (SDPA_KERNEL);
          an older cuDNN keeps FlashAttention-2 first; calibrate measures whichever runs.
   [fa2]  Dao, FlashAttention-2 (arXiv:2307.08691), Section 4.1: FlashAttention-2 is 1.3-2.5x faster
-         than Triton's FlashAttention on A100, priced at its rate over 1.8, the range's geometric middle.
+         than Triton's FlashAttention on A100; priced at its rate over 1.8, the geometric middle (assumed).
   [hbm]  Memory-bound kernels at 90 % of the spec's HBM bandwidth (the share STREAM-like copies
          reach on HBM GPUs; an assumption, not a measurement of these kernels). A calibrated
          profile prices them at the rate this toolkit's block ran its own memory-bound ops on the
