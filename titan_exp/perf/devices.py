@@ -148,6 +148,13 @@ def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int 
     return Line(latency, per_unit)
 
 
+# How a spec sheet's plans fared, held out, against published GPU training runs, as
+# `python benchmarks/bench_published.py` last measured it (tests/test_plan.py keeps this equal to its
+# output): the rows scored, their tokens/s median |error|, and of the pairs of rows one table ran on
+# one machine (two layouts or techniques of one model), how many it ordered as published, of all.
+SPEC_ACCURACY = {"date": "2026-11-28", "rows": 126, "median_abs_error": 0.12, "pairs_ordered": (35, 35)}
+
+
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),
                  attention: str | None = None) -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
