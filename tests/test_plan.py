@@ -236,7 +236,8 @@ def test_torchtitans_published_tables_validate_and_plan_for_cuda():
 def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_source_out(monkeypatch):
     """benchmarks/bench_published.py (issue 36): an MPT row becomes a job with the published
     parameter count (its learned position embedding aside), every TorchTitan row plans for CUDA,
-    and the leave-one-source-out summary is the last line."""
+    and the leave-one-source-out summary is the last line, as a spec sheet's plan quotes it
+    (perf.devices.SPEC_ACCURACY)."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_published as bench
     import published_engines as engines
