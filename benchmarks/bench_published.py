@@ -49,6 +49,9 @@ expert_tensor_parallel_size 1, which Megatron-Bridge's Qwen3 recipes set,
 src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py): held out by declaration before any was
 predicted (`ep_over_tp`).
 
+The held-out check named for host time per op by the host's CPU (`HOST_CHECK`) is reported on
+every run (`host_check`).
+
 The pieces beside this file: published_rows.py reads the data sets (the rows, Megatron-Bridge's
 recipes), published_jobs.py plans a row as a job, published_engines.py and published_megatron.py
 say what each source's engine and Megatron's models ran, published_scoring.py scores techniques,

@@ -7,17 +7,13 @@ can describe (`MOE_SHAPES`; MLA's in published_megatron.py), and why a row canno
 from __future__ import annotations
 
 import dataclasses
-import sys
 from functools import lru_cache
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from titan_exp.config import ACMode, Executor, PipelineSchedule, compose_job
 
-from titan_exp.config import ACMode, Executor, PipelineSchedule, compose_job  # noqa: E402
-
-from published_engines import ENGINES  # noqa: E402  (beside this file)
-from published_megatron import MLA_SHAPES, mla_shape, pipeline_ends  # noqa: E402
-from published_rows import Row, recipe  # noqa: E402
+from published_engines import ENGINES  # beside this file
+from published_megatron import MLA_SHAPES, mla_shape, pipeline_ends
+from published_rows import Row, recipe
 
 # The data set's GPU names -> the spec sheets of titan_exp/perf/devices.py.
 GPUS = {"h100_96gb_500w": "h100_500w", "h100_sxm_80gb": "h100", "h100_80gb": "h100", "h100": "h100",

@@ -52,9 +52,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.perf.gpu import HOST_CPU
+from titan_exp.perf.gpu import HOST_CPU, clock_ratio, hbm, spec_kernels
 from titan_exp.perf.nccl import NET_STEP_S, NVLINK_STEP_S, SIMPLE, NcclModel
-from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, machine_key
+from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, find, machine_key
 
 GIB = 2**30
 
@@ -162,8 +162,6 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
     by the kernel named, perf.gpu.ATTENTION, or else the one PyTorch SDPA runs on it,
     perf.gpu.SDPA_KERNEL); its matmul lines are the same rates, for what reads
     them directly."""
-    from titan_exp.perf.gpu import hbm, spec_kernels
-
     nodes = max(1, world // gpus_per_node)
     kernels = spec_kernels(spec, attention)
     gemm = {dtype: Line(10e-6, 1 / (tflops * 1e12)) for dtype, tflops in kernels.matmul_tflops.items()}
@@ -195,8 +193,6 @@ def spec_for(device: str) -> DeviceSpec:
 def profile_for(device: str, world: int, gpus_per_node: int, folder=None) -> MachineProfile:
     """A calibrated profile of this device at this world size (and node count) if one was made
     on it, else the spec sheet's."""
-    from titan_exp.perf.profile import find
-
     spec = spec_for(device)
     nodes = max(1, world // gpus_per_node)
     for cuda_name in spec.cuda_names:
@@ -222,7 +218,8 @@ HARDWARE_KEYS = {
     "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
     "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.gpu.clock_ratio)",
     "host_cpu": "the CPU the ranks' Python runs on, " + " or ".join(HOST_CPU) + ": its host time per op (perf.gpu."
-                "HOST_CPU; a named device's own by default: grace for gb200 and gb300, else x86)",
+                "HOST_CPU; a named device's own by default: grace for "
+                + " and ".join(name for name, s in SPECS.items() if s.host_cpu == "grace") + ", else x86)",
 }
 
 
@@ -238,8 +235,6 @@ class Hardware:
     path: str
 
     def line(self) -> str:
-        from titan_exp.perf.gpu import clock_ratio
-
         given = ", ".join(f"{k} {v}" for k, v in self.from_file.items())
         clock = (f" (SM clock {clock_ratio(self.spec):.2f} of the {self.spec.tdp_w:.0f} W TDP's)"
                  if "power_limit_w" in self.from_file else "")

@@ -370,7 +370,7 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
         notes.append(f"float8 without compile: torchao's casts and Python keep the host busy {host * 1e3:.1f} ms a "
                      f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts" if eager8
                      else "the host bounds a block: its Python and launches outlast the GPU's work (perf.gpu [host]; "
-                     "a Grace host's take 2.75x an x86 one's); more tokens a microbatch hide them")
+                     f"a Grace host's take {HOST_CPU['grace']:.2f}x an x86 one's); more tokens a microbatch hide them")
     # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
     # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
     # GEMMs (not aten.mm) and the router whole.
