@@ -41,6 +41,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import statistics
 from typing import Callable
 
 import torch
@@ -52,7 +53,7 @@ from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
 from titan_exp.perf.gpu import HOST_COMPILED_S, elementwise_bytes, hbm, linear_s, wave_utilization
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
-from titan_exp.perf.timing import Options, together
+from titan_exp.perf.timing import Options, in_rounds, together
 
 logger = logging.getLogger("titan_exp")
 
@@ -295,7 +296,8 @@ def elementwise_tb_s(m: ModelConfig, tokens: int, dtype: torch.dtype, opts: Opti
     return 3 * forward / seconds / 1e12
 
 
-def host_op_s(opts: Options, device: torch.device) -> float:
+def host_chain(device: torch.device) -> Callable[[], object]:
+    """HOST_OPS tiny ops one after another: their time is the host's, an op at a time."""
     x = torch.ones(1, device=device, requires_grad=True)
 
     def chain():
@@ -304,13 +306,20 @@ def host_op_s(opts: Options, device: torch.device) -> float:
             y = y * 1.0001
         return y
 
-    return together(chain, opts.reps, device) / HOST_OPS
+    return chain
 
 
-def host_float8_s(host_op: float, opts: Options, device: torch.device) -> float | None:
+def host_op_s(opts: Options, device: torch.device) -> float:
+    return together(host_chain(device), opts.reps, device) / HOST_OPS
+
+
+def host_float8_s(opts: Options, device: torch.device) -> float | None:
     """Host seconds of torchao's Python around an eager float8 linear's forward, beyond its
     kernels: a tiny Float8Linear's forward (tensorwise) less a tiny bf16 linear's and less its two
-    casts' kernels at `host_op` each (perf.float8_casts' [torchao-eager]). None where torchao's float8 does not run."""
+    casts' kernels at a tiny op's host time each (perf.float8_casts' [torchao-eager]), the three
+    timed side by side in each round (timing.in_rounds: a slow spell of a shared host spoils a
+    round, not the difference), the median over the rounds. None where torchao's float8 does not
+    run."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
@@ -327,8 +336,10 @@ def host_float8_s(host_op: float, opts: Options, device: torch.device) -> float 
     def chain(linear):
         return lambda: [linear(x) for _ in range(FLOAT8_LINEARS)]
 
-    extra = (together(chain(float8), opts.reps, device) - together(chain(plain), opts.reps, device)) / FLOAT8_LINEARS
-    return max(0.0, extra - 2 * EAGER_CAST_KERNELS["tensorwise"] * host_op)
+    casts = 2 * EAGER_CAST_KERNELS["tensorwise"]
+    extra = [(f8 - bf16) / FLOAT8_LINEARS - casts * op / HOST_OPS
+             for f8, bf16, op in in_rounds([chain(float8), chain(plain), host_chain(device)], opts, device)]
+    return max(0.0, statistics.median(extra))
 
 
 def float8_cast_tb_s(kern: Kernels, m: ModelConfig, rows: int, opts: Options, device: torch.device,
@@ -411,7 +422,7 @@ def measure_kernels(m: ModelConfig, opts: Options, device: torch.device) -> Kern
     if grouped is not None:
         measured.append("grouped_gemm_share")
     host_op = host_op_s(opts, device)
-    float8 = host_float8_s(host_op, opts, device)
+    float8 = host_float8_s(opts, device)
     if float8 is not None:
         measured.append("host_float8_s")
     kern = Kernels(matmul_tflops=matmul_tflops(sides, sms, opts, device), attention_fwd=fwd, attention_bwd=bwd,
