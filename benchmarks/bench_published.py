@@ -87,7 +87,7 @@ from published_jobs import (GPUS, MLA_MODELS, NVLINK_DOMAIN, ep_over_tp, gpus_pe
                             job_for, moe_replicas, skip_reason)
 from published_megatron import output_heads  # noqa: E402
 from published_rows import RECIPES, Planned, Row, known_regression, published, read_rows, recipe  # noqa: E402
-from published_scoring import EFFECT_POINTS, effects, machine_pairs, repeats, swapped_pairs  # noqa: E402
+from published_scoring import EFFECT_POINTS, effects, gpu_pairs, machine_pairs, repeats, swapped_pairs  # noqa: E402
 
 SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
 HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
@@ -275,6 +275,17 @@ def host_check(listed: list[tuple[Planned, float, float]], fits: dict[str, Effic
             f"host, {100 * statistics.median(e for _, e, _ in moved_by):+.0f} % on Grace")
 
 
+def by_device(listed: list[tuple[Planned, float, float]]) -> dict[str, tuple[int, float, float]]:
+    """The held-out rows by the spec sheet they were planned on (perf.devices.SPECS' name), most
+    rows first: (rows, median signed error, median |error|). A spec sheet's plan quotes its own
+    (perf.devices.SPEC_ACCURACY's "by_device")."""
+    errs: dict[str, list[float]] = {}
+    for p, _, e in listed:
+        errs.setdefault(GPUS[p.row["gpu"]], []).append(e)
+    return {name: (len(v), statistics.median(v), median_abs(v))
+            for name, v in sorted(errs.items(), key=lambda kv: (-len(kv[1]), kv[0]))}
+
+
 def fitting_set(planned: list[Planned]) -> list[Planned]:
     """Declared before scoring: per source and precision, the row with the smallest model at the
     fewest GPUs on a Hopper GPU (file order breaks ties), of the dense models (MOE_SHAPES' rows are
@@ -379,6 +390,10 @@ def main(argv: list[str] | None = None) -> int:
     if out_of_order:
         print(f"\nHeld-out tables out of order, by the rows swapped (swapped_pairs; the published faster first): "
               f"{'; '.join(out_of_order)}")
+    across = gpu_pairs([(p, pred) for p, pred, _ in listed])
+    if across:
+        print(f"One configuration on two GPUs in a held-out table (gpu_pairs), the first's tokens/s over the "
+              f"second's: {across}")
     if held_moe and held_dense:
         every = [e for errs in held_moe.values() for e in errs]
         models = "; ".join(f"{name} {len(errs)}: {100 * median_abs(errs):.0f} %, {100 * max(errs):.0f} %"
@@ -399,6 +414,9 @@ def main(argv: list[str] | None = None) -> int:
                   + recipe_groups([(p, None, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]))
     if listed:
         print(f"Held-out check of {HOST_CHECK} (named 2026-11-28 before measuring): {host_check(listed, fits)}")
+        print("By spec sheet (a plan from one quotes its own: perf.devices.SPEC_ACCURACY): " + "; ".join(
+            f"{name} {n} row{'s' if n > 1 else ''}, median error {100 * signed:+.0f} %, |error| {100 * size:.0f} %"
+            for name, (n, signed, size) in by_device(listed).items()))
     print()
     print("| rows moved to the fitting set, per source (not held out: the model was changed, or their layout "
           "derived, for them) | fitted on (others' fitting rows) | rows | median abs error | worst |")

@@ -1,6 +1,7 @@
 """How the GPU model's predictions of published rows are scored beyond their errors (issue 36), for
 benchmarks/bench_published.py: each technique's published effect against the predicted one
-(`effects`), the order of a table's rows (`machine_pairs`, `swapped_pairs`), and how far one
+(`effects`), the order of a table's rows (`machine_pairs`, `swapped_pairs`), one configuration on two GPUs
+(`gpu_pairs`), and how far one
 configuration's measurements published twice lie apart (`repeats`)."""
 
 from __future__ import annotations
@@ -88,6 +89,29 @@ def swapped_pairs(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
 # configuration (in different tables: a source's releases).
 NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
                      "tflops_per_gpu", "mfu", "memory_gib", "derived", "note"}
+
+
+def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
+    """One configuration published on two GPUs in one table (every column alike but the GPU's):
+    per pair of GPUs (the later name first: gb300 over gb200), how many such pairs, and the first
+    GPU's tokens/s over the second's, published against predicted (median and range). What
+    separates GPUs that the model's parts do not, where table order fails across GPUs."""
+    ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for i, (a, pa) in enumerate(scored):
+        for b, pb in scored[i + 1:]:
+            ra, rb = a.row, b.row
+            if ra.table != rb.table or ra["gpu"] == rb["gpu"] or any(
+                    ra[k] != rb[k] for k in ra.cells if k not in NOT_CONFIGURATION | {"gpu", "gpus_per_node"}):
+                continue
+            (hi, phi), (lo, plo) = sorted(((ra, pa), (rb, pb)), key=lambda x: x[0]["gpu"], reverse=True)
+            ratios.setdefault((hi["gpu"], lo["gpu"]), []).append((published(hi)[1] / published(lo)[1], phi / plo))
+
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+    return "; ".join(f"{hi} over {lo}, {len(v)} configuration{'s' if len(v) > 1 else ''}: published "
+                     f"{spread([x for x, _ in v])}, "
+                     f"predicted {spread([y for _, y in v])}"
+                     for (hi, lo), v in sorted(ratios.items(), key=lambda kv: -len(kv[1])))
 
 
 def repeats(rows: list[Row]) -> str:

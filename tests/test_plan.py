@@ -180,6 +180,9 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
                           "--top", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("times PREDICTED FROM A SPEC SHEET (from the spec sheet of h100")
+    runs, signed, size = SPEC_ACCURACY["by_device"]["h100"]  # its own accuracy on published runs, after the whole's
+    assert (f"on h100's sheet alone ({runs} runs) {size:.0%} at the median, the median run predicted "
+            f"{abs(signed):.0%} too {'slow' if signed < 0 else 'fast'}; calibrate") in out.stdout.splitlines()[0]
     assert "devices (74.5058 GiB each)" in out.stdout and "| across nodes |" in out.stdout
     rows = {line.split(" | ")[1]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
     assert rows["dp_shard256 x tp2"].endswith("| dp_shard |")  # TP's 2 ranks share a node, FSDP's 256 do not
@@ -364,6 +367,15 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert bench.swapped_pairs({"t": list(zip(swapped, (2.0, 1.0)))}) == {f"gb300 over {first['gpu']}": 1}
     assert bench.swapped_pairs({"t": list(zip(swapped, (1.0, 2.0)))}) == {}
     assert bench.swapped_pairs({"t": list(zip(rows[:2], (2.0, 1.0)))}) == {"two layouts of one model on one GPU": 1}
+    # One configuration on two GPUs: the later-named GPU's tokens/s over the other's, published and predicted;
+    # rows that differ in anything but the GPU (and what a row says of itself) are no such pair.
+    later, earlier = sorted((first["gpu"], "gb300"), reverse=True)
+    ratio = 2.0 if later == "gb300" else 0.5  # other_gpu published twice first's tokens/s
+    assert bench.gpu_pairs(list(zip(swapped, (3.0, 3.0)))) == (
+        f"{later} over {earlier}, 1 configuration: published {ratio:.2f} ({ratio:.2f}-{ratio:.2f}), "
+        "predicted 1.00 (1.00-1.00)")
+    assert bench.gpu_pairs(list(zip([swapped[0], bench.Planned(bench.Row(first.source, first.table, "wider", {
+        **other_gpu.cells, "gpus": "512"}), None, None)], (1.0, 1.0)))) == ""
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py"], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -373,6 +385,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     cp = [line for line in out.stdout.splitlines() if "| context parallel |" in line]
     assert len(cp) == 6 and "| Table 2: FSDP 8, CP 1 -> FSDP 4, CP 2 | -35 % |" in cp[0]
     assert "Held-out techniques within 5 points of their published effect: " in out.stdout
+    assert "One configuration on two GPUs in a held-out table (gpu_pairs), the first's tokens/s over the second's: " \
+        "gb300 over gb200, 8 configurations: published 1.23 (1.15-1.27)" in out.stdout
     # What a spec sheet's plan says of its accuracy (perf.devices.SPEC_ACCURACY) is what the bench measures.
     last = out.stdout.strip().splitlines()[-1]
     held = re.match(r"held-out: (\d+) rows from \d+ sources; tokens/s median \|error\| (\d+) %", last)
@@ -380,6 +394,10 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     ordered = [tuple(map(int, cells[-1].strip(" |").split(" of "))) for cells in sources]
     assert held and (int(held[1]), int(held[2]) / 100) == (SPEC_ACCURACY["rows"], SPEC_ACCURACY["median_abs_error"])
     assert (sum(k for k, _ in ordered), sum(n for _, n in ordered)) == SPEC_ACCURACY["pairs_ordered"]
+    devices = next(line for line in out.stdout.splitlines() if line.startswith("By spec sheet"))
+    quoted = {name: (int(n), int(signed) / 100, int(size) / 100) for name, n, signed, size in re.findall(
+        r"(\w+) (\d+) rows?, median error ([+-]\d+) %, \|error\| (\d+) %", devices)}
+    assert quoted == SPEC_ACCURACY["by_device"] and sum(n for n, _, _ in quoted.values()) == SPEC_ACCURACY["rows"]
 
 
 @pytest.mark.quick

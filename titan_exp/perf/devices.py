@@ -151,8 +151,13 @@ def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int 
 # How a spec sheet's plans fared, held out, against published GPU training runs, as
 # `python benchmarks/bench_published.py` last measured it (tests/test_plan.py keeps this equal to its
 # output): the rows scored, their tokens/s median |error|, and of the pairs of rows one table ran on
-# one machine (two layouts or techniques of one model), how many it ordered as published, of all.
-SPEC_ACCURACY = {"date": "2026-11-28", "rows": 126, "median_abs_error": 0.12, "pairs_ordered": (35, 35)}
+# one machine (two layouts or techniques of one model), how many it ordered as published, of all;
+# and by the spec sheet a row was planned on: its rows, their median signed error (predicted over
+# published, less 1: below 0, predicted too slow) and their median |error|.
+SPEC_ACCURACY = {"date": "2026-11-29", "rows": 126, "median_abs_error": 0.12, "pairs_ordered": (35, 35),
+                 "by_device": {"gb300": (41, -0.14, 0.14), "gb200": (37, 0.04, 0.07), "h100": (16, 0.07, 0.22),
+                               "h100_500w": (16, 0.0, 0.05), "b200": (8, 0.05, 0.35), "b300": (7, -0.08, 0.08),
+                               "a100": (1, 0.31, 0.31)}}
 
 
 def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficiency = Efficiency(),

@@ -228,11 +228,17 @@ def profile_line(profile: MachineProfile) -> str:
     """Which profile the times come from, or that they are the defaults and how wrong those were."""
     if profile.source == "spec":
         seen = SPEC_ACCURACY
+        device = profile.key.get("device")
+        runs, signed, size = seen["by_device"].get(device, (0, 0.0, 0.0))
+        median_run = ("as measured" if abs(signed) < 0.005
+                      else f"{abs(signed):.0%} too {'slow' if signed < 0 else 'fast'}")
+        own = (f"; on {device}'s sheet alone ({runs} run{'s' if runs > 1 else ''}) {size:.0%} at the median, the "
+               f"median run predicted {median_run}" if runs else "")
         return (f"times PREDICTED FROM A SPEC SHEET ({profile.notes[0] if profile.notes else profile.name}); held out "
                 f"against {seen['rows']} published GPU runs ({seen['date']}, benchmarks/bench_published.py) such "
                 f"plans' tokens/s erred {seen['median_abs_error']:.0%} at the median and ordered "
                 f"{seen['pairs_ordered'][0]} of {seen['pairs_ordered'][1]} pairs of layouts on one machine as "
-                "measured; calibrate on the GPU to replace it with measured costs")
+                f"measured{own}; calibrate on the GPU to replace it with measured costs")
     if profile.source == "defaults":
         seen = last_accuracy(accuracy_kind(profile))
         how = (f"the last check against {seen['runs']} real runs ({seen['when']}) found a median error of "
