@@ -60,9 +60,11 @@ ENGINES = {
 # the attention output's layout copy, 4; SiLU and product, 10. Compiled: each norm with its
 # residual add 6 x 2, RoPE 4, the copy 4, SiLU and product 6. The loss: the fp32 upcast,
 # log-softmax and its gradient, 36 eager, 10 fused. (The tables' own commit, 9dec370, has the same
-# model code and leaves the loss eager under compile; it is priced fused as written before its
-# rows were scored: BENCHMARKS.md, Techniques.) Megatron's rows, whose engine fuses these
-# kernels, take its compiled counts (an assumption: Transformer Engine's fusions are not these).
+# model code and leaves the loss eager under compile, and Inductor runs its complex RoPE eagerly,
+# not generating code for complex operators (pytorch/torchtitan issue 15); both are priced fused
+# as written before its rows were scored: BENCHMARKS.md, compile against float8 on TorchTitan.)
+# Megatron's rows, whose engine fuses these kernels, take its compiled counts (an assumption:
+# Transformer Engine's fusions are not these).
 TORCHTITAN_LLAMA = Elementwise(eager_bytes=(2 * 36 + 2 * 6 + 4, 20, 10), compiled_bytes=(2 * 6 + 4, 4, 6),
                                eager_ops=40, compiled_kernels=14, loss_bytes_eager=36, loss_bytes_compiled=10)
 

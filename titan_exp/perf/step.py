@@ -274,8 +274,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                      "measurements (calibrate on the nodes: python -m titan_exp.perf.calibrate cluster.nnodes=N ...)")
     if p.expert_parallel_degree > 1 and gpu is not None:
         notes.append("expert parallel: its all-to-all is priced by its bytes and NCCL's latencies; Megatron-Bridge's "
-                     "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, the "
-                     "MoE rows by what their recipe ran), so take EP layouts' times as optimistic")
+                     "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, "
+                     "Megatron's MoE engine beyond the parts), so take EP layouts' times as optimistic")
 
     priced_lines: dict[tuple, Line] = {}
 
