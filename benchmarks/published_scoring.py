@@ -1,8 +1,8 @@
 """How the GPU model's predictions of published rows are scored beyond their errors (issue 36), for
 benchmarks/bench_published.py: each technique's published effect against the predicted one
-(`effects`), the order of a table's rows (`machine_pairs`, `swapped_pairs`), one configuration on two GPUs
-(`gpu_pairs`), and how far one
-configuration's measurements published twice lie apart (`repeats`)."""
+(`effects`), the order of a table's rows (`machine_pairs`, `swapped_pairs`), one configuration
+published on two GPUs (`gpu_pairs`), and how far one configuration's measurements published twice
+lie apart (`repeats`)."""
 
 from __future__ import annotations
 
@@ -109,8 +109,7 @@ def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
     return "; ".join(f"{hi} over {lo}, {len(v)} configuration{'s' if len(v) > 1 else ''}: published "
-                     f"{spread([x for x, _ in v])}, "
-                     f"predicted {spread([y for _, y in v])}"
+                     f"{spread([x for x, _ in v])}, predicted {spread([y for _, y in v])}"
                      for (hi, lo), v in sorted(ratios.items(), key=lambda kv: -len(kv[1])))
 
 
