@@ -91,6 +91,15 @@ NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "ro
                      "tflops_per_gpu", "mfu", "memory_gib", "derived", "note"}
 
 
+def configuration(row: Row, beside: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """What `row` ran: its cells but what it publishes or says of itself (NOT_CONFIGURATION) and
+    the columns named `beside`."""
+    return tuple(v for k, v in row.cells.items() if k not in NOT_CONFIGURATION and k not in beside)
+
+
+GPU_COLUMNS = frozenset({"gpu", "gpus_per_node"})  # what sets one GPU apart from another in a row
+
+
 def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
     """One configuration published on two GPUs in one table (every column alike but the GPU's):
     per pair of GPUs (the later name first: gb300 over gb200), how many such pairs, and the first
@@ -100,8 +109,8 @@ def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
     for i, (a, pa) in enumerate(scored):
         for b, pb in scored[i + 1:]:
             ra, rb = a.row, b.row
-            if ra.table != rb.table or ra["gpu"] == rb["gpu"] or any(
-                    ra[k] != rb[k] for k in ra.cells if k not in NOT_CONFIGURATION | {"gpu", "gpus_per_node"}):
+            if ra.table != rb.table or ra["gpu"] == rb["gpu"] or (configuration(ra, GPU_COLUMNS)
+                                                                 != configuration(rb, GPU_COLUMNS)):
                 continue
             (hi, phi), (lo, plo) = sorted(((ra, pa), (rb, pb)), key=lambda x: x[0]["gpu"], reverse=True)
             ratios.setdefault((hi["gpu"], lo["gpu"]), []).append((published(hi)[1] / published(lo)[1], phi / plo))
@@ -122,8 +131,7 @@ def repeats(rows: list[Row]) -> str:
     for r in rows:
         if (r["tokens_per_s_per_gpu"] or r["mfu"] or r["tflops_per_gpu"]) and not known_regression(r):
             unit, value = published(r)
-            configuration = tuple(v for k, v in r.cells.items() if k not in NOT_CONFIGURATION)
-            runs.setdefault((unit, *configuration), []).append((value, r))
+            runs.setdefault((unit, *configuration(r)), []).append((value, r))
     again = [sorted(v, key=lambda x: x[0]) for v in runs.values() if len({r.table for _, r in v}) > 1]
     if not again:
         return "no configuration is published twice"
