@@ -1114,7 +1114,7 @@ def test_an_moe_layers_host_ops_are_what_this_toolkits_layer_issues():
     from torch.distributed.device_mesh import init_device_mesh
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from titan_exp.config.schema import ModelConfig
+    from titan_exp.config.model import ModelConfig
     from titan_exp.models.moe import MoE
 
     layer = MoE(ModelConfig(dim=48, n_heads=4, n_experts=4, top_k=2, moe_hidden_dim=16)).to(torch.bfloat16)
@@ -1172,7 +1172,7 @@ def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from titan_exp.config.schema import ModelConfig
+    from titan_exp.config.model import ModelConfig
     from titan_exp.models.moe import MoE
 
     dim, tokens, top_k = 48, 40, 2

@@ -33,7 +33,7 @@ FAST = ("tp2", "cp2_tp2")
 
 
 def _layer(q_lora_rank: int):
-    from titan_exp.config.schema import ModelConfig
+    from titan_exp.config.model import ModelConfig
     from titan_exp.models.mla import LatentAttention
 
     cfg = ModelConfig(dim=32, n_heads=4, q_lora_rank=q_lora_rank, kv_lora_rank=8, qk_nope_head_dim=6,

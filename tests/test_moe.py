@@ -55,7 +55,7 @@ def same_run(summary: dict, reference: dict) -> None:
 
 # -- one process ---------------------------------------------------------------------------
 def _layer(**fields):
-    from titan_exp.config.schema import ModelConfig
+    from titan_exp.config.model import ModelConfig
     from titan_exp.models.moe import MoE
 
     cfg = ModelConfig(dim=32, n_heads=4, n_experts=4, top_k=2, moe_hidden_dim=16, n_shared_experts=1, **fields)

@@ -1,4 +1,5 @@
-"""The job's configuration: typed schemas (schema.py), Hydra glue (compose.py), a Hugging Face
+"""The job's configuration: typed schemas (schema.py; the model's, model.py; how a field is
+declared, fields.py), Hydra glue (compose.py), a Hugging Face
 config.json as a ModelConfig (hf.py), and the rules of the groups whose components sit above
 validation on the launch path (cluster.py, autotune.py). titan_exp.validation gathers every
 component's `check`."""
@@ -16,50 +17,29 @@ from titan_exp.config.compose import (
     to_yaml,
     user_sweeps,
 )
-from titan_exp.config.schema import (
-    AUTO_FILTER,
+from titan_exp.config.fields import (
     ACMode,
-    ActivationCheckpointConfig,
     AutotuneAxis,
-    AutotuneConfig,
     AsyncMode,
-    CheckpointConfig,
     CheckpointPart,
     Choice,
-    ClusterConfig,
-    CommConfig,
     CompileBackend,
-    CompileConfig,
     Converter,
     DEGREE_FIELDS,
     LAYOUT_FIELDS,
     DType,
-    DataConfig,
-    SourceConfig,
     DecayType,
-    EvalConfig,
     Executor,
     ExportDType,
     ExportFormat,
     Float8Recipe,
-    JobConfig,
-    LRSchedulerConfig,
     MESH_DIMS,
     MXRecipe,
-    MetricsConfig,
-    ModelConfig,
     ModelFamily,
     OnNonfinite,
-    OptimizerConfig,
     OptimizerImpl,
-    ParallelismConfig,
     PipelineSchedule,
-    PrecisionConfig,
-    ProfilingConfig,
     SaveReplicas,
-    SweepConfig,
-    TrainingConfig,
-    ValidationConfig,
     ScoreFunc,
     WandbMode,
     choices,
@@ -67,6 +47,29 @@ from titan_exp.config.schema import (
     layout_label,
     world_of,
     problem,
+)
+from titan_exp.config.model import ModelConfig
+from titan_exp.config.schema import (
+    AUTO_FILTER,
+    ActivationCheckpointConfig,
+    AutotuneConfig,
+    CheckpointConfig,
+    ClusterConfig,
+    CommConfig,
+    CompileConfig,
+    DataConfig,
+    SourceConfig,
+    EvalConfig,
+    JobConfig,
+    LRSchedulerConfig,
+    MetricsConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    PrecisionConfig,
+    ProfilingConfig,
+    SweepConfig,
+    TrainingConfig,
+    ValidationConfig,
 )
 
 __all__ = [

@@ -3,7 +3,8 @@ validation: it plans and measures the candidates)."""
 
 from __future__ import annotations
 
-from titan_exp.config.schema import AutotuneAxis, Converter, JobConfig, problem
+from titan_exp.config.fields import AutotuneAxis, Converter, problem
+from titan_exp.config.schema import JobConfig
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:

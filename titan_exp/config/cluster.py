@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 import re
 
-from titan_exp.config.schema import ClusterConfig, Executor, JobConfig, problem
+from titan_exp.config.fields import Executor, problem
+from titan_exp.config.schema import ClusterConfig, JobConfig
 
 # A secret's name has one of these as a whole word (HF_TOKEN, WANDB_API_KEY; not TOKENIZERS_PARALLELISM,
 # NCCL_IB_HCA); a secret's value looks like a key whatever its name (a known token prefix, or a long

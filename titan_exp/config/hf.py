@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from titan_exp.config.schema import ModelConfig, problem
+from titan_exp.config.fields import problem
+from titan_exp.config.model import ModelConfig
 
 CONFIG = "config.json"
 
