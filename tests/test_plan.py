@@ -236,6 +236,38 @@ def test_torchtitans_published_tables_validate_and_plan_for_cuda():
     assert any("fails on CPU" in e for e in validate(cpu, cuda=False)) and validate(cpu, cuda=True) == []
 
 
+def test_the_gpu_parts_beside_xlas_published_microbenchmarks(monkeypatch, capsys):
+    """benchmarks/bench_parts.py (issue 36): XLA's measured GEMMs and collectives, as read from its
+    tables into benchmarks/data, beside what a spec sheet's parts price them at. Where the parts are
+    known to hold, the two agree, which checks the reading and the units: H100's largest bf16 GEMM
+    (4 x 4,096 rows by 4,096 by 4,096, 789 TFLOP/s measured) within 5 %; GB200's largest all-gather
+    over 8 GPUs (767 GB/s) within 10 %. Every spec sheet and kind is scored, and BENCHMARKS.md shows
+    the summary line the bench prints now."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import bench_parts as bench
+    from titan_exp.perf.gpu import gemm_s, spec_kernels
+
+    gemm = next(r for r in bench.csv.DictReader(bench.GEMMS.open()) if r["xla_gpu"] == "sm_90"
+                and r["dtype"] == "bfloat16" and (r["b"], r["m"], r["n"], r["k"]) == ("4", "4096", "4096", "4096"))
+    rows, side = 4 * 4096, 4096
+    priced = 2 * rows * side * side / gemm_s(spec_kernels(SPECS["h100"]), rows, side, side, "bfloat16") / 1e12
+    assert float(gemm["tflops"]) == pytest.approx(789, abs=1) and priced == pytest.approx(789, rel=0.05)
+    gather = max((r for r in bench.csv.DictReader(bench.COLLECTIVES.open()) if r["xla_gpu"] == "sm_100_GB200"
+                  and r["op"] == "all_gather" and (r["groups"], r["group_size"]) == ("9", "8")), key=lambda r: int(r["bytes"]))
+    size = int(gather["bytes"])
+    priced = size / spec_profile(SPECS["gb200"], 72, 72).collective("all_gather", 8)(size) / 1e9
+    assert float(gather["gb_s"]) == pytest.approx(767, abs=1) and priced == pytest.approx(767, rel=0.10)
+    assert bench.above_peak() == {("sm_90", "float8")}  # 2,593 TFLOP/s at its best: left out
+    assert set(bench.gemm_errors()) == {(spec, dtype, band) for spec in ("h100", "b200")
+                                        for dtype in ("bfloat16", "float32", "float8")
+                                        for band in ("all", "big")} - {("h100", "float8", "all"), ("h100", "float8", "big")}
+    assert set(bench.collective_errors()) == {(spec, op, band) for spec in ("h100", "b200", "gb200", "gb300")
+                                              for op in bench.OPS.values() for band in range(3)}
+    assert bench.main([]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("parts against XLA's tables: ") and last in (REPO / "BENCHMARKS.md").read_text()
+
+
 def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_source_out(monkeypatch):
     """benchmarks/bench_published.py (issue 36): an MPT row becomes a job with the published
     parameter count (its learned position embedding aside), every TorchTitan row plans for CUDA,
