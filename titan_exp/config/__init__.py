@@ -1,8 +1,7 @@
 """The job's configuration: typed schemas (schema.py; the model's, model.py; how a field is
-declared, fields.py), Hydra glue (compose.py), a Hugging Face
-config.json as a ModelConfig (hf.py), and the rules of the groups whose components sit above
-validation on the launch path (cluster.py, autotune.py). titan_exp.validation gathers every
-component's `check`."""
+declared, fields.py), Hydra glue (compose.py), a Hugging Face config.json as a ModelConfig (hf.py),
+and the rules of the groups whose components sit above validation on the launch path (cluster.py,
+autotune.py). titan_exp.validation gathers every component's `check`."""
 
 from titan_exp.config.compose import (
     CONF,
