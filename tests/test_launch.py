@@ -44,6 +44,20 @@ def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
     assert "global_batch_size: 8" in (b.path / "config.yaml").read_text()
 
 
+def test_fsdp_with_tp_and_hsdp_runs_print_no_torch_warning(tmp_path):
+    """What a user sees of a 2-D (FSDP 2 x TP 2) and an HSDP 2 x 2 run: their steps and no warning
+    from torch. torch 2.13 warns, once a rank, where FSDP wraps a module that returns a view (the
+    TP embedding's `to_local`, copied: parallel.tensor), where a DTensor reduces over two mesh dims
+    one after the other (the gradient norm, over dp_shard_cp_tp: parallel.dims) and where a
+    flattened mesh is sliced out of the world mesh again (kept instead: ParallelDims.flattened)."""
+    for name, layout in (("2d", ["parallelism=2d", "training.local_batch_size=4"]),
+                         ("hsdp", ["parallelism=hsdp", "training.local_batch_size=2"])):
+        out = launch_cli([f"hydra.run.dir={tmp_path / name}", *layout, *SMALL])
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "step    5 | loss" in out.stdout + out.stderr
+        assert "Warning" not in out.stderr and "sequential all_reduce" not in out.stderr, out.stderr[-3000:]
+
+
 @pytest.mark.quick
 def test_invalid_config_starts_nothing_and_writes_nothing(tmp_path):
     out = launch_cli([f"hydra.run.dir={tmp_path}", "parallelism=tp", "parallelism.tensor_parallel_degree=3"])

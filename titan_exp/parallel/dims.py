@@ -19,12 +19,16 @@ from titan_exp.config import DEGREE_FIELDS, MESH_DIMS, JobConfig, ParallelismCon
 
 # Views over several mesh dims: 'dp' loads data, 'dp_shard_cp' shards parameters (FSDP), 'dp_cp'
 # averages the loss, 'ep' splits the experts; 'dp_shard' is itself a view once ep splits it.
+# 'dp_shard_cp_tp' spans every rank a parameter's gradient is split over (FSDP's and TP's, and the
+# experts' efsdp x ep): DTensor reduces the gradient norm over it in one all-reduce, where without
+# it it takes one per dimension (and torch says so, a warning per rank).
 FLATTENED = {
     "dp_shard": ("dp_shard_mod_ep", "dp_shard_in_ep"),
     "dp": ("dp_replicate", "dp_shard"),
     "dp_shard_cp": ("dp_shard", "cp"),
     "dp_cp": ("dp_replicate", "dp_shard", "cp"),
     "ep": ("dp_shard_in_ep", "cp", "tp"),
+    "dp_shard_cp_tp": ("dp_shard", "cp", "tp"),
 }
 # What each technique asks for -> the (possibly flattened) mesh dimension that serves it.
 PURPOSES = {
@@ -47,6 +51,9 @@ class ParallelDims:
     tp: int
     ep: int = 1
     world_mesh: object = field(default=None, init=False, repr=False, compare=False)
+    # The FLATTENED views build_mesh made, by name: kept here, since slicing one out of the world
+    # mesh again is deprecated (torch warns, once per slice and rank).
+    flattened: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, p: ParallelismConfig, world_size: int) -> "ParallelDims":
@@ -109,7 +116,7 @@ class ParallelDims:
         for flat in FLATTENED:
             parts = self._parts(flat)
             if len(parts) > 1:
-                mesh[tuple(parts)]._flatten(flat)
+                self.flattened[flat] = mesh[tuple(parts)]._flatten(flat)
         self.world_mesh = mesh
         return mesh
 
@@ -117,7 +124,7 @@ class ParallelDims:
         parts = self._parts(name)
         if not parts:
             return None
-        return self.world_mesh[parts[0]] if len(parts) == 1 else self.world_mesh[name]
+        return self.world_mesh[parts[0]] if len(parts) == 1 else self.flattened[name]
 
     def mesh(self, purpose: str):
         """The mesh that serves `purpose` (a PURPOSES key, "fsdp" or "efsdp"), or None when its
@@ -132,7 +139,9 @@ class ParallelDims:
             shard = "dp_shard_cp" if len(self._parts("dp_shard_cp")) > 1 else self._parts("dp_shard_cp")[0]
         else:
             return self._dim(PURPOSES[purpose])
-        return self.world_mesh[("dp_replicate", shard)] if self.dp_replicate > 1 else self.world_mesh[shard]
+        if self.dp_replicate > 1:
+            return self.world_mesh[("dp_replicate", shard)]
+        return self.flattened[shard] if shard in self.flattened else self.world_mesh[shard]
 
     def local_rank(self, purpose: str) -> int:
         """This rank's index in the mesh of `purpose` (0 when that degree is 1)."""

@@ -35,13 +35,17 @@ from titan_exp.config import JobConfig, problem
 
 class SyncOutputRowwiseParallel(RowwiseParallel):
     """RowwiseParallel whose output redistribute completes before the module returns, so the next
-    module gets a plain tensor, not an AsyncCollectiveTensor (see the module doc)."""
+    module gets a plain tensor, not an AsyncCollectiveTensor (see the module doc). The local
+    tensor is a copy, not `to_local`'s view of the DTensor's: FSDP, which wraps the embedding as a
+    module of its own, warns on a view returned from it (torch 2.13, pytorch/pytorch#181850: an
+    in-place op on the view would drop FSDP's pre-backward hook). The copy is one activation of
+    seq_len / tp rows a microbatch."""
 
     @staticmethod
     def _prepare_output_fn(output_layouts, use_local_output, mod, outputs, device_mesh):
         if outputs.placements != output_layouts:
             outputs = outputs.redistribute(placements=output_layouts, async_op=False)
-        return outputs.to_local() if use_local_output else outputs
+        return outputs.to_local().clone() if use_local_output else outputs
 
 
 def check(job: JobConfig, dims, cuda: bool) -> list[str]:
