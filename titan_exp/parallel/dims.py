@@ -95,6 +95,10 @@ class ParallelDims:
             return [name] if self.leaves[name] > 1 else []
         return [leaf for part in FLATTENED.get(name, ()) for leaf in self._parts(part)]
 
+    def _leaves(self, name: str) -> list[str]:
+        """The leaf dims a (possibly flattened) name spans, whatever their degree."""
+        return [name] if name in self.leaves else [leaf for part in FLATTENED.get(name, ()) for leaf in self._leaves(part)]
+
     @property
     def dp(self) -> int:
         """Ranks that see different data."""
@@ -107,16 +111,18 @@ class ParallelDims:
 
     def build_mesh(self, device_type: str):
         """The world mesh over every dimension of degree > 1 (and dp_shard_mod_ep under EP), plus
-        the flattened views in FLATTENED that span more than one of them."""
+        the flattened views in FLATTENED that span more than one of its dims."""
         from torch.distributed.device_mesh import init_device_mesh
 
         leaves = self.leaves
         names = [n for n, d in leaves.items() if d > 1 or n == "dp_shard_mod_ep"] or ["dp_shard"]
         mesh = init_device_mesh(device_type, tuple(leaves[n] for n in names), mesh_dim_names=tuple(names))
         for flat in FLATTENED:
-            parts = self._parts(flat)
-            if len(parts) > 1:
-                self.flattened[flat] = mesh[tuple(parts)]._flatten(flat)
+            # The world mesh's dims the view spans: dp_shard_mod_ep's too at degree 1, so that the
+            # experts' gradient norm over it and dp_shard_in_ep finds its flattened view.
+            spans = [leaf for leaf in self._leaves(flat) if leaf in names]
+            if len(spans) > 1:
+                self.flattened[flat] = mesh[tuple(spans)]._flatten(flat)
         self.world_mesh = mesh
         return mesh
 
