@@ -53,6 +53,7 @@ SIZE_BANDS = ((2**20, "< 1 MiB"), (64 * 2**20, "1-64 MiB"), (math.inf, ">= 64 Mi
 # FLOPs: a GEMM at least this large (Llama 3 8B's w1 at TP 8 on 8,192 tokens is 120e9) is
 # priced in its own band, its few microseconds of fixed cost a small share of its time.
 BIG = 64e9
+BIG_BAND = f">= {BIG / 1e9:.0f} GFLOP"
 
 
 def _devices(text: str) -> dict[str, str]:
@@ -88,53 +89,54 @@ def from_xla(matmul: Path, collective: Path) -> None:
                     out.writerow([gpu, OPS[op], 4 * elements * scattered, groups, size, f"{int(rate) / 1e9:.4g}"])
 
 
-def peak_tflops(spec: str, dtype: str) -> float:
-    """The spec sheet's dense peak for `dtype` (float32 runs at TF32's)."""
-    s = SPECS[spec]
-    return {"float32": s.tf32_tflops, "bfloat16": s.bf16_tflops, "float8": s.fp8_tflops}[dtype]
+def read(path: Path) -> list[dict[str, str]]:
+    """One of the two tables, its rows as dicts."""
+    with path.open() as f:
+        return list(csv.DictReader(f))
 
 
-def above_peak() -> set[tuple[str, str]]:
+def above_peak(gemms: list[dict[str, str]]) -> set[tuple[str, str]]:
     """(XLA GPU, dtype) tables whose best measured rate exceeds the spec sheet's dense peak: not a
     measurement a part can be checked against (H100's float8, 2,593 TFLOP/s at its best against a
     1,979 peak)."""
     best: dict[tuple[str, str], float] = defaultdict(float)
-    for r in csv.DictReader(GEMMS.open()):
+    for r in gemms:
         best[r["xla_gpu"], r["dtype"]] = max(best[r["xla_gpu"], r["dtype"]], float(r["tflops"]))
-    return {(gpu, dtype) for (gpu, dtype), tflops in best.items() if tflops > peak_tflops(GPUS[gpu][0], dtype)}
+    return {(gpu, dtype) for (gpu, dtype), tflops in best.items()
+            if tflops > SPECS[GPUS[gpu][0]].peaks()[dtype]}
 
 
-def gemm_errors() -> dict[tuple[str, str, str], list[float]]:
+def gemm_errors(gemms: list[dict[str, str]]) -> dict[tuple[str, str, str], list[float]]:
     """(spec, dtype, band) -> predicted over measured rate, less 1, for every XLA GEMM of a table
-    not above its peak; band "all", or "big" (at least BIG FLOPs)."""
+    not above its peak; band "every shape", and BIG_BAND for those of at least BIG FLOPs."""
     kernels = {gpu: spec_kernels(SPECS[spec]) for gpu, (spec, _) in GPUS.items()}
     out: dict[tuple[str, str, str], list[float]] = defaultdict(list)
-    left_out = above_peak()
-    for r in csv.DictReader(GEMMS.open()):
+    left_out = above_peak(gemms)
+    for r in gemms:
         if (r["xla_gpu"], r["dtype"]) in left_out:
             continue
         b, m, n, k = (int(r[c]) for c in "bmnk")
         spec, kern = GPUS[r["xla_gpu"]][0], kernels[r["xla_gpu"]]
         predicted = 2 * b * m * n * k / gemm_s(kern, b * m, n, k, r["dtype"]) / 1e12
         error = predicted / float(r["tflops"]) - 1
-        out[spec, r["dtype"], "all"].append(error)
+        out[spec, r["dtype"], "every shape"].append(error)
         if 2 * b * m * n * k >= BIG:
-            out[spec, r["dtype"], "big"].append(error)
+            out[spec, r["dtype"], BIG_BAND].append(error)
     return out
 
 
-def collective_errors() -> dict[tuple[str, str, int], list[float]]:
+def collective_errors(collectives: list[dict[str, str]]) -> dict[tuple[str, str, str], list[float]]:
     """(spec, op, band) -> predicted over measured throughput, less 1, for every XLA collective;
-    band by its size (SIZE_BANDS)."""
+    band by its size (SIZE_BANDS' label)."""
     profiles, out = {}, defaultdict(list)
-    for r in csv.DictReader(COLLECTIVES.open()):
+    for r in collectives:
         spec, domain = GPUS[r["xla_gpu"]]
         world = int(r["groups"]) * int(r["group_size"])
         if (spec, world) not in profiles:
             profiles[spec, world] = spec_profile(SPECS[spec], world, domain)
         size = int(r["bytes"])
         seconds = profiles[spec, world].collective(r["op"], int(r["group_size"]))(size)
-        band = next(i for i, (below, _) in enumerate(SIZE_BANDS) if size < below)
+        band = next(label for below, label in SIZE_BANDS if size < below)
         out[spec, r["op"], band].append(size / seconds / 1e9 / float(r["gb_s"]) - 1)
     return out
 
@@ -144,7 +146,7 @@ def summary(errors: list[float]) -> str:
             f"| {100 * min(errors):+.0f} % to {100 * max(errors):+.0f} %")
 
 
-def bands(errors: dict, band: str | int, what: str) -> str:
+def bands(errors: dict[tuple[str, str, str], list[float]], band: str, what: str) -> str:
     """One band's errors over every spec sheet and kind: how many, the median error, the median |error|."""
     every = [e for (_, _, b), es in errors.items() if b == band for e in es]
     return (f"{what} ({len(every)}) {100 * statistics.median(every):+.0f} % at the median, |error| "
@@ -158,22 +160,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.from_xla:
         from_xla(*args.from_xla)
-    gemms, collectives = gemm_errors(), collective_errors()
+    gemm_rows = read(GEMMS)
+    gemms, collectives = gemm_errors(gemm_rows), collective_errors(read(COLLECTIVES))
     print("| GEMMs: spec sheet | dtype | shapes | measured | median error | median abs error | range |")
     print("|---|---|---|---|---|---|---|")
-    for (spec, dtype, band), errors in sorted(gemms.items()):
-        print(f"| {spec} | {dtype} | {'every shape' if band == 'all' else '>= 64 GFLOP'} | {summary(errors)} |")
-    for gpu, dtype in sorted(above_peak()):
-        print(f"Left out: {GPUS[gpu][0]}'s {dtype} GEMMs, XLA's best above the spec sheet's dense peak "
-              f"({peak_tflops(GPUS[gpu][0], dtype):,.0f} TFLOP/s)")
+    for (spec, dtype, band), errors in sorted(gemms.items(), key=lambda kv: (*kv[0][:2], kv[0][2] == BIG_BAND)):
+        print(f"| {spec} | {dtype} | {band} | {summary(errors)} |")
+    for gpu, dtype in sorted(above_peak(gemm_rows)):
+        spec = GPUS[gpu][0]
+        print(f"Left out: {spec}'s {dtype} GEMMs, XLA's best above the spec sheet's dense peak "
+              f"({SPECS[spec].peaks()[dtype]:,.0f} TFLOP/s)")
     print()
     print("| collectives: spec sheet | op | sizes | measured | median error | median abs error | range |")
     print("|---|---|---|---|---|---|---|")
-    for (spec, op, band), errors in sorted(collectives.items()):
-        print(f"| {spec} | {op} | {SIZE_BANDS[band][1]} | {summary(errors)} |")
-    print(f"\nparts against XLA's tables: {bands(gemms, 'big', 'GEMMs of 64 GFLOP or more')}; "
-          f"{bands(collectives, 2, 'collectives of 64 MiB or more')}; {bands(gemms, 'all', 'every GEMM')}; "
-          f"{bands(collectives, 0, 'collectives under 1 MiB')}")
+    order = {label: i for i, (_, label) in enumerate(SIZE_BANDS)}
+    for (spec, op, band), errors in sorted(collectives.items(), key=lambda kv: (*kv[0][:2], order[kv[0][2]])):
+        print(f"| {spec} | {op} | {band} | {summary(errors)} |")
+    print(f"\nparts against XLA's tables: {bands(gemms, BIG_BAND, 'GEMMs of 64 GFLOP or more')}; "
+          f"{bands(collectives, SIZE_BANDS[-1][1], 'collectives of 64 MiB or more')}; "
+          f"{bands(gemms, 'every shape', 'every GEMM')}; {bands(collectives, SIZE_BANDS[0][1], 'collectives under 1 MiB')}")
     return 0
 
 

@@ -247,22 +247,24 @@ def test_the_gpu_parts_beside_xlas_published_microbenchmarks(monkeypatch, capsys
     import bench_parts as bench
     from titan_exp.perf.gpu import gemm_s, spec_kernels
 
-    gemm = next(r for r in bench.csv.DictReader(bench.GEMMS.open()) if r["xla_gpu"] == "sm_90"
-                and r["dtype"] == "bfloat16" and (r["b"], r["m"], r["n"], r["k"]) == ("4", "4096", "4096", "4096"))
+    gemms, collectives = bench.read(bench.GEMMS), bench.read(bench.COLLECTIVES)
+    gemm = next(r for r in gemms if r["xla_gpu"] == "sm_90" and r["dtype"] == "bfloat16"
+                and (r["b"], r["m"], r["n"], r["k"]) == ("4", "4096", "4096", "4096"))
     rows, side = 4 * 4096, 4096
     priced = 2 * rows * side * side / gemm_s(spec_kernels(SPECS["h100"]), rows, side, side, "bfloat16") / 1e12
     assert float(gemm["tflops"]) == pytest.approx(789, abs=1) and priced == pytest.approx(789, rel=0.05)
-    gather = max((r for r in bench.csv.DictReader(bench.COLLECTIVES.open()) if r["xla_gpu"] == "sm_100_GB200"
-                  and r["op"] == "all_gather" and (r["groups"], r["group_size"]) == ("9", "8")), key=lambda r: int(r["bytes"]))
+    gather = max((r for r in collectives if r["xla_gpu"] == "sm_100_GB200" and r["op"] == "all_gather"
+                  and (r["groups"], r["group_size"]) == ("9", "8")), key=lambda r: int(r["bytes"]))
     size = int(gather["bytes"])
     priced = size / spec_profile(SPECS["gb200"], 72, 72).collective("all_gather", 8)(size) / 1e9
     assert float(gather["gb_s"]) == pytest.approx(767, abs=1) and priced == pytest.approx(767, rel=0.10)
-    assert bench.above_peak() == {("sm_90", "float8")}  # 2,593 TFLOP/s at its best: left out
-    assert set(bench.gemm_errors()) == {(spec, dtype, band) for spec in ("h100", "b200")
-                                        for dtype in ("bfloat16", "float32", "float8")
-                                        for band in ("all", "big")} - {("h100", "float8", "all"), ("h100", "float8", "big")}
-    assert set(bench.collective_errors()) == {(spec, op, band) for spec in ("h100", "b200", "gb200", "gb300")
-                                              for op in bench.OPS.values() for band in range(3)}
+    assert bench.above_peak(gemms) == {("sm_90", "float8")}  # 2,593 TFLOP/s at its best: left out
+    assert set(bench.gemm_errors(gemms)) == {(spec, dtype, band) for spec in ("h100", "b200")
+                                             for dtype in ("bfloat16", "float32", "float8")
+                                             for band in ("every shape", bench.BIG_BAND)} - {
+        ("h100", "float8", "every shape"), ("h100", "float8", bench.BIG_BAND)}
+    assert set(bench.collective_errors(collectives)) == {(spec, op, band) for spec in ("h100", "b200", "gb200", "gb300")
+                                                         for op in bench.OPS.values() for _, band in bench.SIZE_BANDS}
     assert bench.main([]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("parts against XLA's tables: ") and last in (REPO / "BENCHMARKS.md").read_text()

@@ -91,9 +91,7 @@ class ParallelDims:
 
     def _parts(self, name: str) -> list[str]:
         """The mesh dims of degree > 1 a (possibly flattened) name spans."""
-        if name in self.leaves:
-            return [name] if self.leaves[name] > 1 else []
-        return [leaf for part in FLATTENED.get(name, ()) for leaf in self._parts(part)]
+        return [leaf for leaf in self._leaves(name) if self.leaves[leaf] > 1]
 
     def _leaves(self, name: str) -> list[str]:
         """The leaf dims a (possibly flattened) name spans, whatever their degree."""

@@ -87,6 +87,11 @@ class DeviceSpec:
     architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
     host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (perf.gpu.HOST_CPU)
 
+    def peaks(self) -> dict[str, float]:
+        """The dense tensor-core TFLOP/s by dtype: fp32 matmuls at TF32's; float8 where it has FP8."""
+        return {"float32": self.tf32_tflops, "bfloat16": self.bf16_tflops,
+                **({"float8": self.fp8_tflops} if self.fp8_tflops else {})}
+
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
     DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 80 * 1e9 / GIB, 3.35, 450, 50,

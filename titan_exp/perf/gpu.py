@@ -179,11 +179,10 @@ def spec_kernels(spec, attention: str | None = None) -> Kernels:
     if attention not in ATTENTION:
         raise ValueError(f"attention {attention!r}: no such kernel; choose from {', '.join(ATTENTION)}")
     clock = clock_ratio(spec)
-    peaks = {"float32": spec.tf32_tflops, "bfloat16": spec.bf16_tflops, **({"float8": spec.fp8_tflops} if spec.fp8_tflops else {})}
     shares = {"float32": spec.matmul_share, "bfloat16": spec.matmul_share,
               "float8": spec.fp8_share or spec.matmul_share}  # TF32 at bf16's share [mamf]
     fwd, bwd = attention_curves(spec, attention)
-    return Kernels(matmul_tflops={k: v * shares[k] * clock for k, v in peaks.items()},
+    return Kernels(matmul_tflops={k: v * shares[k] * clock for k, v in spec.peaks().items()},
                    attention_fwd=fwd, attention_bwd=bwd,
                    memory_tb_s=spec.memory_tb_s * HBM_SHARE, host_eager_s=HOST_EAGER_S * HOST_CPU[spec.host_cpu],
                    host_compiled_s=HOST_COMPILED_S * HOST_CPU[spec.host_cpu],
