@@ -19,8 +19,9 @@ A part is priced as a spec sheet's plan prices it: a GEMM by perf.gpu.gemm_s (th
 one of b x m rows (the table's 4 x 1,024 and 1 x 4,096 agree within 2 %); a collective by the spec
 profile's line for it (perf.devices: NVLink's bandwidth at the assumed bus share, NCCL's latency
 model). Errors are predicted rate over measured, less 1: above 0, the part is priced too fast.
-Nothing here is fitted; no part was changed for these numbers (XLA's GEMM table, tried in place of
-the wave model on 2026-11-29, was not kept: BENCHMARKS.md).
+Nothing here is fitted; no part was changed for these numbers (XLA's GEMM table in place of the wave
+model and its NVLink bus shares in place of the assumed 0.8, tried on 2026-11-29, were not kept:
+BENCHMARKS.md).
 """
 
 from __future__ import annotations

@@ -105,16 +105,6 @@ FITTED = {"compute_scale": (0.3, 3.0)}
 # fitting set for it: reported by `host_check` on every run.
 HOST_CHECK = "host time per op by the host's CPU"
 
-# Named 2026-11-29 at 06:50 UTC, before any row was predicted with it: NVLink's bus bandwidth by
-# collective and group size as XLA measured NCCL's (perf.devices.NVLINK_SHARE, [xla]: at its largest
-# buffers, 0.46-0.78 of the datasheet's per direction in 8-GPU H100 and B200 nodes, 0.69-1.03 in an
-# NVL72, an all-reduce above 0.8 where NVLink SHARP reduces in the switch) in place of one assumed
-# 0.8 for every GPU. Predicted: (1) held-out rows on 8-GPU nodes (H100, B200, B300) get slower, none
-# faster by more than 0.5 %; (2) GB200 and GB300 rows move less than those, at the median of their
-# moves; (3) the h100 and b200 spec sheets' median signed errors (+7 %, +5 %) fall toward 0. No row
-# moves to the fitting set for it (the shares are a microbenchmark's): reported by `nvlink_check`.
-NVLINK_CHECK = "NVLink's bus bandwidth by collective and group, as XLA measured it"
-
 # Held-out rows the model was changed for, moved to the fitting set (and out of every held-out
 # score): (why, which rows), the why dated and naming the change.
 MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
