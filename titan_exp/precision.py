@@ -14,6 +14,7 @@ Where the arithmetic happens:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -92,9 +93,28 @@ def emulated(p: PrecisionConfig) -> bool:
     return p.emulate if p.emulate is not None else not hardware_support(p.converter)
 
 
+@contextlib.contextmanager
+def _torchao_imports():
+    """Import torchao's modules inside, without the import-time warnings a run's log has no use
+    for: on a machine without CUDA, that its CUDA kernels' libraries fail to load and that Triton
+    is missing (torchao 0.18 logs both on every rank; a CPU run uses neither), and, anywhere, torch
+    2.13's deprecation of the way torchao registers its enums with torch's pytree (torchao's to
+    change). Those records are dropped; on a GPU torchao's own warnings stay, as they matter there."""
+    quiet = ["torch.utils._pytree"] + ([] if torch.cuda.is_available() else ["torchao"])
+    levels = {name: logging.getLogger(name).level for name in quiet}
+    for name in quiet:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
+
+
 @functools.lru_cache(maxsize=None)
 def _shape_filter(recipe: str):
-    from torchao.float8 import _auto_filter_for_recipe
+    with _torchao_imports():
+        from torchao.float8 import _auto_filter_for_recipe
 
     return _auto_filter_for_recipe(recipe, filter_fqns=[])
 
@@ -128,7 +148,8 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
 
     emulate = emulated(p)
     if p.converter == Converter.float8:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with _torchao_imports():
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = dataclasses.replace(
             Float8LinearConfig.from_recipe_name(p.float8_recipe.value),
@@ -137,8 +158,9 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
         )
         convert_to_float8_training(model, config=config, module_filter_fn=convert)
     else:
-        from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
-        from torchao.quantization import quantize_
+        with _torchao_imports():
+            from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
+            from torchao.quantization import quantize_
 
         recipe = MXFP8TrainingRecipe(p.mx_recipe.value)
         if emulate and "emulated" not in p.mx_recipe:
@@ -167,7 +189,8 @@ def precompute_float8_scales(p: PrecisionConfig, model_parts: list[nn.Module]) -
     """After the optimizer step: one all-reduce for all float8 weight scales, instead of one per
     weight during the next forward's all-gather."""
     if p.converter == Converter.float8 and p.float8_precompute_dynamic_scale_for_fsdp:
-        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+        with _torchao_imports():
+            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         for part in model_parts:
             precompute_float8_dynamic_scale_for_fsdp(part)
