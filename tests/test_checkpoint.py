@@ -198,7 +198,8 @@ def test_model_only_last_save_exclusions_and_initial_weights(tmp_path):
 
 def test_export_loads_without_titan_exp(fsdp2_run, tmp_path):
     """The exported safetensors file holds the final weights, whole, under the model's names;
-    the CLI writes bf16 and torch-format variants of any checkpoint."""
+    the CLI writes bf16 and torch-format variants of any checkpoint, and says what it wrote and
+    nothing else (torch warns of any single-process DCP load: checkpoint.export)."""
     from safetensors.torch import load_file
 
     run_dir, _ = fsdp2_run
@@ -209,8 +210,9 @@ def test_export_loads_without_titan_exp(fsdp2_run, tmp_path):
     assert exported["tok_embeddings.weight"].shape == (2048, 256) and exported["norm.weight"].dtype == torch.float32
     for fmt, dtype in (("pt", "bfloat16"), ("safetensors", "float32")):
         out = tmp_path / f"model.{fmt}"
-        subprocess.run([sys.executable, "-m", "titan_exp.checkpoint", "export", str(run_dir), "--out", str(out),
-                        "--format", fmt, "--dtype", dtype], check=True, cwd=REPO, capture_output=True)
+        said = subprocess.run([sys.executable, "-m", "titan_exp.checkpoint", "export", str(run_dir), "--out", str(out),
+                               "--format", fmt, "--dtype", dtype], check=True, cwd=REPO, capture_output=True, text=True)
+        assert "warn" not in (said.stdout + said.stderr).lower(), said.stderr
         again = load_file(out) if fmt == "safetensors" else torch.load(out, weights_only=True)
         for key, value in exported.items():
             assert torch.equal(again[key], value.to(getattr(torch, dtype))), key

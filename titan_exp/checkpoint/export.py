@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from pathlib import Path
 
 import torch
@@ -41,7 +42,9 @@ def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensor
     saved = read_metadata(path).state_dict_metadata
     state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in saved.items()
              if k.startswith("model.") and isinstance(m, TensorStorageMetadata)}
-    dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
+    with warnings.catch_warnings():  # torch warns of a single-process load even when asked for one (no_dist)
+        warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
+        dcp.load(state, storage_reader=SafeReader(path), planner=SafePlanner(), no_dist=True)
     tensors = {k.removeprefix("model."): v.to(EXPORT_DTYPES[dtype]).contiguous() for k, v in state.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "hf":
