@@ -79,7 +79,8 @@ def test_uncalibrated_predictions_say_so_first(tmp_path):
 def test_the_sweep_calibrates_what_the_profile_lacks_and_counts_it(tmp_path, monkeypatch):
     """A real autotune sweep on 2 ranks with no profile: it calibrates this machine for the model
     first, through the executor, counts that time in the machine time it reports, predicts from the
-    new profile, and its record says the split every candidate ran with."""
+    new profile, and its record says the split every candidate ran with; it prints no warning
+    (calibration imports torchao: precision.torchao_imports)."""
     monkeypatch.setenv("TITAN_EXP_CACHE", str(tmp_path / "cache"))  # nothing calibrated before
     sweep = tmp_path / "sweep"
     overrides = [*SMALL, *TINY, "model.n_layers=2", "training.global_batch_size=4", "cluster.nproc_per_node=2"]
@@ -96,6 +97,7 @@ def test_the_sweep_calibrates_what_the_profile_lacks_and_counts_it(tmp_path, mon
     assert profile.source == "calibrated" and not profile.missing(job_config(overrides), [1, 2], compile=False)
     assert all(c["split"].startswith("local batch ") for c in record["candidates"])
     assert "| batch split |" in (sweep / "autotune.md").read_text()
+    assert "warn" not in (result.stdout + result.stderr).lower(), result.stderr[-3000:]
 
 
 def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):

@@ -52,7 +52,7 @@ def test_fsdp_with_tp_hsdp_and_ep_runs_print_no_warning(tmp_path):
     norm, over dp_shard_cp_tp, or the experts' over dp_shard's two parts: parallel.dims) and where
     a flattened mesh is sliced out of the world mesh again (kept instead: ParallelDims.flattened);
     importing torchao on a CPU warns of its CUDA libraries and Triton, and torch of torchao's
-    pytree enums (precision._torchao_imports)."""
+    pytree enums (precision.torchao_imports)."""
     for name, layout in (("2d", ["parallelism=2d", "precision=float8", "training.local_batch_size=4"]),
                          ("hsdp", ["parallelism=hsdp", "precision=mxfp8", "training.local_batch_size=2"]),
                          ("ep", ["parallelism=ep", "model=moe_debug", "training.local_batch_size=4"])):

@@ -94,7 +94,7 @@ def emulated(p: PrecisionConfig) -> bool:
 
 
 @contextlib.contextmanager
-def _torchao_imports():
+def torchao_imports():
     """Import torchao's modules inside, without the import-time warnings a run's log has no use
     for: on a machine without CUDA, that its CUDA kernels' libraries fail to load and that Triton
     is missing (torchao 0.18 logs both on every rank; a CPU run uses neither), and, anywhere, torch
@@ -113,7 +113,7 @@ def _torchao_imports():
 
 @functools.lru_cache(maxsize=None)
 def _shape_filter(recipe: str):
-    with _torchao_imports():
+    with torchao_imports():
         from torchao.float8 import _auto_filter_for_recipe
 
     return _auto_filter_for_recipe(recipe, filter_fqns=[])
@@ -148,7 +148,7 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
 
     emulate = emulated(p)
     if p.converter == Converter.float8:
-        with _torchao_imports():
+        with torchao_imports():
             from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         config = dataclasses.replace(
@@ -158,7 +158,7 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
         )
         convert_to_float8_training(model, config=config, module_filter_fn=convert)
     else:
-        with _torchao_imports():
+        with torchao_imports():
             from torchao.prototype.moe_training.config import MXFP8TrainingOpConfig, MXFP8TrainingRecipe
             from torchao.quantization import quantize_
 
@@ -189,7 +189,7 @@ def precompute_float8_scales(p: PrecisionConfig, model_parts: list[nn.Module]) -
     """After the optimizer step: one all-reduce for all float8 weight scales, instead of one per
     weight during the next forward's all-gather."""
     if p.converter == Converter.float8 and p.float8_precompute_dynamic_scale_for_fsdp:
-        with _torchao_imports():
+        with torchao_imports():
             from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
 
         for part in model_parts:

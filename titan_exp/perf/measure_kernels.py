@@ -54,6 +54,7 @@ from titan_exp.perf.gpu import HOST_COMPILED_S, elementwise_bytes, hbm, linear_s
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, in_rounds, together
+from titan_exp.precision import torchao_imports
 
 logger = logging.getLogger("titan_exp")
 
@@ -321,7 +322,8 @@ def host_float8_s(opts: Options, device: torch.device) -> float | None:
     round, not the difference), the median over the rounds. None where torchao's float8 does not
     run."""
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with torchao_imports():
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         return None
     side = 32  # float8 matmuls take multiples of 16
@@ -353,7 +355,8 @@ def float8_cast_tb_s(kern: Kernels, m: ModelConfig, rows: int, opts: Options, de
     the device has no FP8 tensor cores (`kern` measured no float8 rate); a mode whose remainder is
     not positive (its GEMMs ran faster than `kern` says by more than its casts took) is left out."""
     try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        with torchao_imports():
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         return {}
     if "float8" not in kern.matmul_tflops:
