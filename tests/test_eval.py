@@ -41,8 +41,9 @@ def same_tensors(a: Path, b: Path) -> bool:
 def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path, monkeypatch):
     """FSDP over 2 ranks, 4 steps, an evaluation at step 2 and at the last step: both reach
     metrics.jsonl, the last is summary.json's `eval`, a sweep objective and a report column, its
-    model is the run's final model (checkpoint.last_save_in_hf's export), and its numbers are
-    lm-eval's by hand on <run dir>/eval/step-4."""
+    model is the run's final model (checkpoint.last_save_in_hf's export), its numbers are
+    lm-eval's by hand on <run dir>/eval/step-4, and its log has no warning (transformers imports
+    torchao, which warns on a CPU: precision.torchao_imports)."""
     pytest.importorskip("lm_eval")
     run_dir = tmp_path / "sweep" / "0"  # a sweep's member, for the report
     code, summary = run_job(["training.steps=4", "training.seq_len=64", "training.global_batch_size=8",
@@ -64,6 +65,7 @@ def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path
     assert weights[0] != weights[1]
     assert same_tensors(final / "model.safetensors", run_dir / "export" / "hf" / "model.safetensors")
     assert not list((run_dir / "eval" / "checkpoints").iterdir())
+    assert "warn" not in (final / "eval.log").read_text().lower()
 
     theirs = by_hand(final, limit=4, batch_size=4, monkeypatch=monkeypatch)
     assert summary["eval"]["tiny_mc"]["acc"] == theirs["acc,none"]

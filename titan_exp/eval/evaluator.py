@@ -26,6 +26,7 @@ from titan_exp.config import load_job_config
 from titan_exp.data.corpus import TOKENIZER_CONFIG, Tokenizer
 from titan_exp.eval.tasks import metrics_of, task_manager
 from titan_exp.files import atomic_write
+from titan_exp.precision import torchao_imports
 from titan_exp.record import RunDir
 
 logger = logging.getLogger("titan_exp.eval")
@@ -110,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.include_path:
         os.chdir(args.include_path)  # relative data_files in the task YAMLs are read from there
     start = time.perf_counter()
-    raw = evaluate(model, args.tasks, include_path=args.include_path, limit=args.limit, batch_size=args.batch_size,
-                   device=args.device)
+    with torchao_imports():  # transformers imports torchao (its quantizers) along the way
+        raw = evaluate(model, args.tasks, include_path=args.include_path, limit=args.limit,
+                       batch_size=args.batch_size, device=args.device)
     result = record(raw, time.perf_counter() - start)
     atomic_write(out, json.dumps(result, indent=2, default=str))
     logger.info("evaluated %s in %.1f s: %s", args.model, result["seconds"], json.dumps(result["eval"]))
