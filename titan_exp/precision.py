@@ -95,11 +95,12 @@ def emulated(p: PrecisionConfig) -> bool:
 
 @contextlib.contextmanager
 def torchao_imports():
-    """Import torchao's modules inside, without the import-time warnings a run's log has no use
-    for: on a machine without CUDA, that its CUDA kernels' libraries fail to load and that Triton
-    is missing (torchao 0.18 logs both on every rank; a CPU run uses neither), and, anywhere, torch
-    2.13's deprecation of the way torchao registers its enums with torch's pytree (torchao's to
-    change). Those records are dropped; on a GPU torchao's own warnings stay, as they matter there."""
+    """Import torchao's modules inside (or run what imports them: transformers does), without
+    the import-time warnings a run's log has no use for: on a machine without CUDA, that its CUDA
+    kernels' libraries fail to load and that Triton is missing (torchao 0.18 logs both on every
+    rank; a CPU run uses neither), and, anywhere, torch 2.13's deprecation of the way torchao
+    registers its enums with torch's pytree (torchao's to change). Those records are dropped; on
+    a GPU torchao's own warnings stay, as they matter there."""
     quiet = ["torch.utils._pytree"] + ([] if torch.cuda.is_available() else ["torchao"])
     levels = {name: logging.getLogger(name).level for name in quiet}
     for name in quiet:
