@@ -17,10 +17,10 @@ xla_collectives.csv hold them (`--from-xla` writes them from the two headers).
 A part is priced as a spec sheet's plan prices it: a GEMM by perf.gpu.gemm_s (the best shape at
 [mamf]'s share of the peak, its wave utilization, or its bytes at HBM speed), b batched GEMMs as
 one of b x m rows (the table's 4 x 1,024 and 1 x 4,096 agree within 2 %); a collective by the spec
-profile's line for it (perf.devices: NVLink's bandwidth at the assumed bus share, NCCL's latency
-model). Errors are predicted rate over measured, less 1: above 0, the part is priced too fast.
+profile's line for it (perf.devices: NVLink's bandwidth at the share NCCL's topology model gives a
+link, NCCL's latency model). Errors are predicted rate over measured, less 1: above 0, the part is priced too fast.
 Nothing here is fitted; no part was changed for these numbers (XLA's GEMM table in place of the wave
-model and its NVLink bus shares in place of the assumed 0.8, tried on 2026-11-29, were not kept:
+model and its NVLink bus shares in place of NCCL's 0.8, tried on 2026-11-29, were not kept:
 BENCHMARKS.md).
 """
 
