@@ -462,6 +462,14 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
     gemm = spec_profile(shares.spec, 8, 8).gemm  # each dtype at its own share of its peak
     assert gemm["bfloat16"].per_unit_s == pytest.approx(1 / 400e12)
     assert gemm["float8"].per_unit_s == pytest.approx(1 / 600e12)
+    # NCCL's bus bandwidth as nccl-tests measured it (busbw) is taken as it is, in place of a link's rate.
+    measured = load_hardware(write("device: h100\nnvlink_bus_gb_s: 300\nnetwork_bus_gb_s: 40\n"))
+    assert "nvlink_bus_gb_s 300" in measured.line() and "network_bus_gb_s 40" in measured.line()
+    profile = spec_profile(measured.spec, 16, 8, measured.efficiency)
+    assert profile.collectives["all_reduce"][8].per_unit_s == pytest.approx(2 * 7 / 8 / 300e9)
+    assert profile.inter_node["all_gather"][2].per_unit_s == pytest.approx(1 / 2 / 40e9)
+    assert spec_profile(SPECS["h100"], 16, 8).collectives["all_reduce"][8].per_unit_s == pytest.approx(
+        2 * 7 / 8 / (450e9 * 0.8))
 
     for text, message in [
         ("device: h100\nnvlnk_gb_s: 3\n", "unknown key(s) nvlnk_gb_s (did you mean nvlink_gb_s?)"),
@@ -476,7 +484,10 @@ def test_a_hardware_file_describes_the_cluster_and_bad_ones_are_refused(tmp_path
         ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1, fp8_share: 1.2}\n"
          "nvlink_gb_s: 1\nnetwork_gb_s: 1\n", "device.fp8_share = 1.2: a share of the peak, at most 1"),
         ("gpus_per_node: 8\n", "needs a mapping with at least `device`"),
-        ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1}\n", "needs nvlink_gb_s and network_gb_s"),
+        ("device: {bf16_tflops: 1, tf32_tflops: 1, memory_gib: 1, memory_tb_s: 1}\n",
+         "needs nvlink_gb_s (or nvlink_bus_gb_s) and network_gb_s (or network_bus_gb_s)"),
+        ("device: h100\nnvlink_gb_s: 450\nnvlink_bus_gb_s: 360\n", "nvlink_gb_s = 450 and nvlink_bus_gb_s = 360: give one"),
+        ("device: h100\nnetwork_bus_gb_s: 0\n", "network_bus_gb_s = 0: must be a number > 0"),
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             load_hardware(write(text))

@@ -185,7 +185,8 @@ class ClusterConfig:
                                "fastest layout for that world (same global batch), from its checkpoint")
     hardware: Optional[str] = doc(None, "a YAML file describing the GPUs the ranks run on (device: a spec name or its "
                                         "numbers, gpus_per_node: the most ranks a node holds, nvlink_gb_s, network_gb_s, "
-                                        "latency_nvlink_us, latency_network_us, power_limit_w, host_cpu): every prediction for this job "
+                                        "nvlink_bus_gb_s, network_bus_gb_s, latency_nvlink_us, latency_network_us, "
+                                        "power_limit_w, host_cpu): every prediction for this job "
                                         "uses it "
                                         "(autotune, the dry run, cluster.elastic, the launch's predicted step); "
                                         "null = this machine's profile")

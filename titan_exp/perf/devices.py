@@ -225,8 +225,12 @@ OPTIONAL_NUMBERS = {"fp8_tflops": "no FP8", "tdp_w": "700 W", "sms": "132", "mat
 HARDWARE_KEYS = {
     "device": "a spec name (" + ", ".join(SPECS) + ") or a mapping of its numbers: " + ", ".join(SPEC_NUMBERS),
     "gpus_per_node": "GPUs per node (an integer > 0)",
-    "nvlink_gb_s": "GB/s per GPU and direction inside a node",
-    "network_gb_s": "GB/s per GPU and direction between nodes",
+    "nvlink_gb_s": "GB/s per GPU and direction inside a node (the datasheet's; NCCL reaches 0.8 of it)",
+    "network_gb_s": "GB/s per GPU and direction between nodes (the NIC's; NCCL taken to reach 0.9 of it)",
+    "nvlink_bus_gb_s": "NCCL's bus bandwidth inside a node as measured there (nccl-tests' busbw of a large "
+                       "all-reduce over a node's GPUs), GB/s, taken as it is: in place of nvlink_gb_s",
+    "network_bus_gb_s": "NCCL's bus bandwidth between nodes as measured there (nccl-tests' busbw with one rank a "
+                        "node), GB/s, taken as it is: in place of network_gb_s",
     "latency_nvlink_us": "a ring step's latency inside a node for large messages (NCCL's Simple protocol; "
                          "3.4), microseconds",
     "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
@@ -307,9 +311,18 @@ def load_hardware(path: str | Path) -> Hardware:
                           f"the numbers in {path}", **numbers)
     else:
         raise ValueError(f"{path}: device = {device!r}: {HARDWARE_KEYS['device']}")
-    links = {k: _positive(path, k, data[k]) for k in ("nvlink_gb_s", "network_gb_s") if k in data}
+    eff, links = Efficiency(), {}
+    for link, bus, share in (("nvlink_gb_s", "nvlink_bus_gb_s", "nvlink"), ("network_gb_s", "network_bus_gb_s", "network")):
+        if link in data and bus in data:
+            raise ValueError(f"{path}: {link} = {data[link]!r} and {bus} = {data[bus]!r}: give one, the link's rate "
+                             f"(NCCL taken to reach {getattr(eff, share)} of it) or NCCL's measured bus bandwidth")
+        if link in data:
+            links[link] = _positive(path, link, data[link])
+        elif bus in data:  # the links at NCCL's measured rate, whole
+            links[link], eff = _positive(path, bus, data[bus]), dataclasses.replace(eff, **{share: 1.0})
     if spec.name == "custom" and len(links) < 2:
-        raise ValueError(f"{path}: a device given by its numbers needs nvlink_gb_s and network_gb_s too")
+        raise ValueError(f"{path}: a device given by its numbers needs nvlink_gb_s (or nvlink_bus_gb_s) and "
+                         "network_gb_s (or network_bus_gb_s) too")
     spec = dataclasses.replace(spec, **links)
     if "power_limit_w" in data:
         spec = dataclasses.replace(spec, power_limit_w=_positive(path, "power_limit_w", data["power_limit_w"]))
@@ -317,7 +330,6 @@ def load_hardware(path: str | Path) -> Hardware:
         if data["host_cpu"] not in HOST_CPU:
             raise ValueError(f"{path}: host_cpu = {data['host_cpu']!r}: choose from {', '.join(HOST_CPU)}")
         spec = dataclasses.replace(spec, host_cpu=data["host_cpu"])
-    eff = Efficiency()
     for key, field in (("latency_nvlink_us", "latency_nvlink_s"), ("latency_network_us", "latency_network_s")):
         if key in data:
             eff = dataclasses.replace(eff, **{field: _positive(path, key, data[key]) * 1e-6})

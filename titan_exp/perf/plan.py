@@ -53,8 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus-per-node", type=int, default=None, help="with --device: GPUs per node (default 8); "
                         "mesh dims whose groups span nodes pay the network's costs")
     parser.add_argument("--hardware", metavar="FILE", default=None, help="your cluster in a YAML file: device (a spec "
-                        "name or its numbers), gpus_per_node, nvlink_gb_s, network_gb_s, latency_nvlink_us, "
-                        "latency_network_us; instead of --device and --gpus-per-node (a shortcut for the "
+                        "name or its numbers), gpus_per_node, nvlink_gb_s, network_gb_s (or NCCL's measured "
+                        "nvlink_bus_gb_s, network_bus_gb_s), latency_nvlink_us, latency_network_us, "
+                        "power_limit_w, host_cpu; instead of --device and --gpus-per-node (a shortcut for the "
                         "override cluster.hardware=FILE)")
     parser.add_argument("--keep-split", action="store_true",
                         help="every layout at the configured local batch, not at its fastest split of the global batch")
