@@ -228,9 +228,9 @@ HARDWARE_KEYS = {
     "nvlink_gb_s": "GB/s per GPU and direction inside a node (the datasheet's; NCCL reaches 0.8 of it)",
     "network_gb_s": "GB/s per GPU and direction between nodes (the NIC's; NCCL taken to reach 0.9 of it)",
     "nvlink_bus_gb_s": "NCCL's bus bandwidth inside a node as measured there (nccl-tests' busbw of a large "
-                       "all-reduce over a node's GPUs), GB/s, taken as it is: in place of nvlink_gb_s",
-    "network_bus_gb_s": "NCCL's bus bandwidth between nodes as measured there (nccl-tests' busbw with one rank a "
-                        "node), GB/s, taken as it is: in place of network_gb_s",
+                       "all-gather over a node's GPUs), GB/s, taken as it is: in place of nvlink_gb_s",
+    "network_bus_gb_s": "NCCL's bus bandwidth between nodes as measured there (nccl-tests' busbw of a large "
+                        "all-gather with one rank a node), GB/s, taken as it is: in place of network_gb_s",
     "latency_nvlink_us": "a ring step's latency inside a node for large messages (NCCL's Simple protocol; "
                          "3.4), microseconds",
     "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
