@@ -128,18 +128,19 @@ SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
 
 @dataclass(frozen=True)
 class Efficiency:
-    """What a spec sheet does not say. NCCL's bus bandwidth over NVLink is 0.8 of the datasheet's,
-    as NCCL's own topology model rates a link (NVIDIA/nccl src/graph/topo.h at b6475625:
-    SM80_NVLINK_BW 20.0 and SM90_NVLINK_BW 20.6 GB/s of Ampere's and Hopper's 25 per direction, and
-    at 5067397c SM100_NVLINK_BW 40.1 of Blackwell's 50: 0.80, 0.82, 0.80); XLA's measurements of
-    NCCL's collectives reach less in 8-GPU nodes (benchmarks/bench_parts.py; taken in its place on
+    """What a spec sheet does not say. NCCL's bus bandwidth over NVLink is 0.8 of the datasheet's, as
+    NCCL's own topology model rates a link (NVIDIA/nccl src/graph/topo.h at b6475625: SM80_NVLINK_BW
+    20.0 and SM90_NVLINK_BW 20.6 GB/s of Ampere's and Hopper's 25 per direction, and at 5067397c
+    SM100_NVLINK_BW 40.1 of Blackwell's 50: 0.80, 0.82, 0.80); XLA's measurements of NCCL's
+    collectives reach less in 8-GPU nodes (benchmarks/bench_parts.py; taken in its place on
     2026-11-29, not kept: BENCHMARKS.md). Over the network, 0.9 of the NIC's is an assumption; the
-    latencies, a ring step's under NCCL's Simple protocol (large messages), are [nccl]'s. `compute_scale` is the one fitted term: a block's
-    time over the sum of its parts as perf.gpu prices them (what they leave out: kernels slowing
-    each other and NCCL's, the framework's own work), fitted by
-    benchmarks/bench_published.py on its fitting set, each source weighing the same (245 rows:
-    7 declared, one per source and precision, and 238 moved there after the model was changed for
-    them or their layouts were derived, LLM Foundry's every row among them; BENCHMARKS.md)."""
+    latencies, a ring step's under NCCL's Simple protocol (large messages), are [nccl]'s.
+    `compute_scale` is the one fitted term: a block's time over the sum of its parts as perf.gpu
+    prices them (what they leave out: kernels slowing each other and NCCL's, the framework's own
+    work), fitted by benchmarks/bench_published.py on its fitting set, each source weighing the same
+    (245 rows: 7 declared, one per source and precision, and 238 moved there after the model was
+    changed for them or their layouts were derived, LLM Foundry's every row among them;
+    BENCHMARKS.md)."""
 
     compute_scale: float = 1.283
     nvlink: float = 0.8
