@@ -71,7 +71,9 @@ def test_compile_matches_eager(layout, reference, tmp_path):
     code, summary = run_job([*SMALL, "compile.enable=true", *LAYOUTS[layout]], tmp_path)
     assert code == 0, summary.get("error")
     assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-4)
-    assert summary["compile_s"] > 0 and summary["compile_cache"] in ("cold", "warm")
+    # Inductor's cache was used: warm, cold, or partial, as a cold cache is where a graph compiled
+    # again in the run (a pipeline stage's block, the same shapes) hits the entry its first compile wrote.
+    assert summary["compile_s"] > 0 and summary["compile_cache"] in ("cold", "warm", "partial")
 
 
 def test_compiled_graphs_are_cached_per_config():
