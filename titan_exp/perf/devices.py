@@ -226,8 +226,10 @@ OPTIONAL_NUMBERS = {"fp8_tflops": "no FP8", "tdp_w": "700 W", "sms": "132", "mat
 HARDWARE_KEYS = {
     "device": "a spec name (" + ", ".join(SPECS) + ") or a mapping of its numbers: " + ", ".join(SPEC_NUMBERS),
     "gpus_per_node": "GPUs per node (an integer > 0)",
-    "nvlink_gb_s": "GB/s per GPU and direction inside a node (the datasheet's; NCCL reaches 0.8 of it)",
-    "network_gb_s": "GB/s per GPU and direction between nodes (the NIC's; NCCL taken to reach 0.9 of it)",
+    "nvlink_gb_s": f"GB/s per GPU and direction inside a node (the datasheet's; NCCL reaches {Efficiency.nvlink} "
+                   "of it)",
+    "network_gb_s": f"GB/s per GPU and direction between nodes (the NIC's; NCCL taken to reach {Efficiency.network} "
+                    "of it)",
     "nvlink_bus_gb_s": "NCCL's bus bandwidth inside a node as measured there (nccl-tests' busbw of a large "
                        "all-gather over a node's GPUs), GB/s, taken as it is: in place of nvlink_gb_s",
     "network_bus_gb_s": "NCCL's bus bandwidth between nodes as measured there (nccl-tests' busbw of a large "
