@@ -177,8 +177,8 @@ def test_a_hardware_file_is_what_the_run_is_re_planned_for(tmp_path, caplog):
                           "cluster.nproc_per_node")
     assert errors == [f"cluster.hardware = '{tmp_path / 'none.yaml'}': no such file; give the path of a hardware "
                       "YAML (keys: device, gpus_per_node, nvlink_gb_s, network_gb_s, nvlink_bus_gb_s, network_bus_gb_s, "
-                      "latency_nvlink_us, "
-                      "latency_network_us, power_limit_w, host_cpu), or null to predict from this machine's profile"]
+                      "latency_nvlink_us, latency_network_us, power_limit_w, host_cpu), or null to predict from this "
+                      "machine's profile"]
 
 
 # --- SLURM: a 3-node job loses a node and goes on on 2 ----------------------------------------------

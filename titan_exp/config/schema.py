@@ -186,8 +186,7 @@ class ClusterConfig:
     hardware: Optional[str] = doc(None, "a YAML file describing the GPUs the ranks run on (device: a spec name or its "
                                         "numbers, gpus_per_node: the most ranks a node holds, nvlink_gb_s, network_gb_s, "
                                         "nvlink_bus_gb_s, network_bus_gb_s, latency_nvlink_us, latency_network_us, "
-                                        "power_limit_w, host_cpu): every prediction for this job "
-                                        "uses it "
+                                        "power_limit_w, host_cpu): every prediction for this job uses it "
                                         "(autotune, the dry run, cluster.elastic, the launch's predicted step); "
                                         "null = this machine's profile")
     # SLURM (cluster=slurm): one task per rank, nnodes x nproc_per_node tasks.
