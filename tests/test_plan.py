@@ -146,6 +146,44 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
     assert (job.cluster.nnodes, job.cluster.nproc_per_node, job.world_size) == (2, 2, 4)
 
 
+@pytest.mark.quick
+def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_configured_one():
+    """With no global batch set, every layout is compared at the batch the job would run: its local
+    batch on each data-parallel rank of its configured layout (as `resolve` fills it for a launch),
+    not on every rank, which for TorchTitan's 70B (FSDP 32 x TP 8, local batch 16) had been 4,096
+    sequences where TorchTitan ran 512 (issue 36). The job as configured is shown beside the plans:
+    its prediction, and where its layout ranks; refused, the refusal."""
+    tp = ["model=llama3_8b", "training.seq_len=2048", "training.local_batch_size=4", "parallelism=fsdp",
+          "parallelism.tensor_parallel_degree=4", "cluster=slurm", "cluster.nnodes=2", "cluster.nproc_per_node=8"]
+    job, profile = job_config(tp), spec_profile(SPECS["h100"], 16, 8)
+    assert planner.global_batch_of(job, 16) == resolve(job).training.global_batch_size == 4 * 4
+    plans = planner.plan(job, 16, device_memory_gib=80, cuda=True, profile=profile, any_split=True)
+    assert next(pl for pl in plans if pl.degrees["dp_shard"] == 16).split == "local batch 1"  # 16 sequences on 16
+    rank = 1 + next(i for i, pl in enumerate(plans) if pl.degrees == dict(pp=1, dp_replicate=1, dp_shard=4, cp=1, tp=4))
+    tokens = predict_step(resolve(job), profile, cuda=True).tokens_per_s_per_device
+    line = planner.configured_line(job, 16, plans, profile, device_memory_gib=80, cuda=True)
+    assert line.startswith(f"your configuration (dp_shard4 x tp4, local batch 4): {tokens:,.0f} tokens/s/device, ")
+    assert f"its layout ranks {rank} of {len(plans)};" in line and rank > 1
+    assert line.endswith(f"the fastest, {plans[0].name} ({plans[0].split}), is predicted "
+                         f"{plans[0].tokens_per_s / tokens - 1:+.0%}")
+    refused = job_config([*tp, "parallelism.tensor_parallel_degree=16"])
+    assert planner.configured_line(refused, 16, plans, profile, device_memory_gib=80, cuda=True) == (
+        "your configuration (tp16, local batch 4) is refused on 16 devices: parallelism.tensor_parallel_degree = 16: "
+        "does not divide model.n_kv_heads = 8; pick a degree that does")
+    other = job_config([*tp, "parallelism.tensor_parallel_degree=3"])  # not a layout of 16: each rank's local batch
+    assert planner.global_batch_of(other, 16) == 64 and planner.configured_line(other, 16, plans, profile,
+                                                                               device_memory_gib=80, cuda=True) is None
+    assert planner.batch_line(other, 16) == ("every layout at a global batch of 64 sequences (training.local_batch_size "
+                                             "4 on each of the 16 devices: the configured degrees (tp3) do not "
+                                             "multiply to 16)")
+    out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *tp[:-3], "--device", "h100", "--world", "16"],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert ("every layout at a global batch of 16 sequences (training.local_batch_size 4 x 4 data-parallel ranks of "
+            "the configured layout, dp_shard4 x tp4)") in out.stdout.splitlines()
+    assert out.stdout.splitlines()[-1] == line
+
+
 # --- planning GPUs this machine does not have (spec sheets) ---------------------------------------
 
 def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):

@@ -89,8 +89,7 @@ def validate(job: JobConfig, *, cuda: bool | None = None) -> list[str]:
 def resolve(job: JobConfig) -> JobConfig:
     """Fill the derived values of a valid config, so the ranks and the record see numbers."""
     world = job.world_size
-    layout = dims.ParallelDims.from_config(job.parallelism, world)
-    t, d, k = job.training, job.data, job.checkpoint
+    d, k = job.data, job.checkpoint
 
     def absolute(path: str | None) -> str | None:  # the ranks may start in another directory (SLURM)
         return os.path.abspath(os.path.expanduser(path)) if path else path
@@ -102,8 +101,7 @@ def resolve(job: JobConfig) -> JobConfig:
         eval=dataclasses.replace(job.eval, include_path=absolute(job.eval.include_path)),
         cluster=dataclasses.replace(job.cluster, nproc_per_node=world // job.cluster.nnodes,
                                     hardware=absolute(job.cluster.hardware)),
-        parallelism=dataclasses.replace(job.parallelism, data_parallel_shard_degree=layout.dp_shard),
-        training=dataclasses.replace(
-            t, global_batch_size=t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * layout.dp
-        ),
+        parallelism=dataclasses.replace(job.parallelism,
+                                        data_parallel_shard_degree=job.parallelism.dp_shard_at(world)),
+        training=dataclasses.replace(job.training, global_batch_size=job.global_batch_at(world)),
     )

@@ -89,6 +89,15 @@ class ParallelismConfig:
         """The product of every degree but dp_shard's."""
         return math.prod(d for dim, d in self.degrees.items() if dim != "dp_shard")
 
+    def dp_shard_at(self, world: int) -> int:
+        """dp_shard on `world` ranks: as configured, or with -1 the rest of them (at least 1)."""
+        shard = self.data_parallel_shard_degree
+        return shard if shard != -1 else max(1, world // self.known_degree)
+
+    def fits(self, world: int) -> bool:
+        """Whether these degrees multiply to `world` ranks (dp_shard = -1 taking the rest)."""
+        return world % self.known_degree == 0 and self.known_degree * self.dp_shard_at(world) == world
+
 
 # In precision.filter_fqns, TorchTitan's name for torchao's float8 shape filter: a linear stays in
 # high precision where its recipe's float8 GEMM and casts were measured slower than bf16's on an
@@ -453,5 +462,12 @@ class JobConfig:
         if c.executor == Executor.slurm and c.gpus_per_node > 0:
             return c.nnodes * c.gpus_per_node
         return self.parallelism.known_degree * max(1, self.parallelism.data_parallel_shard_degree)
+
+    def global_batch_at(self, world: int) -> int:
+        """Sequences a step takes on `world` ranks: training.global_batch_size, or with -1 the local
+        batch on each data-parallel rank (dp_replicate x dp_shard at that world)."""
+        t, p = self.training, self.parallelism
+        return (t.global_batch_size if t.global_batch_size != -1
+                else t.local_batch_size * p.data_parallel_replicate_degree * p.dp_shard_at(world))
 
 

@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
     """The global batch splits evenly into local batches over the data-parallel ranks."""
     t = job.training
-    gbs = t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * dims.dp
+    gbs = job.global_batch_at(dims.world_size)
     if gbs < 1:
         return [problem("training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")]
     if gbs % (t.local_batch_size * dims.dp):

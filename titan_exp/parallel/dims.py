@@ -58,10 +58,7 @@ class ParallelDims:
     @classmethod
     def from_config(cls, p: ParallelismConfig, world_size: int) -> "ParallelDims":
         """Resolve dp_shard=-1 to 'the rest of the world'; callers validate the product first."""
-        shard = p.data_parallel_shard_degree
-        if shard == -1:
-            shard = max(1, world_size // p.known_degree)
-        return cls(**{**p.degrees, "dp_shard": shard}, ep=p.expert_parallel_degree)
+        return cls(**{**p.degrees, "dp_shard": p.dp_shard_at(world_size)}, ep=p.expert_parallel_degree)
 
     @property
     def degrees(self) -> dict[str, int]:

@@ -30,7 +30,8 @@ from pathlib import Path
 from titan_exp.config import Executor, compose_job
 from titan_exp.perf.calibrate import cover
 from titan_exp.perf.fit import estimates_line
-from titan_exp.perf.planner import device_memory_gib, plan, profile_line, to_markdown, write_sweep
+from titan_exp.perf.planner import (batch_line, configured_line, device_memory_gib, plan, profile_line, to_markdown,
+                                    write_sweep)
 from titan_exp.perf.profile import profiles_dir, this_machine
 
 
@@ -113,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
                          f"(run dir {run_dir})")
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile,
                  any_split=not args.keep_split)
-    for line in [*first, profile_line(profile)]:
+    for line in [*first, profile_line(profile), batch_line(job, args.world)]:
         print(line)
     for note in sorted({n for pl in plans for n in pl.step.notes}):
         print(f"  note: {note}")
     print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory, valid=len(plans)))
+    mine = configured_line(job, args.world, plans, profile, device_memory_gib=memory, cuda=args.cuda)
+    if mine:
+        print(mine)
     if args.write_sweep:
         out = write_sweep(plans, args.write_sweep, args.top, args.overrides)
         print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(args.overrides)}")

@@ -116,9 +116,33 @@ def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
 
 
 def global_batch_of(job: JobConfig, world: int) -> int:
-    """The job's global batch; with none set (-1), its local batch on every one of `world` ranks."""
+    """The global batch every layout of `world` ranks is compared at: the job's own there
+    (JobConfig.global_batch_at: with none set, its local batch on each data-parallel rank of its
+    configured layout); where that layout does not fit `world` ranks, its local batch on each."""
+    if job.parallelism.fits(world):
+        return job.global_batch_at(world)
     gb = job.training.global_batch_size
     return gb if gb > 0 else job.training.local_batch_size * world
+
+
+def configured_layout(job: JobConfig, world: int) -> dict[str, int]:
+    """The job's layout on `world` ranks, dp_shard = -1 taking the rest (ParallelismConfig.dp_shard_at)."""
+    return job.parallelism.layout | {"dp_shard": job.parallelism.dp_shard_at(world)}
+
+
+def batch_line(job: JobConfig, world: int) -> str:
+    """The global batch the plan compares layouts at, and which fields give it."""
+    t, p = job.training, job.parallelism
+    if t.global_batch_size != -1:
+        why = "training.global_batch_size"
+    elif p.fits(world):
+        dp = p.data_parallel_replicate_degree * p.dp_shard_at(world)
+        why = (f"training.local_batch_size {t.local_batch_size} x {dp} data-parallel rank{'s' if dp > 1 else ''} of the "
+               f"configured layout, {layout_label(configured_layout(job, world))}")
+    else:
+        why = (f"training.local_batch_size {t.local_batch_size} on each of the {world} devices: the configured "
+               f"degrees ({layout_label(p.layout)}) do not multiply to {world}")
+    return f"every layout at a global batch of {global_batch_of(job, world):,} sequences ({why})"
 
 
 def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[JobConfig]:
@@ -222,6 +246,38 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
                           across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
                           nodes=candidate.cluster.nnodes))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
+
+
+def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: MachineProfile, *,
+                    device_memory_gib: float, cuda: bool = False) -> str | None:
+    """The job as configured (its layout and batch split) beside the plans: its predicted tokens/s
+    and memory, where its layout ranks, and how much faster the fastest is predicted; or why it
+    is refused. None where its degrees are not a layout of `world` ranks (batch_line says so)."""
+    p = job.parallelism
+    if not p.fits(world):
+        return None
+    mine = with_layout(job, configured_layout(job, world), global_batch_of(job, world),
+                       local_batch_size=job.training.local_batch_size,
+                       microbatch_size=p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else None)
+    label = layout_label(degrees_of(mine))
+    errors = validate(mine, cuda=cuda)
+    if errors:
+        return f"your configuration ({label}, {split_label(mine)}) is refused on {world} devices: {errors[0]}"
+    mine = resolve(mine)
+    step, gib = predict_step(mine, profile, cuda=cuda), predict_memory(mine, cuda=cuda)["total"]
+    fits = gib <= device_memory_gib
+    out = (f"your configuration ({label}, {split_label(mine)}): {step.tokens_per_s_per_device:,.0f} tokens/s/device, "
+           f"{gib:.2f} GiB/device{'' if fits else ' (does NOT fit)'}")
+    rank = next((i for i, pl in enumerate(plans, 1) if pl.degrees == degrees_of(mine)), None)
+    if rank is not None:
+        own = plans[rank - 1]
+        at = "" if own.split == split_label(mine) else f" at {own.split}, {own.tokens_per_s:,.0f} tokens/s/device"
+        out += f"; its layout ranks {rank} of {len(plans)}{at}"
+    best = plans[0] if plans and plans[0].fits else None
+    if best is not None and (rank != 1 or not fits):
+        out += (f"; the fastest, {best.name} ({best.split}), is predicted "
+                f"{best.tokens_per_s / step.tokens_per_s_per_device - 1:+.0%}")
+    return out
 
 
 def profile_line(profile: MachineProfile) -> str:
