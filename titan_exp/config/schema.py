@@ -470,4 +470,11 @@ class JobConfig:
         return (t.global_batch_size if t.global_batch_size != -1
                 else t.local_batch_size * p.data_parallel_replicate_degree * p.dp_shard_at(world))
 
+    @property
+    def accumulation(self) -> int:
+        """Gradient accumulation steps: the global batch over the local batch x dp, at world_size."""
+        world, t, p = self.world_size, self.training, self.parallelism
+        return max(1, self.global_batch_at(world) // (t.local_batch_size * p.data_parallel_replicate_degree
+                                                      * p.dp_shard_at(world)))
+
 

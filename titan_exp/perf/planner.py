@@ -48,9 +48,7 @@ def layout_overrides(job: JobConfig) -> list[str]:
 
 def split_label(job: JobConfig) -> str:
     """How a job splits its global batch: the local batch, its accumulation steps, the PP microbatch."""
-    t, p = job.training, job.parallelism
-    dp = p.data_parallel_replicate_degree * p.data_parallel_shard_degree
-    accumulation = t.global_batch_size // (t.local_batch_size * dp) if t.global_batch_size > 0 else 1
+    t, p, accumulation = job.training, job.parallelism, job.accumulation
     out = f"local batch {t.local_batch_size}" + (f" x {accumulation} accumulated" if accumulation > 1 else "")
     return out + (f", microbatch {p.pipeline_parallel_microbatch_size}" if p.pipeline_parallel_degree > 1 else "")
 

@@ -205,9 +205,8 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
                             p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree)
     world = pp * rep * dps * cp * tp
     notes: list[str] = []
-    dp = rep * dps
     local = t.local_batch_size
-    accumulation = max(1, t.global_batch_size // (local * dp))
+    accumulation = job.accumulation
     mb = p.pipeline_parallel_microbatch_size if pp > 1 else local
     n_mb = max(1, local // mb)
     seqs = mb / cp  # sequences of full length this rank's block work equals, per microbatch
@@ -478,7 +477,7 @@ def gpu_work_by_kind(job: JobConfig, profile: MachineProfile, elementwise: Eleme
     `profile`'s kernel rates and compute correction, and the optimizer phase. What a prediction
     says of each part, to set beside a trace of the step."""
     job = resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job
-    p, t, m = job.parallelism, job.training, job.model
+    p, m = job.parallelism, job.model
     if max(p.pipeline_parallel_degree, p.tensor_parallel_degree, p.context_parallel_degree,
            p.expert_parallel_degree) > 1:
         raise ValueError("gpu_work_by_kind prices one replica's blocks: a layout without PP, TP, CP or EP")
@@ -487,8 +486,7 @@ def gpu_work_by_kind(job: JobConfig, profile: MachineProfile, elementwise: Eleme
     times = block_times(job, 1, profile.kernels, elementwise)
     fwd = times.kinds["fwd"]
     recompute = {kind: recomputed(job.activation_checkpoint, fwd[kind], times.kinds["selective"][kind]) for kind in fwd}
-    microbatches = max(1, t.global_batch_size // (t.local_batch_size * p.data_parallel_replicate_degree
-                                                   * p.data_parallel_shard_degree))
+    microbatches = job.accumulation
     c = profile.corrections.compute
     work = {kind: c * microbatches * (m.n_layers * (fwd[kind] + times.kinds["bwd"][kind] + recompute[kind])
                                       + times.kinds["head"][kind]) for kind in times.kinds["fwd"]}
