@@ -39,7 +39,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from titan_exp.perf.devices import SPECS, spec_profile  # noqa: E402
-from titan_exp.perf.gpu import gemm_s, spec_kernels  # noqa: E402
+from titan_exp.perf.gpu import gemm_s  # noqa: E402
+from titan_exp.perf.kernel_rates import spec_kernels  # noqa: E402
 
 DATA = REPO / "benchmarks" / "data"
 GEMMS, COLLECTIVES = DATA / "xla_gemm.csv", DATA / "xla_collectives.csv"

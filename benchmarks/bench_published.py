@@ -12,7 +12,7 @@ leaves unstated is the assumption named there), planned for CUDA on the spec she
 predicted with `predict_step` and, where the source publishes memory, `predict_memory`. Where a
 source's engine runs other kernels than this toolkit, `ENGINES` (published_engines.py, beside
 this file) says which, from the source's own code: its attention kernel (priced from its published
-curve, perf.gpu.ATTENTION), whether its elementwise kernels are fused (priced as compile fuses
+curve, perf.kernel_rates.ATTENTION), whether its elementwise kernels are fused (priced as compile fuses
 them) and whether it overlaps TP's collectives with their GEMMs (priced as Transformer Engine's
 userbuffers overlap them). Each row's block has the memory-bound kernels of the model it ran, as
 its engine ran them (`elementwise` there: TorchTitan's Llama, LLM Foundry's MPT). Where a

@@ -17,7 +17,7 @@ class Engine:
     """Where a source's engine runs other kernels than this toolkit (PyTorch SDPA's flash attention,
     elementwise kernels eager or compiled as the row says), read from the source's own code."""
 
-    attention: dict[str, str]  # GPU architecture -> attention kernel (perf.gpu.ATTENTION); else "flash"
+    attention: dict[str, str]  # GPU architecture -> attention kernel (perf.kernel_rates.ATTENTION); else "flash"
     fused: bool  # norms, RoPE, SwiGLU, float8 casts and the loss fused as torch.compile fuses them
     tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.overlap.TP_OVERLAP), if they do
     why: str
@@ -30,7 +30,7 @@ class Engine:
 
 ENGINES = {
     "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention (flash first in torch's order in December "
-                         "2024; torch 2.11 on, this toolkit's SDPA runs cuDNN's on Hopper: perf.gpu.SDPA_KERNEL); its "
+                         "2024; torch 2.11 on, this toolkit's SDPA runs cuDNN's on Hopper: perf.kernel_rates.SDPA_KERNEL); its "
                          "Llama's memory-bound kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
     "megatron_bridge": Engine(
         {"hopper": "cudnn", "blackwell": "cudnn"}, True, "userbuffers",

@@ -13,6 +13,7 @@ import pytest
 from titan_exp.config import compose_job
 from titan_exp.perf import float8_casts as f8c
 from titan_exp.perf import gpu, model_ops, overlap
+from titan_exp.perf import kernel_rates as rates
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, Line, MachineProfile
 from titan_exp.perf.placement import across_nodes, node_ranks
@@ -21,7 +22,7 @@ from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
 H100 = SPECS["h100"]
-K100 = gpu.spec_kernels(H100, "flash")
+K100 = rates.spec_kernels(H100, "flash")
 
 
 def llama8b(*overrides: str):
@@ -46,8 +47,8 @@ def test_a_gemm_pays_for_its_last_wave_and_a_skinny_one_for_its_bytes():
 def test_a_power_cap_slows_the_clock_not_the_memory():
     capped = SPECS["h100_500w"]
     ratio = ((500 - 70) / (700 - 70)) ** (1 / 3)
-    assert gpu.clock_ratio(capped) == pytest.approx(ratio) and gpu.clock_ratio(H100) == 1.0
-    same_hbm = gpu.spec_kernels(dataclasses.replace(capped, memory_tb_s=H100.memory_tb_s))
+    assert rates.clock_ratio(capped) == pytest.approx(ratio) and rates.clock_ratio(H100) == 1.0
+    same_hbm = rates.spec_kernels(dataclasses.replace(capped, memory_tb_s=H100.memory_tb_s))
     assert same_hbm.matmul_tflops["bfloat16"] == pytest.approx(ratio * K100.matmul_tflops["bfloat16"])
     assert gpu.hbm(same_hbm) == gpu.hbm(K100)
     big = gpu.gemm_s(same_hbm, 8192, 8192, 8192, "bfloat16") / gpu.gemm_s(K100, 8192, 8192, 8192, "bfloat16")
@@ -56,32 +57,32 @@ def test_a_power_cap_slows_the_clock_not_the_memory():
 
 def test_attention_follows_flash_attentions_published_curve():
     fwd, bwd = K100.attention_fwd, K100.attention_bwd
-    assert gpu.attention_tflops(fwd, 8192) == pytest.approx(333)
-    assert gpu.attention_tflops(fwd, 3 * 1024) == pytest.approx(298 + (319 - 298) * 0.585, rel=1e-3)
-    assert gpu.attention_tflops(fwd, 256) == pytest.approx(191 / 2)
-    assert gpu.attention_tflops(bwd, 1 << 20) == pytest.approx(322)
-    a100 = gpu.spec_kernels(SPECS["a100"])
-    assert gpu.attention_tflops(a100.attention_fwd, 16384) == pytest.approx(gpu.AMPERE_FA2_PEAK * 312)
+    assert rates.attention_tflops(fwd, 8192) == pytest.approx(333)
+    assert rates.attention_tflops(fwd, 3 * 1024) == pytest.approx(298 + (319 - 298) * 0.585, rel=1e-3)
+    assert rates.attention_tflops(fwd, 256) == pytest.approx(191 / 2)
+    assert rates.attention_tflops(bwd, 1 << 20) == pytest.approx(322)
+    a100 = rates.spec_kernels(SPECS["a100"])
+    assert rates.attention_tflops(a100.attention_fwd, 16384) == pytest.approx(rates.AMPERE_FA2_PEAK * 312)
 
 
 def test_attention_is_priced_by_its_kernel_and_head_dim():
-    cudnn, triton = gpu.spec_kernels(H100, "cudnn"), gpu.spec_kernels(H100, "triton")
-    assert gpu.attention_tflops(cudnn.attention_fwd, 8192) == pytest.approx(529)
-    assert gpu.attention_tflops(cudnn.attention_bwd, 16384) == pytest.approx(516)
-    assert gpu.attention_tflops(triton.attention_fwd, 8192) == pytest.approx(333 / gpu.TRITON_SLOWDOWN)
+    cudnn, triton = rates.spec_kernels(H100, "cudnn"), rates.spec_kernels(H100, "triton")
+    assert rates.attention_tflops(cudnn.attention_fwd, 8192) == pytest.approx(529)
+    assert rates.attention_tflops(cudnn.attention_bwd, 16384) == pytest.approx(516)
+    assert rates.attention_tflops(triton.attention_fwd, 8192) == pytest.approx(333 / rates.TRITON_SLOWDOWN)
     with pytest.raises(ValueError, match="'fa9'.*flash, cudnn, triton"):
-        gpu.spec_kernels(H100, "fa9")
+        rates.spec_kernels(H100, "fa9")
     # unnamed, the kernel is the one torch's SDPA runs there [sdpa]: cuDNN's on Hopper and Blackwell
-    assert gpu.spec_kernels(H100).attention_fwd == cudnn.attention_fwd
-    assert {name: gpu.spec_kernels(SPECS[name]).attention_kernel for name in ("h200", "gb200", "a100")} == {
+    assert rates.spec_kernels(H100).attention_fwd == cudnn.attention_fwd
+    assert {name: rates.spec_kernels(SPECS[name]).attention_kernel for name in ("h200", "gb200", "a100")} == {
         "h200": "cudnn", "gb200": "cudnn", "a100": "flash"}
     assert spec_profile(SPECS["h100_500w"], 8, 8).kernels.attention_kernel == "cudnn"
     assert Kernels.of(cudnn.to_dict()).attention_kernel == "cudnn"  # a profile file says whose curves
     older = {k: v for k, v in K100.to_dict().items() if k != "attention_kernel"}
     assert Kernels.of(older).attention_kernel == "flash"  # a profile written before the field: SDPA's flash
-    assert gpu.head_dim_share(128, 64, 16384) == pytest.approx(299 / 335)
-    assert gpu.head_dim_share(64, 128, 512) == pytest.approx(191 / 180)  # a curve taken at 64, a model at 128
-    assert gpu.head_dim_share(128, 128, 4096) == gpu.head_dim_share(64, 32, 4096) == 1.0
+    assert rates.head_dim_share(128, 64, 16384) == pytest.approx(299 / 335)
+    assert rates.head_dim_share(64, 128, 512) == pytest.approx(191 / 180)  # a curve taken at 64, a model at 128
+    assert rates.head_dim_share(128, 128, 4096) == rates.head_dim_share(64, 32, 4096) == 1.0
 
     def attention_s(kern, *overrides):  # a block's time less its time without attention's cost
         job = llama8b(*overrides)
@@ -90,7 +91,7 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
 
     flash = attention_s(K100)
     assert attention_s(cudnn) == pytest.approx(flash * 333 / 529, rel=0.03)  # fwd and bwd at 8k: ~1.6x faster
-    assert attention_s(triton) == pytest.approx(flash * gpu.TRITON_SLOWDOWN, rel=1e-6)
+    assert attention_s(triton) == pytest.approx(flash * rates.TRITON_SLOWDOWN, rel=1e-6)
     heads_64 = ["model.n_heads=64", "model.n_kv_heads=16"]  # the same FLOPs at head dim 64
     assert attention_s(K100, *heads_64) == pytest.approx(flash * 333 / 295, rel=0.02)
 
@@ -98,8 +99,8 @@ def test_attention_is_priced_by_its_kernel_and_head_dim():
 def test_a_blackwell_gpu_takes_its_own_measured_attention_curves():
     """[cudnn-fe]: each Blackwell GPU's cuDNN and SDPA-flash curves as measured on it, not Hopper's
     shares of its peak (which would price FlashAttention-2 there at twice what it reaches)."""
-    rate = lambda spec, kernel, seq, bwd=False: gpu.attention_tflops(  # noqa: E731
-        getattr(gpu.spec_kernels(spec, kernel), "attention_bwd" if bwd else "attention_fwd"), seq)
+    rate = lambda spec, kernel, seq, bwd=False: rates.attention_tflops(  # noqa: E731
+        getattr(rates.spec_kernels(spec, kernel), "attention_bwd" if bwd else "attention_fwd"), seq)
     gb200, gb300, b200 = SPECS["gb200"], SPECS["gb300"], SPECS["b200"]
     assert rate(gb200, "cudnn", 8192) == pytest.approx(1646) and rate(gb300, "cudnn", 8192) == pytest.approx(1991)
     assert rate(gb200, "cudnn", 16384, bwd=True) == pytest.approx(1327)
@@ -110,21 +111,21 @@ def test_a_blackwell_gpu_takes_its_own_measured_attention_curves():
     b300 = SPECS["b300"]  # Blackwell Ultra at 1,100 W: GB300's curves at B300's peak, as B200's are GB200's
     assert rate(b300, "cudnn", 8192) == pytest.approx(1991 * 2250 / 2500)
     assert rate(b300, "flash", 8192, bwd=True) == pytest.approx(330 * 2250 / 2500)
-    assert rate(gb200, "triton", 8192) == pytest.approx(414 / gpu.TRITON_SLOWDOWN)
+    assert rate(gb200, "triton", 8192) == pytest.approx(414 / rates.TRITON_SLOWDOWN)
     capped = dataclasses.replace(gb200, power_limit_w=900.0)
-    assert rate(capped, "cudnn", 8192) == pytest.approx(1646 * gpu.clock_ratio(capped))
+    assert rate(capped, "cudnn", 8192) == pytest.approx(1646 * rates.clock_ratio(capped))
     # a GPU the benchmark did not measure keeps [fa3]'s shares of its peak: H100's own, a custom one's
     custom = dataclasses.replace(gb200, name="custom")
-    assert rate(custom, "cudnn", 8192) == pytest.approx(529 / gpu.H100_BF16 * 2500)
+    assert rate(custom, "cudnn", 8192) == pytest.approx(529 / rates.H100_BF16 * 2500)
     assert rate(H100, "cudnn", 8192) == pytest.approx(529)
 
 
 def test_a_small_model_is_bound_by_its_host_and_compile_fuses_memory_bound_kernels():
     tiny = resolve(compose_job(["training.seq_len=64", "training.local_batch_size=1", "training.global_batch_size=1"]))
     t = gpu.block_times(tiny, 1, K100)
-    assert t.fwd == pytest.approx(model_ops.LLAMA.eager_ops * gpu.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
+    assert t.fwd == pytest.approx(model_ops.LLAMA.eager_ops * rates.HOST_EAGER_S) and t.bwd == pytest.approx(2 * t.fwd)
     compiled = gpu.block_times(dataclasses.replace(tiny, compile=dataclasses.replace(tiny.compile, enable=True)), 1, K100)
-    assert compiled.fwd == pytest.approx(model_ops.LLAMA.compiled_kernels * gpu.HOST_COMPILED_S)
+    assert compiled.fwd == pytest.approx(model_ops.LLAMA.compiled_kernels * rates.HOST_COMPILED_S)
     eager, fused = gpu.block_times(llama8b(), 1, K100), gpu.block_times(llama8b("compile.enable=true"), 1, K100)
     assert sum(eager.tp_groups) == sum(fused.tp_groups) and 1.1 < (eager.fwd + eager.bwd) / (fused.fwd + fused.bwd) < 1.5
 
@@ -390,7 +391,7 @@ def test_float8_recipes_pay_for_their_casts_and_their_gemms():
     tensorwise, rowwise = step(), step("precision.float8_recipe=rowwise")
     high_gw = step("precision.float8_recipe=rowwise_with_gw_hp")
     assert tensorwise < rowwise < high_gw < bf16
-    notes = gpu.block_times(llama8b("precision=float8"), 1, gpu.spec_kernels(SPECS["a100"])).notes
+    notes = gpu.block_times(llama8b("precision=float8"), 1, rates.spec_kernels(SPECS["a100"])).notes
     assert notes == ["this GPU has no FP8 tensor cores: float8 at bfloat16"]
 
 
@@ -848,11 +849,11 @@ def test_a_hardware_files_power_limit_lowers_the_prediction(tmp_path):
     assert hw.spec.power_limit_w == 500 and "SM clock 0.88 of the 700 W TDP's" in hw.line()
     capped = predict_step(llama8b(), spec_profile(hw.spec, 8, 8, hw.efficiency), cuda=True)
     full = predict_step(llama8b(), spec_profile(H100, 8, 8), cuda=True)
-    assert 1.05 < capped.step_s / full.step_s < 1 / gpu.clock_ratio(hw.spec) + 1e-9
+    assert 1.05 < capped.step_s / full.step_s < 1 / rates.clock_ratio(hw.spec) + 1e-9
     (tmp_path / "own.yaml").write_text("device: {bf16_tflops: 500, tf32_tflops: 250, memory_gib: 64, memory_tb_s: 2, "
                                        "tdp_w: 400, sms: 100}\nnvlink_gb_s: 200\nnetwork_gb_s: 25\npower_limit_w: 300\n")
     own = load_hardware(tmp_path / "own.yaml").spec
-    assert (own.tdp_w, own.sms, own.power_limit_w) == (400, 100, 300) and gpu.clock_ratio(own) < 1
+    assert (own.tdp_w, own.sms, own.power_limit_w) == (400, 100, 300) and rates.clock_ratio(own) < 1
 
 
 def test_a_grace_hosted_gpu_pays_its_hosts_slower_python_where_the_host_bounds_a_block(tmp_path):
@@ -861,10 +862,10 @@ def test_a_grace_hosted_gpu_pays_its_hosts_slower_python_where_the_host_bounds_a
     bounds keeps its time; one small enough for the host to bound slows by that ratio. A hardware
     file may say which CPU hosts its GPUs."""
     ratio = 37.08 / 13.48
-    x86, grace = gpu.spec_kernels(SPECS["b200"]), gpu.spec_kernels(SPECS["gb200"])
-    assert (x86.host_eager_s, x86.host_compiled_s) == (gpu.HOST_EAGER_S, gpu.HOST_COMPILED_S)
-    assert grace.host_eager_s == pytest.approx(ratio * gpu.HOST_EAGER_S)
-    assert grace.host_compiled_s == pytest.approx(ratio * gpu.HOST_COMPILED_S)
+    x86, grace = rates.spec_kernels(SPECS["b200"]), rates.spec_kernels(SPECS["gb200"])
+    assert (x86.host_eager_s, x86.host_compiled_s) == (rates.HOST_EAGER_S, rates.HOST_COMPILED_S)
+    assert grace.host_eager_s == pytest.approx(ratio * rates.HOST_EAGER_S)
+    assert grace.host_compiled_s == pytest.approx(ratio * rates.HOST_COMPILED_S)
     on_grace = dataclasses.replace(x86, host_eager_s=grace.host_eager_s, host_compiled_s=grace.host_compiled_s)
     big, small = llama8b(), olmoe_job(8)  # 8,192 tokens of an 8B block; 1,024 of an MoE layer's
     assert gpu.block_times(big, 1, on_grace).fwd == gpu.block_times(big, 1, x86).fwd  # the GPU bounds it
@@ -876,7 +877,7 @@ def test_a_grace_hosted_gpu_pays_its_hosts_slower_python_where_the_host_bounds_a
     (tmp_path / "hw.yaml").write_text("device: b200\nhost_cpu: grace\n")
     hw = load_hardware(tmp_path / "hw.yaml")
     assert hw.spec.host_cpu == "grace" and "host_cpu grace" in hw.line()
-    assert gpu.spec_kernels(hw.spec).host_eager_s == pytest.approx(grace.host_eager_s)
+    assert rates.spec_kernels(hw.spec).host_eager_s == pytest.approx(grace.host_eager_s)
 
 
 def test_a_calibrated_gpus_measured_kernels_drive_the_same_model():

@@ -166,6 +166,7 @@ def test_a_gpu_prices_mla_from_its_parts():
     down-projections whole on every TP rank and the rest split by heads; attention's FLOPs over the
     query/key and the value widths; CP's K and V at their widths. The memory model counts its saves."""
     from titan_exp.perf import gpu
+    from titan_exp.perf import kernel_rates as rates
     from titan_exp.perf.devices import SPECS, spec_profile
     from titan_exp.perf.memory import predict_memory
     from titan_exp.perf.shapes import attention_on_rank
@@ -176,7 +177,7 @@ def test_a_gpu_prices_mla_from_its_parts():
     assert attention_on_rank(m, 2) == {"attention.wq_a": (256, 128), "attention.wq_b": (128, 8 * 64 / 2),
                                        "attention.wkv_a": (256, 64 + 32), "attention.wkv_b": (64, 8 * (32 + 32) / 2),
                                        "attention.wo": (8 * 32 / 2, 256)}
-    kern = gpu.spec_kernels(h100, "flash")
+    kern = rates.spec_kernels(h100, "flash")
     wide = job_config(["model=deepseek_v3_debug", "training.seq_len=1024", "model.v_head_dim=96"])
     narrow, wider = (gpu.block_times(j, 1, kern).kinds["fwd"]["attention"] for j in (job, wide))
     assert wider / narrow == pytest.approx((64 + 96) / (64 + 32))  # q k^T over 64 wide heads, then the values

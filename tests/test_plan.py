@@ -283,7 +283,8 @@ def test_the_gpu_parts_beside_xlas_published_microbenchmarks(monkeypatch, capsys
     the summary line the bench prints now."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     import bench_parts as bench
-    from titan_exp.perf.gpu import gemm_s, spec_kernels
+    from titan_exp.perf.gpu import gemm_s
+    from titan_exp.perf.kernel_rates import spec_kernels
 
     gemms, collectives = bench.read(bench.GEMMS), bench.read(bench.COLLECTIVES)
     gemm = next(r for r in gemms if r["xla_gpu"] == "sm_90" and r["dtype"] == "bfloat16"

@@ -52,7 +52,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from titan_exp.perf.gpu import HOST_CPU, clock_ratio, hbm, spec_kernels
+from titan_exp.perf.gpu import hbm
+from titan_exp.perf.kernel_rates import HOST_CPU, clock_ratio, spec_kernels
 from titan_exp.perf.nccl import NET_STEP_S, NVLINK_STEP_S, SIMPLE, NcclModel
 from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, find, machine_key
 
@@ -81,11 +82,11 @@ class DeviceSpec:
     source: str
     sms: int = 132  # streaming multiprocessors: a GEMM's waves (perf.gpu)
     tdp_w: float = 700.0  # the power the spec's clocks are sustained at
-    power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.gpu.clock_ratio); None = the TDP
+    power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.kernel_rates.clock_ratio); None = the TDP
     matmul_share: float = MAMF["h100"][0]  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
     fp8_share: float | None = None  # the best-shaped float8 matmul's share [mamf]; None = matmul_share
-    architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.gpu)
-    host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (perf.gpu.HOST_CPU)
+    architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.kernel_rates)
+    host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (perf.kernel_rates.HOST_CPU)
 
     def peaks(self) -> dict[str, float]:
         """The dense tensor-core TFLOP/s by dtype: fp32 matmuls at TF32's; float8 where it has FP8."""
@@ -174,8 +175,8 @@ def spec_profile(spec: DeviceSpec, world: int, gpus_per_node: int, eff: Efficien
                  attention: str | None = None) -> MachineProfile:
     """The profile of `world` such GPUs, `gpus_per_node` to a node, from the spec sheet. Its
     blocks are priced from their parts (perf.gpu) at the spec's kernel rates (`kernels`, attention
-    by the kernel named, perf.gpu.ATTENTION, or else the one PyTorch SDPA runs on it,
-    perf.gpu.SDPA_KERNEL); its matmul lines are the same rates, for what reads
+    by the kernel named, perf.kernel_rates.ATTENTION, or else the one PyTorch SDPA runs on it,
+    perf.kernel_rates.SDPA_KERNEL); its matmul lines are the same rates, for what reads
     them directly."""
     nodes = max(1, world // gpus_per_node)
     kernels = spec_kernels(spec, attention)
@@ -237,9 +238,9 @@ HARDWARE_KEYS = {
     "latency_nvlink_us": "a ring step's latency inside a node for large messages (NCCL's Simple protocol; "
                          "3.4), microseconds",
     "latency_network_us": "a ring step's latency between nodes for large messages (Simple; 14), microseconds",
-    "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.gpu.clock_ratio)",
-    "host_cpu": "the CPU the ranks' Python runs on, " + " or ".join(HOST_CPU) + ": its host time per op (perf.gpu."
-                "HOST_CPU; a named device's own by default: grace for "
+    "power_limit_w": "the GPUs' power limit, watts: below the TDP it lowers the SM clock (perf.kernel_rates.clock_ratio)",
+    "host_cpu": "the CPU the ranks' Python runs on, " + " or ".join(HOST_CPU) + ": its host time per op (perf."
+                "kernel_rates.HOST_CPU; a named device's own by default: grace for "
                 + " and ".join(name for name, s in SPECS.items() if s.host_cpu == "grace") + ", else x86)",
 }
 

@@ -50,7 +50,8 @@ from torch.nn.attention import SDPBackend
 
 from titan_exp.config import ModelConfig
 from titan_exp.perf.float8_casts import EAGER_CAST_KERNELS
-from titan_exp.perf.gpu import HOST_COMPILED_S, elementwise_bytes, hbm, linear_s, wave_utilization
+from titan_exp.perf.gpu import elementwise_bytes, hbm, linear_s, wave_utilization
+from titan_exp.perf.kernel_rates import HOST_COMPILED_S
 from titan_exp.perf.model_ops import LLAMA
 from titan_exp.perf.profile import Kernels
 from titan_exp.perf.timing import Options, in_rounds, together

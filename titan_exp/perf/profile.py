@@ -151,7 +151,7 @@ class BlockCost:
 @dataclass(frozen=True)
 class Kernels:
     """What each kind of kernel of a training step achieves on one GPU: the rates perf.gpu prices a
-    block's parts at. From the spec sheet and published microbenchmarks (perf.gpu.spec_kernels,
+    block's parts at. From the spec sheet and published microbenchmarks (perf.kernel_rates.spec_kernels,
     source "spec"), or measured on the device by `python -m titan_exp.perf.calibrate`
     (perf.measure_kernels, source "calibrated"; `measured` names what was, the rest is perf.gpu's
     stated assumption)."""
@@ -165,7 +165,7 @@ class Kernels:
     sms: int  # streaming multiprocessors: a GEMM's waves
     architecture: str = "hopper"
     head_dim: int = 128  # the attention curves' head dim
-    attention_kernel: str = "flash"  # whose curves they are: perf.gpu.ATTENTION's name, or what SDPA ran
+    attention_kernel: str = "flash"  # whose curves they are: perf.kernel_rates.ATTENTION's name, or what SDPA ran
     source: str = "spec"
     measured: tuple[str, ...] = ()
     # A grouped GEMM's rate (an MoE's routed experts: torch._grouped_mm) over a dense GEMM's of the
@@ -182,7 +182,7 @@ class Kernels:
     # The rate (TB/s of the bytes perf.model_ops counts for this toolkit's block) at which the
     # block's own memory-bound ops (its norms, RoPE, GQA's repeat, SwiGLU's product, residual
     # adds) run here, forward and backward, by "eager" and "compiled". Where absent, memory_tb_s
-    # (perf.gpu's [hbm]: the model's kernels stream as a contiguous add does; an assumption).
+    # (perf.kernel_rates' [hbm]: the model's kernels stream as a contiguous add does; an assumption).
     elementwise_tb_s: dict[str, float] = field(default_factory=dict)
 
     def elementwise_rate(self, compiled: bool) -> float:
