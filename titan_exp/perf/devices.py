@@ -39,6 +39,14 @@ Sources (checked 2026-11):
           below (H100 80.3 % bf16, 70.9 % float8; "H200 is the same" in bf16). No GB300 row: its
           shares are B300's times GB200's over B200's (an NVL72 Blackwell against its HGX one, as
           measured: 73.9 % and 70.6 %), an assumption.
+  [nvml]  The memory a GPU offers is what its driver shows (NVML's memory.total: nvidia-smi's, and
+          torch.cuda's total_memory): a datasheet's "GB" of HBM are GiB, less a reserve. H100 80GB
+          81,559 MiB, H200 141GB 143,771 MiB (as this project's H200 showed, BENCHMARKS.md), A100
+          80GB 81,920 and 40GB 40,960 MiB: Modal's table in "Why does an NVIDIA H100 80GB card offer
+          85.52 GB?" (https://thundergolfer.com/blog/nvidia-gpu-memory-capacity). A GPU without such a
+          reading, its datasheet's figure as GiB x NVML_SHARE, the Hopper readings' share of theirs
+          (0.9956, 0.9958): B200's 179.2 GiB so, where Vultr's HGX B200 overview lists 179 GB read
+          from nvidia-smi (https://docs.vultr.com/inference-cookbook/cuda/getting-started/hardware-overview).
   [nccl]  Latencies are not on spec sheets: NCCL's own tuning model's (perf.nccl), the same for
           every GPU; a hardware file may give the per-step ones of large messages.
 Bandwidths are per GPU and per direction (NVLink's datasheet figure is both directions added:
@@ -57,7 +65,7 @@ from titan_exp.perf.kernel_rates import HOST_CPU, clock_ratio, spec_kernels
 from titan_exp.perf.nccl import NET_STEP_S, NVLINK_STEP_S, SIMPLE, NcclModel
 from titan_exp.perf.profile import COLLECTIVES, Corrections, Line, MachineProfile, find, machine_key
 
-GIB = 2**30
+NVML_SHARE = 0.9957  # [nvml]: a GPU's memory.total over its datasheet's figure read as GiB (Hopper's)
 
 
 # [mamf]'s measured matmul TFLOP/s over the theoretical, (bf16, float8) per GPU it lists.
@@ -75,7 +83,7 @@ class DeviceSpec:
     bf16_tflops: float  # dense, tensor cores
     fp8_tflops: float | None  # dense; None where the GPU has no FP8 tensor cores
     tf32_tflops: float  # dense: what fp32 matmuls run at (TF32)
-    memory_gib: float
+    memory_gib: float  # as the driver shows it (NVML's memory.total) [nvml]
     memory_tb_s: float
     nvlink_gb_s: float  # per GPU, per direction
     network_gb_s: float  # per GPU, per direction, between nodes
@@ -95,32 +103,32 @@ class DeviceSpec:
 
 
 SPECS: dict[str, DeviceSpec] = {s.name: s for s in (
-    DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 80 * 1e9 / GIB, 3.35, 450, 50,
+    DeviceSpec("h100", ("H100 80GB HBM3", "H100 SXM"), 989.4, 1978.9, 494.7, 81_559 / 1024, 3.35, 450, 50,
                "[h100] SXM5 700 W; NDR 400 Gb/s per GPU", fp8_share=MAMF["h100"][1]),
-    DeviceSpec("h100_500w", ("H100",), 989.4, 1978.9, 494.7, 96 * 1e9 / GIB, 2.4, 450, 50,
+    DeviceSpec("h100_500w", ("H100",), 989.4, 1978.9, 494.7, 96 * NVML_SHARE, 2.4, 450, 50,
                "[titan] the H100 TorchTitan's tables were measured on: 96 GB HBM2e at 2.4 TB/s, capped at 500 W "
                "(the peaks, TDP and matmul shares are [h100]'s)", power_limit_w=500.0, fp8_share=MAMF["h100"][1]),
-    DeviceSpec("h200", ("H200",), 989.4, 1978.9, 494.7, 141 * 1e9 / GIB, 4.8, 450, 50,
+    DeviceSpec("h200", ("H200",), 989.4, 1978.9, 494.7, 143_771 / 1024, 4.8, 450, 50,
                "[h200] SXM 700 W; NDR 400 Gb/s per GPU; its bf16 matmul share H100's (the same GH100 die)",
                fp8_share=MAMF["h200"][1]),
-    DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 80 * 1e9 / GIB, 2.039, 300, 25,
+    DeviceSpec("a100", ("A100-SXM4-80GB", "A100 80GB"), 312.0, None, 156.0, 81_920 / 1024, 2.039, 300, 25,
                "[a100] 80GB SXM 400 W; HDR 200 Gb/s per GPU", sms=108, tdp_w=400.0, matmul_share=MAMF["a100"][0],
                architecture="ampere"),
-    DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40 * 1e9 / GIB, 1.555, 300, 25,
+    DeviceSpec("a100_40gb", ("A100-SXM4-40GB", "A100 40GB"), 312.0, None, 156.0, 40_960 / 1024, 1.555, 300, 25,
                "[a100] 40GB SXM 400 W; HDR 200 Gb/s per GPU; the 80GB's matmul share", sms=108, tdp_w=400.0,
                matmul_share=MAMF["a100"][0], architecture="ampere"),
-    DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * 1e9 / GIB, 8.0, 900, 50,
+    DeviceSpec("b200", ("B200",), 2250.0, 4500.0, 1100.0, 180 * NVML_SHARE, 8.0, 900, 50,
                "[b200] DGX B200: 72/144 PFLOPS FP8 dense/sparse and 1,440 GB HBM3e for 8 GPUs, NVLink 5 "
                "(1.8 TB/s both directions), ConnectX-7 400 Gb/s per GPU, 1000 W", sms=148, tdp_w=1000.0,
                matmul_share=MAMF["b200"][0], fp8_share=MAMF["b200"][1], architecture="blackwell"),
-    DeviceSpec("b300", ("B300",), 2250.0, 4500.0, 1100.0, 2.3e12 / 8 / GIB, 8.0, 900, 100,
+    DeviceSpec("b300", ("B300",), 2250.0, 4500.0, 1100.0, 288 * NVML_SHARE, 8.0, 900, 100,
                "[b300] DGX B300: Blackwell Ultra at 1,100 W, 288 GB HBM3e at 8 TB/s, NVLink 5, ConnectX-8 800 Gb/s "
                "per GPU; TF32 taken as B200's", sms=160, tdp_w=1100.0, matmul_share=MAMF["b300"][0],
                fp8_share=MAMF["b300"][1], architecture="blackwell"),
-    DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e12 / 72 / GIB, 8.0, 900, 50,
+    DeviceSpec("gb200", ("GB200",), 2500.0, 5000.0, 1250.0, 13.4e3 / 72 * NVML_SHARE, 8.0, 900, 50,
                "[gb200] GB200 NVL72's B200 at 1,200 W, Grace-hosted", sms=148, tdp_w=1200.0,
                matmul_share=MAMF["gb200"][0], fp8_share=MAMF["gb200"][1], architecture="blackwell", host_cpu="grace"),
-    DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e12 / 72 / GIB, 8.0, 900, 100,
+    DeviceSpec("gb300", ("GB300",), 2500.0, 5000.0, 1250.0, 20e3 / 72 * NVML_SHARE, 8.0, 900, 100,
                "[gb300] GB300 NVL72's Blackwell Ultra at 1,400 W, Grace-hosted; its matmul shares B300's scaled "
                "as GB200's are B200's [mamf]", sms=160, tdp_w=1400.0, matmul_share=MAMF["gb300"][0],
                fp8_share=MAMF["gb300"][1], architecture="blackwell", host_cpu="grace"),
