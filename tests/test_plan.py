@@ -166,6 +166,10 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
     assert f"its layout ranks {rank} of {len(plans)};" in line and rank > 1
     assert line.endswith(f"the fastest, {plans[0].name} ({plans[0].split}), is predicted "
                          f"{plans[0].tokens_per_s / tokens - 1:+.0%}")
+    small = planner.plan(job, 16, device_memory_gib=30, cuda=True, profile=profile, any_split=True)
+    cramped = planner.configured_line(job, 16, small, profile, device_memory_gib=30, cuda=True)
+    assert "GiB/device (does NOT fit)" in cramped and cramped.endswith(  # what fits beside it, not a percentage
+        f"the fastest that fits, {small[0].name} ({small[0].split}), {small[0].tokens_per_s:,.0f} tokens/s/device")
     refused = job_config([*tp, "parallelism.tensor_parallel_degree=16"])
     assert planner.configured_line(refused, 16, plans, profile, device_memory_gib=80, cuda=True) == (
         "your configuration (tp16, local batch 4) is refused on 16 devices: parallelism.tensor_parallel_degree = 16: "

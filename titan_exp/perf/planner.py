@@ -272,7 +272,9 @@ def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: Mach
         at = "" if own.split == split_label(mine) else f" at {own.split}, {own.tokens_per_s:,.0f} tokens/s/device"
         out += f"; its layout ranks {rank} of {len(plans)}{at}"
     best = plans[0] if plans and plans[0].fits else None
-    if best is not None and (rank != 1 or not fits):
+    if best is not None and not fits:
+        out += f"; the fastest that fits, {best.name} ({best.split}), {best.tokens_per_s:,.0f} tokens/s/device"
+    elif best is not None and rank != 1:
         out += (f"; the fastest, {best.name} ({best.split}), is predicted "
                 f"{best.tokens_per_s / step.tokens_per_s_per_device - 1:+.0%}")
     return out
