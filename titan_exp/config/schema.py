@@ -94,7 +94,7 @@ class ParallelismConfig:
         shard = self.data_parallel_shard_degree
         return shard if shard != -1 else max(1, world // self.known_degree)
 
-    def fits(self, world: int) -> bool:
+    def lays_out(self, world: int) -> bool:
         """Whether these degrees multiply to `world` ranks (dp_shard = -1 taking the rest)."""
         return world % self.known_degree == 0 and self.known_degree * self.dp_shard_at(world) == world
 

@@ -117,7 +117,7 @@ def global_batch_of(job: JobConfig, world: int) -> int:
     """The global batch every layout of `world` ranks is compared at: the job's own there
     (JobConfig.global_batch_at: with none set, its local batch on each data-parallel rank of its
     configured layout); where that layout does not fit `world` ranks, its local batch on each."""
-    if job.parallelism.fits(world):
+    if job.parallelism.lays_out(world):
         return job.global_batch_at(world)
     gb = job.training.global_batch_size
     return gb if gb > 0 else job.training.local_batch_size * world
@@ -133,7 +133,7 @@ def batch_line(job: JobConfig, world: int) -> str:
     t, p = job.training, job.parallelism
     if t.global_batch_size != -1:
         why = "training.global_batch_size"
-    elif p.fits(world):
+    elif p.lays_out(world):
         dp = p.data_parallel_replicate_degree * p.dp_shard_at(world)
         why = (f"training.local_batch_size {t.local_batch_size} x {dp} data-parallel rank{'s' if dp > 1 else ''} of the "
                f"configured layout, {layout_label(configured_layout(job, world))}")
@@ -249,10 +249,11 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
 def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: MachineProfile, *,
                     device_memory_gib: float, cuda: bool = False) -> str | None:
     """The job as configured (its layout and batch split) beside the plans: its predicted tokens/s
-    and memory, where its layout ranks, and how much faster the fastest is predicted; or why it
-    is refused. None where its degrees are not a layout of `world` ranks (batch_line says so)."""
+    and memory, where its layout ranks, and how much faster the fastest is predicted (where it does
+    not fit, the fastest that does); or why it is refused. None where its degrees are not a layout
+    of `world` ranks (batch_line says so)."""
     p = job.parallelism
-    if not p.fits(world):
+    if not p.lays_out(world):
         return None
     mine = with_layout(job, configured_layout(job, world), global_batch_of(job, world),
                        local_batch_size=job.training.local_batch_size,
