@@ -80,6 +80,18 @@ def test_the_console_script_runs_from_a_wheel_anywhere(installed, tmp_path):
     assert "titan-exp --cfg job" in run("titan-exp", "--help").stdout
 
 
+def test_each_commands_help_opens_with_its_whole_first_paragraph():
+    """`python -m <command> --help` describes the command by its module's first paragraph, whole
+    (the plan's, the report's and the evaluator's had stopped at their first line, mid-sentence)."""
+    for module in ("titan_exp.perf.plan", "titan_exp.perf.calibrate", "titan_exp.report", "titan_exp.eval",
+                   "titan_exp.data.prepare"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        description = out.stdout.split("\n\n")[1]  # after the usage
+        assert description.rstrip().endswith("."), (module, description)
+
+
 @pytest.mark.parametrize("field, module, extra", [
     ("metrics.enable_wandb", "wandb", "wandb"),
     ("metrics.enable_tensorboard", "tensorboard", "tensorboard"),

@@ -304,7 +304,7 @@ class ReportCallback(Callback):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep", type=Path, help="a sweep directory (python launch.py -m ... wrote it)")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)

@@ -88,7 +88,7 @@ def record(raw: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.eval", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="a Hugging Face Llama directory (written first with --export)")
     parser.add_argument("--tasks", nargs="+", required=True, help="lm-eval task names")
     parser.add_argument("--include-path", help="a directory of your own task YAMLs")

@@ -163,7 +163,7 @@ def print_table(profile: MachineProfile, shape: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.calibrate", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., cluster=...)")
     parser.add_argument("--world", type=int, default=None, help="ranks to calibrate (default: the overrides' world size)")
     parser.add_argument("--refresh", action="store_true", help="measure again even if a profile exists")

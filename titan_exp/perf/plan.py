@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from titan_exp.perf.devices import SPECS
 
-    parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., training....)")
     parser.add_argument("--world", type=int, required=True, help="devices (ranks) to plan for")
     parser.add_argument("--device-memory-gib", type=float, default=None,
