@@ -133,6 +133,7 @@ def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):
     assert {c.fits for c in grids["slow"].values()} == {True, False}  # the file's memory decides
     record = slow._record(list(grids["slow"].values()), None, "not measured", 60.0, Check(0.1, "then", "here"))
     assert record["hardware"] == slow.hardware.line() and slow.hardware.line() in markdown(record)
+    assert " Every layout at a global batch of 8 sequences (training.global_batch_size). " in markdown(record)
     roomy = Autotune(job_config([*base, gpu("slow", 50.0, 0.03), "autotune.device_memory_gib=5"]), [],
                      launch=lambda batch: [], sweep_dir=tmp_path)
     assert roomy.memory_gib == 5

@@ -54,7 +54,7 @@ from titan_exp.perf import hardware as hw
 from titan_exp.perf.calibrate import Coverage, cover
 from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
 from titan_exp.perf.memory import predict_memory
-from titan_exp.perf.planner import (batch_splits, device_memory_gib, factorizations, global_batch_of,
+from titan_exp.perf.planner import (batch_line, batch_splits, device_memory_gib, factorizations, global_batch_of,
                                     layout_overrides, split_label, with_layout)
 from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
 from titan_exp.perf.step import predict_step
@@ -382,7 +382,8 @@ class Autotune:
             "prediction_check": dataclasses.asdict(check) | {"band": BAND},
             "search": [s.value for s in a.search], "top_k": a.top_k, "budget_s": budget_s,
             "spent_s": self.spent_s, "spent_device_s": self.spent_s * self.world,
-            "grid": {"candidates": len(grid), "fit": sum(c.fits for c in grid), "estimated_s": grid_s},
+            "grid": {"candidates": len(grid), "fit": sum(c.fits for c in grid), "estimated_s": grid_s,
+                     "batch": batch_line(self.job, self.world)},
             "stopped": stop_reason, "rounds": self.rounds,
             "winner": entry(winner) if winner else None,
             "candidates": [entry(c) for c in grid],
@@ -435,8 +436,9 @@ def markdown(record: dict) -> str:
     check = record.get("prediction_check")
     band = (f" Each prediction was given ±{check['band'] * check['median_abs_error']:.0%}: {check['band']:g} x the "
             f"predictions' median error when last checked ({check['when']}, {check['where']})." if check else "")
+    batch = f" {g['batch'][0].upper()}{g['batch'][1:]}." if g.get("batch") else ""
     lines += ["", f"{g['candidates']} candidates (each layout at each split of the global batch) on {record['world']} ranks "
-                  f"(search: {', '.join(record['search'])}), "
+                  f"(search: {', '.join(record['search'])}).{batch} "
                   f"{g['fit']} fit in memory; times from {record['profile']}.{calibrated}{band} Machine time: "
                   f"{record['spent_s']:.0f} s ({record['spent_device_s']:.0f} device-s) vs about {g['estimated_s']:.0f} s "
                   f"for the whole grid ({record['spent_s'] / g['estimated_s']:.0%}). Stopped: {record['stopped']}.", "",
