@@ -90,11 +90,11 @@ class DeviceSpec:
     source: str
     sms: int = 132  # streaming multiprocessors: a GEMM's waves (perf.gpu)
     tdp_w: float = 700.0  # the power the spec's clocks are sustained at
-    power_limit_w: float | None = None  # a lower cap lowers the SM clock (perf.kernel_rates.clock_ratio); None = the TDP
+    power_limit_w: float | None = None  # a lower cap lowers the SM clock (kernel_rates.clock_ratio); None = the TDP
     matmul_share: float = MAMF["h100"][0]  # the best-shaped bf16 matmul's share of the peak (TF32's too) [mamf]
     fp8_share: float | None = None  # the best-shaped float8 matmul's share [mamf]; None = matmul_share
-    architecture: str = "hopper"  # hopper, ampere or blackwell: which attention kernel curve (perf.kernel_rates)
-    host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (perf.kernel_rates.HOST_CPU)
+    architecture: str = "hopper"  # hopper, ampere or blackwell: which attention curve (perf.kernel_rates)
+    host_cpu: str = "x86"  # the CPU the ranks' Python runs on: its host time per op (kernel_rates.HOST_CPU)
 
     def peaks(self) -> dict[str, float]:
         """The dense tensor-core TFLOP/s by dtype: fp32 matmuls at TF32's; float8 where it has FP8."""
