@@ -94,6 +94,10 @@ class ParallelismConfig:
         shard = self.data_parallel_shard_degree
         return shard if shard != -1 else max(1, world // self.known_degree)
 
+    def dp_at(self, world: int) -> int:
+        """Data-parallel ranks on `world` ranks: dp_replicate x dp_shard_at(world)."""
+        return self.data_parallel_replicate_degree * self.dp_shard_at(world)
+
     def lays_out(self, world: int) -> bool:
         """Whether these degrees multiply to `world` ranks (dp_shard = -1 taking the rest)."""
         return world % self.known_degree == 0 and self.known_degree * self.dp_shard_at(world) == world
@@ -466,15 +470,13 @@ class JobConfig:
     def global_batch_at(self, world: int) -> int:
         """Sequences a step takes on `world` ranks: training.global_batch_size, or with -1 the local
         batch on each data-parallel rank (dp_replicate x dp_shard at that world)."""
-        t, p = self.training, self.parallelism
-        return (t.global_batch_size if t.global_batch_size != -1
-                else t.local_batch_size * p.data_parallel_replicate_degree * p.dp_shard_at(world))
+        t = self.training
+        return t.global_batch_size if t.global_batch_size != -1 else t.local_batch_size * self.parallelism.dp_at(world)
 
     @property
     def accumulation(self) -> int:
         """Gradient accumulation steps: the global batch over the local batch x dp, at world_size."""
-        world, t, p = self.world_size, self.training, self.parallelism
-        return max(1, self.global_batch_at(world) // (t.local_batch_size * p.data_parallel_replicate_degree
-                                                      * p.dp_shard_at(world)))
+        world = self.world_size
+        return max(1, self.global_batch_at(world) // (self.training.local_batch_size * self.parallelism.dp_at(world)))
 
 

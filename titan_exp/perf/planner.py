@@ -134,7 +134,7 @@ def batch_line(job: JobConfig, world: int) -> str:
     if t.global_batch_size != -1:
         why = "training.global_batch_size"
     elif p.lays_out(world):
-        dp = p.data_parallel_replicate_degree * p.dp_shard_at(world)
+        dp = p.dp_at(world)
         why = (f"training.local_batch_size {t.local_batch_size} x {dp} data-parallel rank{'s' if dp > 1 else ''} of the "
                f"configured layout, {layout_label(configured_layout(job, world))}")
     else:
