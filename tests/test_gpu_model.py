@@ -17,7 +17,8 @@ from titan_exp.perf import kernel_rates as rates
 from titan_exp.perf.devices import SPECS, load_hardware, spec_profile
 from titan_exp.perf.profile import Kernels, Line, MachineProfile
 from titan_exp.perf.placement import across_nodes, node_ranks
-from titan_exp.perf.step import moe_tp_extra, predict_step
+from titan_exp.perf.step import predict_step
+from titan_exp.perf.step_comm import moe_tp_extra
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick

@@ -257,7 +257,7 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
     """One rank of TP 2 on torch's fake process group: the collectives a 2-block model runs with
     its second block MoE, beside the same model all dense, counted by kind, forward and backward,
     without EP and with EP 2 over the TP ranks, with and without shared experts, are what
-    perf.step.moe_tp_extra prices one MoE layer beyond a dense block (an all-reduce and a
+    perf.step_comm.moe_tp_extra prices one MoE layer beyond a dense block (an all-reduce and a
     reduce-scatter told apart by their cost)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -269,7 +269,7 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
     from titan_exp.parallel.expert import apply_ep
     from titan_exp.parallel.tensor import apply_tp
     from titan_exp.perf.profile import Line
-    from titan_exp.perf.step import moe_tp_extra
+    from titan_exp.perf.step_comm import moe_tp_extra
 
     cost = {"reduce_scatter_tensor": 1, "all_reduce": 1000}  # rs and ar by their latency, in counts
 

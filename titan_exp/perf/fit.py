@@ -13,7 +13,8 @@ from typing import Sequence
 import numpy as np
 
 from titan_exp.perf.profile import Corrections, MachineProfile, accuracy_kind, last_accuracy
-from titan_exp.perf.step import COMM_PARTS, StepPrediction
+from titan_exp.perf.step import StepPrediction
+from titan_exp.perf.step_comm import COMM_PARTS
 
 
 @dataclass(frozen=True)

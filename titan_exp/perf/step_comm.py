@@ -1,0 +1,369 @@
+"""A training step's communication by part, for perf.step: what one rank of a layout waits for, from
+the profile's measured latency + bytes / bandwidth of each collective at its group size.
+
+  FSDP   all-gather per block forward (and again in backward when resharded after forward;
+         once per step under PP, whose stages keep parameters gathered), reduce-scatter per block;
+         hidden behind compute by the measured overlap only on GPUs (FSDP2 prefetches on a
+         separate stream; on a CPU there is none). Where calibration measured a real FSDP block
+         at the shard degree (tp 1), a block costs what it added (its copies, fresh buffers and
+         waits for other ranks as well), scaled from two fp32 all-gathers and a reduce-scatter
+         to the job's gathers and dtype by the collectives' lines. Under float8 all-gather the
+         blocks' float8 linears travel a byte each, cast from the shard first (shapes.float8_gathered).
+  HSDP   + an all-reduce of each block's gradient shard over the replicas (on a GPU priced from its
+         parts, beside the backward after its reduce-scatter, as FSDP2 issues it).
+  DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
+  TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
+         (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
+         reduce-scatters of the activations in their dtype (+2 each with full AC; the forward
+         all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
+         Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
+         parts, those torch's pass fuses (overlap.async_tp_exposed); else by the measured overlap.
+         An MoE layer's collectives differ from a dense SwiGLU's (moe_tp_extra), waited for in full.
+  CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
+         sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
+         else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
+  PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
+         its parts, only what the schedule cannot hide (overlap.p2p_exposed).
+  EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
+         backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks
+         (each TP rank's 1/tp of the tokens: EP spreads over TP, parallel.expert), and the
+         token-count exchange before each forward one, over the network only where ep ranks
+         outgrow a node (ep_spans_nodes), and then only the bytes for other nodes' ranks
+         (ep_node_ranks: half of them over two nodes). The routed experts are gathered by
+         FSDP over efsdp = dp_shard x cp x tp / ep ranks only, 1/ep of them per rank.
+A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
+has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
+GPUs moves its bytes 8 x faster than HSDP's replicas, one rank per node, do.
+
+TP's, CP's and EP's collectives sit inside a rank's blocks, so on a GPU priced from its parts they
+lengthen each microbatch (InlineComm, which perf.step puts on the pipeline's critical path); the
+data-parallel ones, the pipeline's sends and async TP's overlap are per rank and step
+(communication).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from titan_exp.config import ACMode, JobConfig
+from titan_exp.parallel.pipeline import RankLoad, rank_loads
+from titan_exp.parallel.tensor import float8_collectives
+from titan_exp.perf.gpu import BlockTimes, hbm
+from titan_exp.perf.overlap import async_tp_exposed, ep_exposed, fsdp_exposed, p2p_exposed
+from titan_exp.perf.placement import across_nodes, ep_node_ranks, ep_spans_nodes, node_ranks
+from titan_exp.perf.profile import BlockCost, Line, MachineProfile, model_shape
+from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
+
+DDP_BUCKET_BYTES = 25 * 2**20
+COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p", "ep")  # a step's exposed communication, by part
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """What every part of a step of `job` on `profile`'s machine reads: the layout's degrees, the
+    microbatches, the bytes of an activation, the FSDP units, which mesh dims span nodes, and the
+    profile's line for each collective (`line`)."""
+
+    job: JobConfig
+    profile: MachineProfile
+    cuda: bool
+    pp: int
+    rep: int
+    dps: int
+    cp: int
+    tp: int
+    ep: int
+    mb: int  # sequences per microbatch
+    n_mb: int  # microbatches per local batch
+    accumulation: int  # local batches per step
+    loads: list[RankLoad]  # each pipeline rank's blocks, first and last stage
+    spans: frozenset[str]  # the mesh dims whose groups span nodes
+    _lines: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def of(cls, job: JobConfig, profile: MachineProfile, cuda: bool) -> StepShape:
+        p, local = job.parallelism, job.training.local_batch_size
+        pp = p.pipeline_parallel_degree
+        mb = p.pipeline_parallel_microbatch_size if pp > 1 else local
+        return cls(job, profile, cuda, pp, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
+                   p.context_parallel_degree, p.tensor_parallel_degree, p.expert_parallel_degree, mb,
+                   max(1, local // mb), job.accumulation, rank_loads(p, job.model.n_layers),
+                   frozenset(across_nodes(job)))
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.rep * self.dps * self.cp * self.tp
+
+    @property
+    def shard(self) -> int:
+        """The FSDP group: dp_shard x cp."""
+        return self.dps * self.cp
+
+    @property
+    def seqs(self) -> float:
+        """Sequences of full length this rank's block work equals, per microbatch."""
+        return self.mb / self.cp
+
+    @property
+    def full(self) -> int:
+        """1 under full activation checkpointing (its forward's collectives run again)."""
+        return 1 if self.job.activation_checkpoint.mode == ACMode.full else 0
+
+    @property
+    def param_bytes(self) -> int:
+        return 2 if self.job.precision.param_dtype == "bfloat16" else 4
+
+    @property
+    def act_elements(self) -> float:
+        """Elements of one microbatch's activations between blocks, on this rank's 1/cp of it."""
+        return self.mb * self.job.training.seq_len / self.cp * self.job.model.dim
+
+    @property
+    def act_bytes(self) -> float:
+        """Activations travel in the compute dtype: bf16 under bf16 mixed precision (FSDP casts the
+        parameters, so every block's output is bf16), else fp32."""
+        pr = self.job.precision
+        return self.act_elements * (2 if pr.param_dtype == "bfloat16" or pr.full_bf16 else 4)
+
+    @property
+    def routed(self) -> float:
+        """A block's routed expert parameters (0 for a dense model)."""
+        return self.job.model.routed_params_per_block
+
+    def units(self, load: RankLoad) -> list[float]:
+        """Per-TP-rank parameter counts of a rank's FSDP units over dp_shard x cp: its blocks (less
+        their routed experts under EP, which are a unit of their own), the embedding, the output."""
+        m = self.job.model
+        block = (m.block_params - self.routed) / self.tp + (m.routed_params_on_tp_rank(self.tp, 1) if self.ep == 1 else 0)
+        return ([block] * load.blocks + ([m.embedding_params / self.tp] if load.first else [])
+                + ([m.output_params / self.tp] if load.last else []))
+
+    def line(self, op: str, group: int, dims: tuple[str, ...]) -> Line:
+        """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
+        nodes if they span nodes, through as many NICs as the group has ranks in a node."""
+        key = (op, group, dims)
+        if key not in self._lines:
+            self._lines[key] = self.profile.collective(op, group, bool(set(dims) & self.spans),
+                                                       node_ranks(self.job, dims))
+        return self._lines[key]
+
+
+@dataclass(frozen=True)
+class BlockWork:
+    """A block's compute on one rank, per microbatch (perf.step.block_work), which its collectives
+    run beside: forward, forward + backward, the head's, what activation checkpointing recomputes;
+    as calibrated (`cost`) or, on a GPU priced from its parts, `gpu` (else None)."""
+
+    fwd: float
+    block: float
+    head: float
+    recompute: float
+    cost: BlockCost
+    gpu: BlockTimes | None
+
+    @property
+    def backward_window(self) -> float:
+        """What runs after a block's forward: its backward and what it recomputes."""
+        return self.block - self.fwd + self.recompute
+
+
+def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_bytes: float,
+                 full: int) -> float:
+    """The mean block's TP collectives per microbatch beyond a dense block's, from its MoE layers
+    (parallel.tensor.moe_plan; a dense SwiGLU all-gathers its input and reduce-scatters its output
+    forward, and the same backward). Without EP the MoE layer's output is reduce-scattered as a
+    SwiGLU's; backward, where a SwiGLU reduce-scatters its input gradient once, the routed tokens'
+    input gradient is all-reduced over TP, and the shared experts' twice (the hooks of their
+    column-wise w1 and w3 each sum their own). Under EP over TP nothing is reduce-scattered: the
+    forward's output is the shared experts' all-reduce (nothing without them), backward their two.
+    Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. The forward
+    repeats under full AC (`full`). tests/test_moe.py counts these on the layer."""
+    m = job.model
+    if not m.n_moe_layers:
+        return 0.0
+    shared = 1 if m.n_shared_experts else 0
+    weights = ar(act_elements / m.dim * m.top_k * 4)
+    if job.parallelism.expert_parallel_degree > 1:
+        forward = shared * ar(act_bytes) - rs(act_bytes)
+        backward = 2 * shared * ar(act_bytes) + weights - rs(act_bytes)
+    else:
+        forward = 0.0
+        backward = (1 + 2 * shared) * ar(act_bytes) + weights - rs(act_bytes)
+    return m.n_moe_layers / m.n_layers * ((1 + full) * forward + backward)
+
+
+@dataclass(frozen=True)
+class InlineComm:
+    """Seconds a microbatch waits for the collectives inside a rank's blocks: TP's and CP's per
+    block (TP's also at the embedding and the output: per end, and the loss's), EP's per block
+    (its MoE layers' share)."""
+
+    tp_block: float = 0.0
+    tp_end: float = 0.0
+    tp_loss: float = 0.0
+    cp_block: float = 0.0
+    ep_block: float = 0.0
+
+    def of(self, s: StepShape, load: RankLoad) -> dict[str, float]:
+        """A microbatch's seconds in these collectives on a rank holding `load`, by part."""
+        comm = {"tp": load.blocks * self.tp_block + (load.first + load.last) * self.tp_end + load.last * self.tp_loss,
+                "cp": load.blocks * self.cp_block, "ep": load.blocks * self.ep_block}
+        return {part: t for part, t in comm.items() if {"tp": s.tp, "cp": s.cp, "ep": s.ep}[part] > 1}
+
+
+def inline_comm(s: StepShape, work: BlockWork, tp_overlap: str, ep_overlap: bool) -> InlineComm:
+    """The collectives inside the blocks, per microbatch: async TP as `tp_overlap` runs it, EP's
+    all-to-alls beside another microbatch's compute if `ep_overlap` (perf.step.predict_step)."""
+    job, m, t, gpu = s.job, s.job.model, s.job.training, work.gpu
+    tp_block = tp_end = tp_loss = cp_block = ep_block = 0.0
+    if s.tp > 1:
+        ag, rs, ar = (s.line(op, s.tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
+        if work.cost.tp_comm is not None and "tp" not in s.spans:  # measured inside a node
+            # Measured on a real TP block (a recomputed forward repeats a third of it); the
+            # embedding's and output's collectives are in the measured rest of the model (head).
+            tp_block = work.cost.tp_comm(s.seqs) * (1 + s.full / 3)
+        else:
+            # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
+            # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+            act = s.act_bytes
+            fwd_gather = s.act_elements if float8_collectives(job, s.cuda) else act  # float8: a byte each
+            tp_block = (2 + 2 * s.full) * (ag(fwd_gather) + rs(act)) + 2 * (ag(act) + rs(act))
+            if gpu is not None and job.parallelism.enable_async_tensor_parallel:  # collectives beside their GEMMs
+                c = s.profile.corrections.compute
+                partials = act * (1 + 1 / s.tp) / hbm(s.profile.kernels) * c  # read every rank's, write the sum
+                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act), rs(act),
+                                                     tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
+                tp_block = (1 + s.full) * forward + backward
+            tp_block += moe_tp_extra(job, rs, ar, s.act_elements, act, s.full)
+            tp_end, tp_loss = ag(act) + rs(act), 3 * ar(8 * s.mb * t.seq_len / s.cp)
+    if s.cp > 1:
+        base = s.profile.block(model_shape(job), 1)
+        if base is not None and s.cp in base.cp_extra:  # measured on a real CP block (at tp 1)
+            cp_block = base.cp_extra[s.cp](s.mb) / s.tp * (1 + s.full / 3)
+        else:
+            ag, rs = s.line("all_gather", s.cp, ("cp",)), s.line("reduce_scatter", s.cp, ("cp",))
+            # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
+            k_bytes, v_bytes = (s.act_bytes / m.dim * s.cp * m.kv_heads * width / s.tp
+                                for width in (m.head_size, m.v_head_size))
+            cp_block = (1 + s.full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+    if s.ep > 1:
+        a2a = s.profile.collective("all_to_all", s.ep, ep_spans_nodes(job), ep_node_ranks(job))
+        routed_bytes = (s.mb * t.seq_len / s.cp / job.parallelism.dispatch_split * m.top_k * m.dim
+                        * (2 if job.precision.param_dtype == "bfloat16" else 4))
+        ep_fwd = 2 * a2a(routed_bytes) + a2a(8 * m.n_experts)  # dispatch, combine, the token counts
+        ep_bwd = 2 * a2a(routed_bytes) + s.full * ep_fwd  # and the recomputed forward's
+        per_layer = ep_fwd + ep_bwd
+        if ep_overlap and gpu is not None:  # beside another microbatch's compute (another engine's)
+            per_layer = ep_exposed(ep_fwd, ep_bwd, work.fwd, work.backward_window, s.accumulation * s.n_mb)
+        ep_block = m.n_moe_layers / m.n_layers * per_layer
+    return InlineComm(tp_block, tp_end, tp_loss, cp_block, ep_block)
+
+
+def measured_fsdp(s: StepShape, work: BlockWork, load: RankLoad) -> Line | None:
+    """A real FSDP block's extra seconds, measured at this shard degree (tp 1, without EP, inside a
+    node), if calibration has it and `load` holds blocks."""
+    if s.shard > 1 and s.tp == 1 and s.ep == 1 and load.blocks and not {"dp_shard", "cp"} & s.spans:
+        return work.cost.fsdp_extra.get(s.shard)
+    return None
+
+
+def data_parallel(s: StepShape, work: BlockWork, load: RankLoad, compute_window: float) -> dict[str, float]:
+    """A rank's FSDP (and HSDP) or DDP seconds per step not hidden behind its compute: on a GPU
+    priced from its parts, what the schedule leaves (overlap.fsdp_exposed); else the profile's
+    measured overlap of the step's `compute_window` (GPU) or none (CPU)."""
+    job, pr, gpu = s.job, s.job.precision, work.gpu
+    units, routed, accumulation = s.units(load), s.routed, s.accumulation
+    parts: dict[str, float] = {}
+    if s.shard > 1:
+        wide = bool({"dp_shard", "cp"} & s.spans)  # the flattened dp_shard x cp group spans nodes
+        ag = s.line("all_gather", s.shard, ("dp_shard", "cp"))
+        rs = s.line("reduce_scatter", s.shard, ("dp_shard", "cp"))
+        rounds, gathers = fsdp_rounds(job, accumulation)
+        # Bytes each unit gathers: the blocks' float8 linears a byte each under float8 all-gather,
+        # after their amax (one all-reduce per weight unless precomputed once a step) and their
+        # cast from the shard (fp32 read, a byte written; on a GPU priced at HBM speed).
+        f8, f8_weights = float8_gathered(job)
+        sent = [u * s.param_bytes - (f8 * (s.param_bytes - 1) if i < load.blocks else 0.0)
+                for i, u in enumerate(units)]
+        block_ag = ag(sent[0]) if load.blocks else 0.0
+        amax = s.line("all_reduce", s.shard, ("dp_shard", "cp"))
+        per_byte = 1 / hbm(s.profile.kernels) if f8 and gpu is not None else 0.0
+        shard_f8 = f8 / s.shard  # elements of the block's float8 weights on this rank, fp32
+        scales_s = 0.0  # once a step when precomputed: every block's amax (a read of its shard), one all-reduce
+        if f8 and pr.float8_precompute_dynamic_scale_for_fsdp:
+            scales_s = load.blocks * shard_f8 * 4 * per_byte + amax(4 * f8_weights * load.blocks)
+        elif f8:  # per gather: the amax (a read of the shard) and one all-reduce a weight
+            block_ag += shard_f8 * 4 * per_byte + f8_weights * amax(4)
+        block_ag += shard_f8 * 5 * per_byte  # per gather: the cast, reading 4 bytes and writing 1
+        gather_s = [block_ag if i < load.blocks else ag(b) for i, b in enumerate(sent)]
+        comm = rounds * sum(gathers * g + rs(u * 4) for g, u in zip(gather_s, units))
+        measured = measured_fsdp(s, work, load)
+        if measured is not None:  # the blocks as a real FSDP block measured, for this round's gathers, dtype
+            block_u = units[0]
+            lines = gathers * block_ag + rs(block_u * 4)
+            measured_lines = 2 * ag(block_u * 4) + rs(block_u * 4)
+            comm += rounds * load.blocks * (measured(s.seqs) * lines / measured_lines - lines)
+        efsdp = s.shard * s.tp // s.ep
+        if s.ep > 1 and efsdp > 1:  # each rank's 1/ep of the routed experts, over efsdp ranks
+            eag = s.profile.collective("all_gather", efsdp, wide)
+            ers = s.profile.collective("reduce_scatter", efsdp, wide)
+            comm += rounds * load.blocks * (gathers * eag(routed / s.ep * s.param_bytes) + ers(routed / s.ep * 4))
+        # HSDP: each unit's gradient shard all-reduced over the replicas, once a step
+        ar = s.line("all_reduce", s.rep, ("dp_replicate",)) if s.rep > 1 else None
+        reduced = [ar(u / s.shard * 4) for u in units] if ar else [0.0] * len(units)
+        routed_ar = ar(routed / (s.shard * s.tp) * 4) if ar and s.ep > 1 else 0.0
+        if gpu is not None:  # what the schedule hides: each gather behind the block before it (perf.gpu)
+            per_round = accumulation * s.n_mb / rounds
+            gather = block_ag
+            reduce = rs(units[0] * 4) if load.blocks else 0.0
+            if s.ep > 1 and efsdp > 1 and load.blocks:
+                gather, reduce = gather + eag(routed / s.ep * s.param_bytes), reduce + ers(routed / s.ep * 4)
+            ends = sum(gathers * g + rs(u * 4) for g, u in list(zip(gather_s, units))[load.blocks:])
+            hidden = (gathers, per_round * work.fwd, per_round * work.backward_window, load.blocks)
+            parts["fsdp"] = rounds * fsdp_exposed(gather, reduce, *hidden, ends)
+            if ar:  # a block's after its reduce-scatter, beside the last round's backward, as FSDP2 issues it
+                block_ar = (reduced[0] + routed_ar) if load.blocks else 0.0
+                ends_ar = ends + sum(reduced[load.blocks:])
+                parts["hsdp"] = (fsdp_exposed(gather, reduce + block_ar, *hidden, ends_ar)
+                                 - fsdp_exposed(gather, reduce, *hidden, ends))
+        else:
+            parts["fsdp"] = comm - (s.profile.overlap * min(comm, compute_window) if s.cuda else 0.0)
+            if ar:
+                parts["hsdp"] = sum(reduced) + load.blocks * routed_ar
+        parts["fsdp"] += scales_s  # once a step, between the optimizer and the next forward: not hidden
+    elif s.rep > 1:
+        ar = s.line("all_reduce", s.rep, ("dp_replicate",))
+        grad_bytes = sum(units) * 4
+        buckets = math.ceil(grad_bytes / DDP_BUCKET_BYTES)
+        comm = buckets * ar.latency_s + grad_bytes * ar.per_unit_s
+        if gpu is not None:  # buckets reduce during backward; the last waits, and what backward cannot hide
+            backward = s.n_mb * load.blocks * work.backward_window
+            parts["ddp"] = max(ar(min(grad_bytes, DDP_BUCKET_BYTES)), comm - backward)
+        else:
+            parts["ddp"] = comm - s.profile.overlap * min(comm, compute_window)
+    return parts
+
+
+def communication(s: StepShape, work: BlockWork, inline: InlineComm, load: RankLoad,
+                  compute_window: float) -> dict[str, float]:
+    """A rank's exposed communication per step by part (COMM_PARTS), after the profile's
+    communication correction: data parallel's, the collectives inside its blocks for every
+    microbatch, and the pipeline's sends."""
+    job, gpu = s.job, work.gpu
+    parts = data_parallel(s, work, load, compute_window)
+    per_mb = inline.of(s, load)
+    for part in ("tp", "cp"):
+        if part in per_mb:
+            parts[part] = s.accumulation * s.n_mb * per_mb[part]
+    if job.parallelism.enable_async_tensor_parallel and s.cuda and gpu is None and s.tp > 1:  # fused, as measured
+        parts["tp"] -= s.profile.overlap * min(parts["tp"], compute_window)
+    if s.pp > 1:
+        sr = s.profile.collective("send_recv", 2, "pp" in s.spans)
+        v = s.loads[0].stages
+        send, sends = sr(s.act_bytes / s.tp), s.n_mb * 2 * v
+        parts["p2p"] = s.accumulation * (p2p_exposed(send, s.pp, sends, load.blocks * work.fwd / v) if gpu is not None
+                                         else sends * send)
+    if s.ep > 1:
+        parts["ep"] = s.accumulation * s.n_mb * per_mb["ep"]
+    return {part: max(0.0, t) * s.profile.corrections.communication for part, t in parts.items()}
