@@ -22,8 +22,8 @@ kernels are not counted here).
 
 Sources (checked 2026-11):
   [torchao-eager] torchao's float8 training (Float8Linear, torchao 0.17-0.18) without compile, its
-         ops counted on CPU (tests/test_gpu_model.py runs its cast code): each cast of a bf16 tensor
-         is 11 kernels under tensorwise scaling (abs, max, five on the scalar scale, the fp32
+         ops counted on CPU (tests/test_gpu_model_float8.py runs its cast code): each cast of a bf16
+         tensor is 11 kernels under tensorwise scaling (abs, max, five on the scalar scale, the fp32
          upcast, the multiply, the clamp, the float8 cast) and 14 under rowwise (its power-of-two
          scales: log2, floor, exp2), moving 33 bytes an element (abs 4, max 2, upcast 6, multiply
          8, clamp 8, cast 5). The forward casts the input and the weight; the backward the output

@@ -82,7 +82,7 @@ EP_SORT_BYTES = 8
 # Its host ops, a training forward (Elementwise's moe_ops and ep_ops defaults): 21 outside the
 # experts (the router's casts, GEMM, softmax, bias, top-k and weights; the counts and the step's
 # running total; the sort, the token indices and the gather of the rows; the weighting with its
-# casts and the index-add onto a zeroed output), counted on CPU by tests/test_gpu_model.py, and
+# casts and the index-add onto a zeroed output), counted on CPU by tests/test_gpu_model_moe.py, and
 # GROUPED_EXPERT_OPS inside them, as a CUDA bf16 forward takes torch._grouped_mm
 # (GroupedExperts.forward: the offsets' cumsum, three grouped GEMMs, SiLU, the product; read from
 # the code, CPU runs a loop instead). Compiled, 17: the pointwise ops fused into their neighbours
