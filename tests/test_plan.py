@@ -188,6 +188,31 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
     assert out.stdout.splitlines()[-1] == line
 
 
+@pytest.mark.quick
+def test_a_plan_near_the_memory_limit_says_so_and_names_one_with_the_memory_models_margin():
+    """On GPUs the fastest plan that fits can sit closer to the device's memory than the memory
+    model's worst error on held-out published runs (SPEC_ACCURACY's memory; the CUDA context is
+    not counted either): the plan then says so and names the fastest layout with that margin."""
+    job = job_config(["model=llama3_8b", "training.seq_len=8192", "training.global_batch_size=32",
+                      "cluster=slurm", "cluster.nnodes=2", "cluster.nproc_per_node=8"])
+    profile = spec_profile(SPECS["h100"], 16, 8)
+    roomy = planner.plan(job, 16, device_memory_gib=80, cuda=True, profile=profile, any_split=True)
+    _, _, worst = SPEC_ACCURACY["memory"]
+    assert 0 < worst < 0.25
+    best = roomy[0]
+    assert planner.margin_line(roomy, best.memory_gib / (1 - worst) * 1.01) is None  # a margin wider than the worst
+    device = best.memory_gib / (1 - worst / 2)  # the best fits, inside the worst error of the limit
+    tight = planner.plan(job, 16, device_memory_gib=device, cuda=True, profile=profile, any_split=True)
+    assert tight[0].name == best.name and tight[0].fits
+    safe = next(pl for pl in tight if pl.memory_gib <= (1 - worst) * device)
+    assert safe.name != best.name
+    line = planner.margin_line(tight, device)
+    assert line.startswith(f"{best.name} ({best.split}) is predicted at {best.memory_gib:.2f} of {device:.2f} "
+                           f"GiB/device, closer to the limit than the memory model's worst error")
+    assert line.endswith(f"the fastest under {(1 - worst) * device:.2f} GiB, {safe.name} ({safe.split}), "
+                         f"{safe.tokens_per_s:,.0f} tokens/s/device ({safe.tokens_per_s / best.tokens_per_s - 1:+.0%})")
+
+
 # --- planning GPUs this machine does not have (spec sheets) ---------------------------------------
 
 def test_spec_profile_follows_the_sheet_and_a_calibrated_one_wins(tmp_path):
@@ -226,7 +251,7 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
     assert (f"on h100's sheet alone ({runs} runs) {size:.0%} at the median, the median run predicted "
             f"{abs(signed):.0%} too {'slow' if signed < 0 else 'fast'}; calibrate") in out.stdout.splitlines()[0]
     # H100 80GB's memory as its driver shows it (81,559 MiB), not 80e9 bytes (74.5 GiB) [nvml]
-    assert "devices (79.6475 GiB each)" in out.stdout and "| across nodes |" in out.stdout
+    assert "devices (79.65 GiB each)" in out.stdout and "| across nodes |" in out.stdout
     rows = {line.split(" | ")[1]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
     assert rows["dp_shard256 x tp2"].endswith("| dp_shard |")  # TP's 2 ranks share a node, FSDP's 256 do not
     bad = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "--device", "h300", "--world", "8"], cwd=REPO,
@@ -472,6 +497,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     ordered = [tuple(map(int, cells[-1].strip(" |").split(" of "))) for cells in sources]
     assert held and (int(held[1]), int(held[2]) / 100) == (SPEC_ACCURACY["rows"], SPEC_ACCURACY["median_abs_error"])
     assert (sum(k for k, _ in ordered), sum(n for _, n in ordered)) == SPEC_ACCURACY["pairs_ordered"]
+    memory = re.search(r"memory median \|error\| (\d+) %, worst (\d+) % \((\d+) rows", last)
+    assert memory and (int(memory[3]), int(memory[1]) / 100, int(memory[2]) / 100) == SPEC_ACCURACY["memory"]
     devices = next(line for line in out.stdout.splitlines() if line.startswith("By spec sheet"))
     quoted = {name: (int(n), int(signed) / 100, int(size) / 100) for name, n, signed, size in re.findall(
         r"(\w+) (\d+) rows?, median error ([+-]\d+) %, \|error\| (\d+) %", devices)}

@@ -16,7 +16,10 @@ checked. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` d
 cluster in a small YAML file (titan_exp.perf.devices.HARDWARE_KEYS): its GPU, by spec name or by its
 numbers, GPUs per node, NVLink and network bandwidth, latencies; the plan's first line says which
 values came from the file. The override `cluster.hardware=FILE` (or a cluster preset that sets it)
-names the same file: the flag is its shortcut, and giving both is refused.
+names the same file: the flag is its shortcut, and giving both is refused. On GPUs a line after
+the table says when the fastest layout that fits leaves less memory to spare than the memory
+model's worst error on published runs (planner.margin_line); the last line is the job as
+configured (planner.configured_line).
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from pathlib import Path
 from titan_exp.config import Executor, compose_job
 from titan_exp.perf.calibrate import cover
 from titan_exp.perf.fit import estimates_line
-from titan_exp.perf.planner import (batch_line, configured_line, device_memory_gib, plan, profile_line, to_markdown,
-                                    write_sweep)
+from titan_exp.perf.planner import (batch_line, configured_line, device_memory_gib, margin_line, plan, profile_line,
+                                    to_markdown, write_sweep)
 from titan_exp.perf.profile import profiles_dir, this_machine
 
 
@@ -119,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     for note in sorted({n for pl in plans for n in pl.step.notes}):
         print(f"  note: {note}")
     print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory, valid=len(plans)))
+    tight = margin_line(plans, memory) if args.cuda else None
     mine = configured_line(job, args.world, plans, profile, device_memory_gib=memory, cuda=args.cuda)
-    if mine:
-        print(mine)
+    for line in (tight, mine):
+        if line:
+            print(line)
     if args.write_sweep:
         out = write_sweep(plans, args.write_sweep, args.top, args.overrides)
         print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(args.overrides)}")

@@ -281,6 +281,25 @@ def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: Mach
     return out
 
 
+def margin_line(plans: list[Plan], device_memory_gib: float) -> str | None:
+    """On GPUs: where the fastest plan that fits leaves less memory to spare than the memory model's
+    worst error on held-out published GPU runs (SPEC_ACCURACY's memory), a line that says so and
+    names the fastest plan that leaves that margin."""
+    best = next((pl for pl in plans if pl.fits), None)
+    rows, _, worst = SPEC_ACCURACY["memory"]
+    limit = (1 - worst) * device_memory_gib
+    if best is None or best.memory_gib <= limit:
+        return None
+    out = (f"{best.name} ({best.split}) is predicted at {best.memory_gib:.2f} of {device_memory_gib:.2f} GiB/device, "
+           f"closer to the limit than the memory model's worst error on {rows} held-out published GPU runs "
+           f"({worst:.0%}), and the CUDA context is not counted: it may not fit")
+    safe = next((pl for pl in plans if pl.memory_gib <= limit), None)
+    if safe is None:
+        return out + f"; no layout is predicted under {limit:.2f} GiB"
+    return (out + f"; the fastest under {limit:.2f} GiB, {safe.name} ({safe.split}), "
+            f"{safe.tokens_per_s:,.0f} tokens/s/device ({safe.tokens_per_s / best.tokens_per_s - 1:+.0%})")
+
+
 def profile_line(profile: MachineProfile) -> str:
     """Which profile the times come from, or that they are the defaults and how wrong those were."""
     if profile.source == "spec":
@@ -312,7 +331,7 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: 
     shown); times are seconds per step, by part (perf.step.BREAKDOWN)."""
     nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
     shown = f" (the {len(plans)} fastest shown)" if valid is not None and valid > len(plans) else ""
-    lines = [f"{valid if valid is not None else len(plans)} valid layouts on {world} devices ({device_memory_gib:g} "
+    lines = [f"{valid if valid is not None else len(plans)} valid layouts on {world} devices ({device_memory_gib:.4g} "
              f"GiB each), fastest first{shown}:", "",
              "| rank | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
              "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
