@@ -117,6 +117,29 @@ def peak_allocated_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds for these tensors (its shard of a DTensor)."""
+    from torch.distributed.tensor import DTensor  # a rank's import: the launcher's path does not pay it
+
+    total = 0
+    for t in tensors:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        total += t.numel() * t.element_size()
+    return total
+
+
+def state_bytes_by_kind(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state held by this rank."""
+    opt_state = [v for o in optimizers for state in o.state.values() for v in state.values() if torch.is_tensor(v)]
+    grads = [p.grad for p in params if p.grad is not None]
+    return {"params": local_bytes(params), "grads": local_bytes(grads), "optimizer": local_bytes(opt_state)}
+
+
+def state_bytes(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> int:
+    """Parameters + gradients + optimizer state held by this rank."""
+    return sum(state_bytes_by_kind(params, optimizers).values())
+
+
 class StepHistory:
     """Each step's loss, gradient norm and time, held on the device until the host needs them.
 

@@ -215,7 +215,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
 
     from titan_exp import targets
     from titan_exp.perf.memory import predict_memory
-    from titan_exp.train.trainer import state_bytes_by_kind
+    from titan_exp.metrics import state_bytes_by_kind
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":

@@ -11,6 +11,7 @@ import logging
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,7 +29,8 @@ from titan_exp.data import mixture
 from titan_exp.data.mixture import open_mixture
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.eval.runner import Evaluations
-from titan_exp.metrics import MetricSinks, StepHistory, Throughput, peak_allocated_gib, peak_memory_gib, peak_tflops
+from titan_exp.metrics import (MetricSinks, StepHistory, Throughput, peak_allocated_gib, peak_memory_gib, peak_tflops,
+                               state_bytes)
 from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import loss_parallel_enabled, parallelize
@@ -54,25 +56,17 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if isinstance(t, DTensor) else t
 
 
-def local_bytes(tensors) -> int:
-    """Bytes this rank holds for these tensors (its shard of a DTensor)."""
-    total = 0
-    for t in tensors:
-        t = t.to_local() if isinstance(t, DTensor) else t
-        total += t.numel() * t.element_size()
-    return total
+@dataclass
+class Run:
+    """What one call of Trainer.train() gathers as it goes, for its summary."""
 
-
-def state_bytes_by_kind(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> dict[str, int]:
-    """Bytes of parameters, gradients and optimizer state held by this rank."""
-    opt_state = [v for o in optimizers for state in o.state.values() for v in state.values() if torch.is_tensor(v)]
-    grads = [p.grad for p in params if p.grad is not None]
-    return {"params": local_bytes(params), "grads": local_bytes(grads), "optimizer": local_bytes(opt_state)}
-
-
-def state_bytes(params: list[torch.Tensor], optimizers: list[torch.optim.Optimizer]) -> int:
-    """Parameters + gradients + optimizer state held by this rank."""
-    return sum(state_bytes_by_kind(params, optimizers).values())
+    first: int  # the first step it runs: the one after the checkpoint's
+    history: StepHistory  # losses, gradient norms, step times
+    start: float  # perf_counter() at the start
+    interrupted: dict[str, Any] = field(default_factory=dict)  # by which signal, after which step
+    nonfinite: list[int] = field(default_factory=list)  # steps whose update was skipped
+    val_losses: dict[str, float] = field(default_factory=dict)  # step -> held-out loss
+    last_val: dict[str, float] = field(default_factory=dict)  # the last validation's metrics
 
 
 class Trainer:
@@ -325,14 +319,9 @@ class Trainer:
             path = self.checkpointer.save_seed()
             self.sinks.close()
             return {"steps": 0, "losses": [], "seed_checkpoint": str(path)}
-        first = self.checkpointer.load() + 1
+        run = Run(first=self.checkpointer.load() + 1, history=StepHistory(self.device), start=time.perf_counter())
+        first, history = run.first, run.history
         tokens_per_step = t.global_batch_size * t.seq_len
-        history = StepHistory(self.device)  # losses, gradient norms, step times
-        interrupted: dict[str, Any] = {}
-        nonfinite: list[int] = []  # steps whose update was skipped
-        val_losses: dict[str, float] = {}  # step -> held-out loss
-        last_val: dict[str, float] = {}  # the last validation's metrics
-        start = time.perf_counter()
         try:
             with self.profiler:  # traces and memory records, when profiling.* asks
                 for step in range(first, t.steps + 1):
@@ -349,12 +338,12 @@ class Trainer:
                     log = validate or step % self.job.metrics.log_freq == 0 or step == t.steps
                     if (log or step == first or stop or t.on_nonfinite == OnNonfinite.skip
                             or self.checkpointer.due(step, t.steps, force=bool(stop))):
-                        self._read(history, tokens_per_step, nonfinite, at=step)
+                        self._read(history, tokens_per_step, run.nonfinite, at=step)
                     if step == first:
                         set_collective_timeouts(self.dims.world_mesh, self.job.comm.train_timeout_seconds)
                     val = self.validate() if validate else {}
                     if validate:
-                        val_losses[str(step)], last_val = val["val_loss"], val  # JSON's keys are strings
+                        run.val_losses[str(step)], run.last_val = val["val_loss"], val  # JSON's keys are strings
                     if log:
                         self._log(step, history.losses[-1], history.grad_norms[-1], val)
                     faults.inject("step", step)
@@ -362,7 +351,7 @@ class Trainer:
                     if not stop:
                         self.evals.after_step(step, t.steps)
                     if stop:
-                        interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
+                        run.interrupted = {"interrupted_by": stop, "interrupted_at_step": step}
                         logger.warning("stopped by %s after step %d", " and ".join(stop), step)
                         break
         except BaseException:
@@ -371,23 +360,30 @@ class Trainer:
         finally:
             watchdog.disarm()
         self.checkpointer.close()
-        evaluated = self.evals.finish(t.steps, interrupted=bool(interrupted))
+        evaluated = self.evals.finish(t.steps, interrupted=bool(run.interrupted))
         self.sinks.close()
-        resumed = {"start_step": first, **interrupted, **evaluated, **({} if interrupted else self._export())}
-        if nonfinite:
-            resumed["skipped_steps"] = nonfinite
-        if val_losses:
-            resumed |= {"val_losses": val_losses, "final_val_loss": list(val_losses.values())[-1]}
+        return self._summary(run, evaluated)
+
+    def _summary(self, run: Run, evaluated: dict[str, Any]) -> dict[str, Any]:
+        """What the run summary records of this call of train(): where it started and why it
+        stopped, the downstream evaluations, losses, held-out losses, speed, memory, the export."""
+        t, history = self.job.training, run.history
+        resumed = {"start_step": run.first, **run.interrupted, **evaluated, **({} if run.interrupted else self._export())}
+        if run.nonfinite:
+            resumed["skipped_steps"] = run.nonfinite
+        if run.val_losses:
+            resumed |= {"val_losses": run.val_losses, "final_val_loss": list(run.val_losses.values())[-1]}
             if self.job.data.mixture:
-                resumed["val_loss_per_source"] = {k.split("/", 1)[1]: x for k, x in last_val.items() if k.startswith("val_loss/")}
+                resumed["val_loss_per_source"] = {k.split("/", 1)[1]: x for k, x in run.last_val.items()
+                                                  if k.startswith("val_loss/")}
         if self.job.data.mixture:
             resumed["tokens_per_source"] = self.loader.tokens_per_source()
         if self.job.checkpoint.enable:
             resumed["checkpoint_blocking_s"] = self.checkpointer.blocking_s
-            if interrupted:
-                resumed["checkpoint_at_stop"] = True  # maybe_save(force=True) above wrote it
+            if run.interrupted:
+                resumed["checkpoint_at_stop"] = True  # maybe_save(force=True) wrote it
         if not history.losses:
-            logger.info("nothing to train: the checkpoint is at step %d of %d", first - 1, t.steps)
+            logger.info("nothing to train: the checkpoint is at step %d of %d", run.first - 1, t.steps)
             return {"steps": t.steps, "losses": [], **resumed}
         # Largest rank: memory limits are per device.
         allocated = peak_allocated_gib(self.device)
@@ -409,7 +405,7 @@ class Trainer:
             "peak_memory_gib": peak[0].item(),
             **({"peak_memory_allocated_gib": peak[2].item()} if allocated is not None else {}),
             "state_bytes_per_rank": int(peak[1].item()),
-            "train_time_s": time.perf_counter() - start,
+            "train_time_s": time.perf_counter() - run.start,
             "num_params": self.num_params,
             "flops_per_token": self.flops_per_token,
             "peak_tflops": self.peak_tflops,
