@@ -153,7 +153,8 @@ def block_work(s: StepShape, elementwise: Elementwise, float8_experts: bool, not
             cost = estimated_block(job, s.tp, profile)
         gemm32 = profile.gemm.get("float32")
         block_fwd_flops = 2 * m.block_matmul_params(s.tp, experts_whole=True) * s.mb * t.seq_len / s.cp  # as measured
-        scale = dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(s.seqs), notes) * profile.corrections.compute
+        scale = (dtype_factor(job, profile, 3 * block_fwd_flops, cost.fwd_bwd(s.seqs), notes)
+                 * profile.corrections.compute)
         if job.compile.enable:
             if profile.compile_speedup:
                 scale /= profile.compile_speedup

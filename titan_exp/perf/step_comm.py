@@ -135,7 +135,8 @@ class StepShape:
         """Per-TP-rank parameter counts of a rank's FSDP units over dp_shard x cp: its blocks (less
         their routed experts under EP, which are a unit of their own), the embedding, the output."""
         m = self.job.model
-        block = (m.block_params - self.routed) / self.tp + (m.routed_params_on_tp_rank(self.tp, 1) if self.ep == 1 else 0)
+        block = ((m.block_params - self.routed) / self.tp
+                 + (m.routed_params_on_tp_rank(self.tp, 1) if self.ep == 1 else 0))
         return ([block] * load.blocks + ([m.embedding_params / self.tp] if load.first else [])
                 + ([m.output_params / self.tp] if load.last else []))
 

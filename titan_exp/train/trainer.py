@@ -368,7 +368,8 @@ class Trainer:
         """What the run summary records of this call of train(): where it started and why it
         stopped, the downstream evaluations, losses, held-out losses, speed, memory, the export."""
         t, history = self.job.training, run.history
-        resumed = {"start_step": run.first, **run.interrupted, **evaluated, **({} if run.interrupted else self._export())}
+        resumed = {"start_step": run.first, **run.interrupted, **evaluated,
+                   **({} if run.interrupted else self._export())}
         if run.nonfinite:
             resumed["skipped_steps"] = run.nonfinite
         if run.val_losses:
