@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from titan_exp.config import ACMode, JobConfig
 from titan_exp.parallel.pipeline import RankLoad, rank_loads
@@ -63,7 +64,8 @@ COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p", "ep")  # a step's expose
 class StepShape:
     """What every part of a step of `job` on `profile`'s machine reads: the layout's degrees, the
     microbatches, the bytes of an activation, the FSDP units, which mesh dims span nodes, and the
-    profile's line for each collective (`line`)."""
+    profile's line for each collective (`line`). What it derives is computed once (every rank's
+    units and collectives read it)."""
 
     job: JobConfig
     profile: MachineProfile
@@ -91,54 +93,58 @@ class StepShape:
                    max(1, local // mb), job.accumulation, rank_loads(p, job.model.n_layers),
                    frozenset(across_nodes(job)))
 
-    @property
+    @cached_property
     def world(self) -> int:
         return self.pp * self.rep * self.dps * self.cp * self.tp
 
-    @property
+    @cached_property
     def shard(self) -> int:
         """The FSDP group: dp_shard x cp."""
         return self.dps * self.cp
 
-    @property
+    @cached_property
     def seqs(self) -> float:
         """Sequences of full length this rank's block work equals, per microbatch."""
         return self.mb / self.cp
 
-    @property
+    @cached_property
     def full(self) -> int:
         """1 under full activation checkpointing (its forward's collectives run again)."""
         return 1 if self.job.activation_checkpoint.mode == ACMode.full else 0
 
-    @property
+    @cached_property
     def param_bytes(self) -> int:
         return 2 if self.job.precision.param_dtype == "bfloat16" else 4
 
-    @property
+    @cached_property
     def act_elements(self) -> float:
         """Elements of one microbatch's activations between blocks, on this rank's 1/cp of it."""
         return self.mb * self.job.training.seq_len / self.cp * self.job.model.dim
 
-    @property
+    @cached_property
     def act_bytes(self) -> float:
         """Activations travel in the compute dtype: bf16 under bf16 mixed precision (FSDP casts the
         parameters, so every block's output is bf16), else fp32."""
         pr = self.job.precision
         return self.act_elements * (2 if pr.param_dtype == "bfloat16" or pr.full_bf16 else 4)
 
-    @property
+    @cached_property
     def routed(self) -> float:
         """A block's routed expert parameters (0 for a dense model)."""
         return self.job.model.routed_params_per_block
 
-    def units(self, load: RankLoad) -> list[float]:
-        """Per-TP-rank parameter counts of a rank's FSDP units over dp_shard x cp: its blocks (less
-        their routed experts under EP, which are a unit of their own), the embedding, the output."""
+    @cached_property
+    def _unit_params(self) -> tuple[float, float, float]:
         m = self.job.model
         block = ((m.block_params - self.routed) / self.tp
                  + (m.routed_params_on_tp_rank(self.tp, 1) if self.ep == 1 else 0))
-        return ([block] * load.blocks + ([m.embedding_params / self.tp] if load.first else [])
-                + ([m.output_params / self.tp] if load.last else []))
+        return block, m.embedding_params / self.tp, m.output_params / self.tp
+
+    def units(self, load: RankLoad) -> list[float]:
+        """Per-TP-rank parameter counts of a rank's FSDP units over dp_shard x cp: its blocks (less
+        their routed experts under EP, which are a unit of their own), the embedding, the output."""
+        block, embedding, output = self._unit_params
+        return [block] * load.blocks + ([embedding] if load.first else []) + ([output] if load.last else [])
 
     def line(self, op: str, group: int, dims: tuple[str, ...]) -> Line:
         """The profile's line for `op` on a group of `group` ranks over the mesh dims `dims`: across
