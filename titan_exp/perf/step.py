@@ -176,11 +176,13 @@ def block_work(s: StepShape, elementwise: Elementwise, float8_experts: bool, not
 
 @dataclass(frozen=True)
 class Schedule:
-    """The pipeline schedule's timing: each pipeline rank's compute per microbatch (`per_mb`) and
-    its period with the collectives inside its blocks (`period`), the critical path every rank
-    waits out, and how much slower each rank computes for sharing the machine's cores."""
+    """The pipeline schedule's timing: each pipeline rank's compute per microbatch (`per_mb`), the
+    collectives inside its blocks (`comm_mb`: a microbatch's seconds by part) and its period with
+    them (`period`), the critical path every rank waits out, and how much slower each rank
+    computes for sharing the machine's cores."""
 
     per_mb: list[float]
+    comm_mb: list[dict[str, float]]
     period: list[float]
     critical: float
     slowdown: float
@@ -201,7 +203,7 @@ def pipeline_schedule(s: StepShape, work: BlockWork, inline: InlineComm, output_
     # Costs were measured with all `world` ranks computing; fewer at a time run faster.
     active = s.world / s.pp * sum(s.n_mb * c for c in per_mb) / critical
     slowdown = max(1.0, active / profile.concurrency) / max(1.0, s.world / profile.concurrency)
-    return Schedule(per_mb, period, critical, slowdown)
+    return Schedule(per_mb, comm_mb, period, critical, slowdown)
 
 
 def optimizer_s(s: StepShape, work: BlockWork, load: RankLoad) -> float:
@@ -217,7 +219,7 @@ def optimizer_s(s: StepShape, work: BlockWork, load: RankLoad) -> float:
     return seconds * profile.corrections.compute
 
 
-def rank_step(s: StepShape, work: BlockWork, inline: InlineComm, schedule: Schedule, rank: int) -> dict[str, float]:
+def rank_step(s: StepShape, work: BlockWork, schedule: Schedule, rank: int) -> dict[str, float]:
     """Pipeline rank `rank`'s step by part: the schedule's critical path, of which its own blocks'
     compute and (GPU) the collectives inside them, the rest idle (bubble); then the rest of its
     communication (perf.step_comm), its optimizer and the step's fixed overhead."""
@@ -229,7 +231,7 @@ def rank_step(s: StepShape, work: BlockWork, inline: InlineComm, schedule: Sched
         "recompute": s.accumulation * busy * share_recompute * schedule.slowdown,
         "bubble": s.accumulation * (schedule.critical - s.n_mb * schedule.period[rank]) * schedule.slowdown,
     }
-    parts.update(communication(s, work, inline, load, parts["compute"] + parts["recompute"]))
+    parts.update(communication(s, work, schedule.comm_mb[rank], load, parts["compute"] + parts["recompute"]))
     parts["optimizer"] = optimizer_s(s, work, load)
     if not s.cuda and profile.fresh_memory_s_per_byte:
         blocks = 0 if measured_fsdp(s, work, load) is not None else load.blocks  # measured FSDP blocks: in their cost
@@ -272,7 +274,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
     # The step ends with its slowest rank: the critical path is every rank's, the rest of its
     # communication and its optimizer its own (fewer blocks but more of those can end last).
     ranks = {load: i for i, load in enumerate(s.loads)}.values()  # one of each load
-    parts = max((rank_step(s, work, inline, schedule, i) for i in ranks), key=lambda d: sum(d.values()))
+    parts = max((rank_step(s, work, schedule, i) for i in ranks), key=lambda d: sum(d.values()))
     step = sum(parts.values())
     tokens = job.training.global_batch_size * job.training.seq_len
     return StepPrediction(step, tokens / step / s.world, parts, notes)

@@ -352,14 +352,13 @@ def data_parallel(s: StepShape, work: BlockWork, load: RankLoad, compute_window:
     return parts
 
 
-def communication(s: StepShape, work: BlockWork, inline: InlineComm, load: RankLoad,
+def communication(s: StepShape, work: BlockWork, per_mb: dict[str, float], load: RankLoad,
                   compute_window: float) -> dict[str, float]:
     """A rank's exposed communication per step by part (COMM_PARTS), after the profile's
-    communication correction: data parallel's, the collectives inside its blocks for every
-    microbatch, and the pipeline's sends."""
+    communication correction: data parallel's, the collectives inside its blocks (`per_mb`: a
+    microbatch's, InlineComm.of) for every microbatch, and the pipeline's sends."""
     job, gpu = s.job, work.gpu
     parts = data_parallel(s, work, load, compute_window)
-    per_mb = inline.of(s, load)
     for part in ("tp", "cp"):
         if part in per_mb:
             parts[part] = s.accumulation * s.n_mb * per_mb[part]
