@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# A GPU session's checks (issues 37 and 38) in one device call of at most 10 minutes, on a machine
-# with a CUDA torch and the wheels of ../shared/offline/wheels.sh installed (PYTHONPATH set):
+# A GPU session's checks (issues 37 and 38) in one device call, on a machine with a CUDA torch and
+# the wheels of ../shared/offline/wheels.sh installed (PYTHONPATH set):
 #     bash benchmarks/gpu_session.sh [GRID_MINUTES] [SUITE_MINUTES] [TOTAL_S]   # -> $OUT/gpu_session.tgz
 # 1. the GPU, driver and versions (gpu.txt);
 # 2. a smoke launch (debug model, float8 + compile + selective AC, 4 steps): if it fails, the call
 #    stops there and returns its log, so a fix costs a short call, not a lost one;
 # 3. benchmarks/gpu_grid.py $GRID at seq 8192, one sequence a step: calibration, then every
-#    member of AC x compile x precision it starts in GRID_MINUTES (default 4), eager ones first;
+#    member of AC x compile x precision it starts in GRID_MINUTES (default 5, calibration
+#    included: the 3B's 18 members took 226 s, its calibration 43 s), eager ones first;
 # 4. benchmarks/gpu_suite.py on llama3_3b, the rows named in $SUITE, predicted from the grid's
-#    calibrated profile.
+#    calibrated profile, in what is left of TOTAL_S (default 560) and at most SUITE_MINUTES.
+# A session's device time is 15 minutes, a machine's start (a minute or more) included, and a
+# machine goes back 30 s after a call: the defaults fit the first call in 560 s, which leaves about
+# 4 minutes for `resume` at once on the still-warm machine.
 # The defaults are the next GPU run's held-out check (named 2026-11-28, BENCHMARKS.md): the 3B's
 # grid with its embeddings tied (as since the fix of 2026-11-28), from a profile whose block
 # memory-bound rate is timed queued, and the tied 3B's bf16 and float8 tensorwise + compile steps
@@ -18,12 +22,13 @@
 #         bash benchmarks/gpu_session.sh 4 1.5 530     # 2026-11-27 and 2026-11-28
 #     GRID="--model llama3_3b" bash benchmarks/gpu_session.sh 4 1.5 565   # 2026-11-28 (untied, as the 1B's)
 #     GRID="--model llama3_1b" bash benchmarks/gpu_session.sh 4 1.5 565   # 2026-11-28 evening (tied)
-# Each stage has a time limit, all of them within TOTAL_S (default 570, under the device's 600 s a
-# command), and the archive is rewritten after each, so what ran comes back.
-#     GRID=... bash benchmarks/gpu_session.sh resume [AUTOTUNE_MINUTES]     # -> $OUT/gpu_session_resume.tgz
+# when a session had 30 minutes of device time and each call 10. Each stage has a time limit, all
+# of them within TOTAL_S, and the archive is rewritten after each, so what ran comes back.
+#     GRID=... bash benchmarks/gpu_session.sh resume [AUTOTUNE_MINUTES] [TOTAL_S]   # -> $OUT/gpu_session_resume.tgz
 # a second call on the same machine while it is warm: the grid's members the first left, then
 # `launch.py -m +sweep=autotune` against the grid (gpu_grid.py --resume ... --autotune), from the
-# profile the first call calibrated, with a quarter of the grid's time unless AUTOTUNE_MINUTES.
+# profile the first call calibrated, with a quarter of the grid's time unless AUTOTUNE_MINUTES,
+# all within TOTAL_S (default 200).
 set -u
 out=${OUT:-/tmp/gpu_session_out}
 r=/tmp/gpu_session
@@ -31,7 +36,7 @@ mkdir -p "$out" "$r"
 export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
 if [ "${1:-}" = resume ]; then
-  timeout 560 python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
+  timeout "${3:-200}" python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
       --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
@@ -42,22 +47,25 @@ fi
 } > "$r/gpu.txt" 2>&1
 cat "$r/gpu.txt"
 start=$SECONDS
-timeout 150 python3 launch.py model=debugmodel training.steps=4 training.seq_len=256 precision=float8 \
+timeout 120 python3 launch.py model=debugmodel training.steps=4 training.seq_len=256 precision=float8 \
     compile.enable=true activation_checkpoint.mode=selective cluster.nproc_per_node=1 \
     hydra.run.dir="$r/smoke" > "$r/smoke.log" 2>&1
 rc=$?
 echo "smoke rc=$rc in $((SECONDS - start)) s"; tail -5 "$r/smoke.log"
 if [ $rc -ne 0 ]; then pack; exit 1; fi
+total=${3:-560}
+left() { echo $(( total - SECONDS < $1 ? total - SECONDS : $1 )); }  # seconds: at most $1, what TOTAL_S leaves
 start=$SECONDS
-grid_minutes=${1:-4}
-timeout $(python3 -c "print(int(60 * $grid_minutes + 100))") python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} \
+grid_minutes=${1:-5}
+timeout "$(left "$(python3 -c "print(int(60 * $grid_minutes + 100))")")" python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} \
     --global-batch 1 --budget-minutes "$grid_minutes" --out "$r/grid" > "$r/grid.log" 2>&1
 echo "grid rc=$? in $((SECONDS - start)) s"; tail -25 "$r/grid.log"
 pack
+if [ "$(left 60)" -lt 60 ]; then echo "suite: not run, under 60 s of TOTAL_S left"; exit 0; fi
 start=$SECONDS
 suite_minutes=${2:-1.5}
 IFS='|' read -r -a suite <<< "${SUITE:-bf16 + compile, traced|float8 tensorwise + compile, traced|float8 tensorwise + compile, AC full, traced}"
-timeout $(( ${3:-570} - SECONDS )) python3 benchmarks/gpu_suite.py --models llama3_3b \
+timeout "$(left 600)" python3 benchmarks/gpu_suite.py --models llama3_3b \
     --configs "${suite[@]}" --steps 12 --no-tests --no-calibrate \
     --budget-minutes "$suite_minutes" --out "$r/suite" > "$r/suite.log" 2>&1
 echo "suite rc=$? in $((SECONDS - start)) s"; tail -25 "$r/suite.log"
