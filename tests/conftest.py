@@ -131,3 +131,28 @@ def bf16_reference(tmp_path_factory):
     code, summary = run_job([*SMALL, "precision=bf16"], tmp_path_factory.mktemp("bf16"))
     assert code == 0, summary
     return summary
+
+
+# --- SLURM: the controller of scripts/local_slurm.sh, and its namespaced nodes ----------------------
+
+@pytest.fixture(scope="module")
+def slurm():
+    """A SLURM controller answers; else skip, or fail where TITAN_EXP_REQUIRE_SLURM=1 (CI)."""
+    from slurm_jobs import slurm_up
+
+    if not slurm_up():
+        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
+            pytest.fail("no SLURM controller answers; run scripts/local_slurm.sh")
+        pytest.skip("no SLURM controller (bash scripts/local_slurm.sh starts one)")
+
+
+@pytest.fixture(scope="module")
+def nodes():
+    """The 3-node `nodes` partition of `scripts/local_slurm.sh nodes 3`, its node names."""
+    from slurm_jobs import partition_nodes, slurm_up
+
+    if not (slurm_up() and len(partition_nodes()) >= 3):
+        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
+            pytest.fail("no 3-node `nodes` partition answers; run `bash scripts/local_slurm.sh nodes`")
+        pytest.skip("no multi-node cluster (`bash scripts/local_slurm.sh nodes` starts one)")
+    return partition_nodes()

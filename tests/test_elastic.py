@@ -183,8 +183,7 @@ def test_a_hardware_file_is_what_the_run_is_re_planned_for(tmp_path, caplog):
 
 # --- SLURM: a 3-node job loses a node and goes on on 2 ----------------------------------------------
 
-from test_multinode import hosts_by_rank, job_nodes, nodes  # noqa: E402,F401 - `nodes` is the fixture
-from test_slurm import job_info, submit, wait_until  # noqa: E402
+from slurm_jobs import hosts_by_rank, job_info, job_nodes, submit, wait_until  # noqa: E402
 
 
 def sacct_state(run_dir: Path) -> str:

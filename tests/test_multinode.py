@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 from pathlib import Path
@@ -20,41 +19,10 @@ from pathlib import Path
 import pytest
 
 from conftest import SMALL, launch_cli, logged_steps, losses_by_step, run_job
-from test_slurm import job_info, sjob, slurm_up, state, submit, wait_until
+from slurm_jobs import hosts_by_rank, job_info, job_nodes, sjob, state, submit, wait_until
 
 NODES = ["cluster.partition=nodes", "cluster.nnodes=2", "cluster.nproc_per_node=2", "training.local_batch_size=2"]
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode]
-
-
-def partition_nodes() -> list[str]:
-    out = subprocess.run(["sinfo", "-h", "-N", "-p", "nodes", "-o", "%N %T"], capture_output=True, text=True)
-    return [line.split()[0] for line in out.stdout.splitlines() if re.search(r"idle|mixed|allocated", line)]
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    if not (slurm_up() and len(partition_nodes()) >= 3):
-        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
-            pytest.fail("no 3-node `nodes` partition answers; run `bash scripts/local_slurm.sh nodes`")
-        pytest.skip("no multi-node cluster (`bash scripts/local_slurm.sh nodes` starts one)")
-    return partition_nodes()
-
-
-def hosts_by_rank(run_dir: Path, segment: int = -1) -> dict[int, str]:
-    """The host each rank ran on, from its log ("... on host tnode2"); `segment` picks the start
-    (a requeued job's ranks append a second one)."""
-    out = {}
-    for log in (run_dir / "logs").glob("rank-*.log"):
-        hosts = re.findall(r"titan_exp from \S+, on host (\S+)", log.read_text())
-        out[int(log.stem.split("-")[1])] = hosts[segment]
-    return out
-
-
-def job_nodes(run_dir: Path) -> list[str]:
-    out = subprocess.run(["squeue", "-h", "-j", job_info(run_dir)["job_id"], "-o", "%N"], capture_output=True,
-                         text=True, check=True).stdout.strip()
-    return subprocess.run(["scontrol", "show", "hostnames", out], capture_output=True, text=True,
-                          check=True).stdout.split()
 
 
 def test_two_node_array_fsdp_and_hsdp_match_one_process(nodes, tmp_path, reference):

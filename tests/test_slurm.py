@@ -8,63 +8,17 @@ The node has 2 CPUs, so 2-rank jobs run one after another.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, SMALL, job_config, launch_cli, logged_steps, losses_by_step
+from slurm_jobs import job_info, sjob, state, submit, wait_until
 
 TWO_RANKS = [*SMALL, "parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=4"]
-
-
-def slurm_up() -> bool:
-    if shutil.which("scontrol") is None:
-        return False
-    ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True)
-    return "UP" in ping.stdout
-
-
-@pytest.fixture(scope="module")
-def slurm():
-    if not slurm_up():
-        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
-            pytest.fail("no SLURM controller answers; run scripts/local_slurm.sh")
-        pytest.skip("no SLURM controller (bash scripts/local_slurm.sh starts one)")
-
-
-def submit(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
-    return launch_cli(["cluster=slurm", *args, f"hydra.run.dir={run_dir}"])
-
-
-def job_info(run_dir: Path) -> dict:
-    return json.loads((run_dir / "slurm_job.json").read_text())
-
-
-def sjob(run_dir: Path):
-    import submitit
-
-    info = job_info(run_dir)
-    return submitit.SlurmJob(folder=info["folder"], job_id=info["job_id"])
-
-
-def state(run_dir: Path) -> str:
-    from titan_exp.cluster.slurm.follow import job_state
-
-    info = job_info(run_dir)
-    return job_state(info["job_id"], info["folder"])
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.time() + timeout
-    while not predicate():
-        assert time.time() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.5)
 
 
 # --- on the controller --------------------------------------------------------------------------
