@@ -29,15 +29,19 @@
 # `launch.py -m +sweep=autotune` against the grid (gpu_grid.py --resume ... --autotune), from the
 # profile the first call calibrated, with a quarter of the grid's time unless AUTOTUNE_MINUTES,
 # all within TOTAL_S (default 200).
+# SMOKE=1 runs the same stages on CPU with the tools' tiny --smoke models (tests/test_gpu_suite.py,
+# `-m slow`: run it before a GPU session); GPU_SESSION_DIR (default /tmp/gpu_session) is where the
+# stages write before they are packed.
 set -u
 out=${OUT:-/tmp/gpu_session_out}
-r=/tmp/gpu_session
+r=${GPU_SESSION_DIR:-/tmp/gpu_session}
+smoke=${SMOKE:+--smoke}
 mkdir -p "$out" "$r"
-export TITAN_EXP_CACHE=/tmp/titan_exp_cache PYTHONUNBUFFERED=1
+export TITAN_EXP_CACHE=${TITAN_EXP_CACHE:-/tmp/titan_exp_cache} PYTHONUNBUFFERED=1
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
 if [ "${1:-}" = resume ]; then
-  timeout "${3:-200}" python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} --global-batch 1 --resume "$r/grid/gpu_grid.json" \
-      --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
+  timeout "${3:-200}" python3 benchmarks/gpu_grid.py $smoke ${GRID:---model llama3_3b} --global-batch 1 \
+      --resume "$r/grid/gpu_grid.json" --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
   exit 0
@@ -57,7 +61,7 @@ total=${3:-560}
 left() { echo $(( total - SECONDS < $1 ? total - SECONDS : $1 )); }  # seconds: at most $1, what TOTAL_S leaves
 start=$SECONDS
 grid_minutes=${1:-5}
-timeout "$(left "$(python3 -c "print(int(60 * $grid_minutes + 100))")")" python3 benchmarks/gpu_grid.py ${GRID:---model llama3_3b} \
+timeout "$(left "$(python3 -c "print(int(60 * $grid_minutes + 100))")")" python3 benchmarks/gpu_grid.py $smoke ${GRID:---model llama3_3b} \
     --global-batch 1 --budget-minutes "$grid_minutes" --out "$r/grid" > "$r/grid.log" 2>&1
 echo "grid rc=$? in $((SECONDS - start)) s"; tail -25 "$r/grid.log"
 pack
@@ -65,7 +69,7 @@ if [ "$(left 60)" -lt 60 ]; then echo "suite: not run, under 60 s of TOTAL_S lef
 start=$SECONDS
 suite_minutes=${2:-1.5}
 IFS='|' read -r -a suite <<< "${SUITE:-bf16 + compile, traced|float8 tensorwise + compile, traced|float8 tensorwise + compile, AC full, traced}"
-timeout "$(left 600)" python3 benchmarks/gpu_suite.py --models llama3_3b \
+timeout "$(left 600)" python3 benchmarks/gpu_suite.py $smoke --models llama3_3b \
     --configs "${suite[@]}" --steps 12 --no-tests --no-calibrate \
     --budget-minutes "$suite_minutes" --out "$r/suite" > "$r/suite.log" 2>&1
 echo "suite rc=$? in $((SECONDS - start)) s"; tail -25 "$r/suite.log"

@@ -1,5 +1,5 @@
 """The GPU tools' smoke modes: the same configurations, collection and report on CPU, so they
-cannot rot between the sessions that have a GPU to run them on. Both are `slow` (75-80 s each):
+cannot rot between the sessions that have a GPU to run them on. All are `slow` (75-150 s each):
 run `python -m pytest -m slow tests/test_gpu_suite.py` before a GPU session. Their calibration
 and spec-sheet code is tested by default elsewhere (tests/test_gpu_model.py, test_perf.py)."""
 
@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -81,3 +82,32 @@ def test_gpu_grid_smoke_measures_every_member_and_scores_autotune(tmp_path):
     other = subprocess.run([*smoke, "--global-batch", "2", "--resume", str(tmp_path / "a" / "gpu_grid.json"),
                             "--no-calibrate", "--out", str(tmp_path / "c")], cwd=REPO, capture_output=True, text=True)
     assert other.returncode and "resume it with the same" in other.stderr, other.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_gpu_session_script_runs_its_stages_and_packs_what_they_wrote(tmp_path):
+    """benchmarks/gpu_session.sh, the one call a GPU session makes, then its `resume` on the same
+    machine, with SMOKE=1: the smoke launch, the grid with its calibration, the suite's traced rows
+    from that profile, then the autotune sweep against the grid, each packed for the device tool to
+    bring back."""
+    env = {**os.environ, "SMOKE": "1", "GPU_SESSION_DIR": str(tmp_path / "session"), "OUT": str(tmp_path / "out")}
+    first = subprocess.run(["bash", "benchmarks/gpu_session.sh", "1", "0.5", "400"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=900)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "smoke rc=0" in first.stdout and "grid rc=0" in first.stdout and "suite rc=0" in first.stdout
+    with tarfile.open(tmp_path / "out" / "gpu_session.tgz") as tgz:
+        packed = set(tgz.getnames())
+        assert {"./gpu.txt", "./smoke/summary.json", "./grid/gpu_grid.json", "./suite/gpu_suite.json"} <= packed
+        assert json.load(tgz.extractfile("./smoke/summary.json"))["status"] == "ok"
+        grid = json.load(tgz.extractfile("./grid/gpu_grid.json"))
+        suite = json.load(tgz.extractfile("./suite/gpu_suite.json"))
+    assert grid["rows"] and all(r["status"] in ("ok", "skipped") for r in grid["rows"]), grid["rows"]
+    assert [r["config"] for r in suite["models"]["smoke"]] == [
+        "bf16 + compile, traced", "float8 tensorwise + compile, traced", "float8 tensorwise + compile, AC full, traced"]
+    assert all(r["status"] == "ok" for r in suite["models"]["smoke"]), suite["models"]["smoke"]
+    resume = subprocess.run(["bash", "benchmarks/gpu_session.sh", "resume", "0.5", "400"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=900)
+    assert resume.returncode == 0 and "grid and autotune rc=0" in resume.stdout, resume.stdout[-3000:]
+    with tarfile.open(tmp_path / "out" / "gpu_session_resume.tgz") as tgz:
+        rest = json.load(tgz.extractfile("grid2/gpu_grid.json"))
+    assert all(r["status"] == "ok" for r in rest["rows"]) and rest["autotune"]["status"] == "ok", rest.get("autotune")
