@@ -106,6 +106,18 @@ def test_compiled_runs_find_their_graphs_and_share_kernels(tmp_path):
     assert runs["b"]["losses"] == pytest.approx(runs["a"]["losses"], abs=1e-6)
 
 
+def test_compiled_float8_rowwise_recomputes_what_its_forward_computed(tmp_path):
+    """float8 with rowwise scales, compiled: selective AC gives the losses and gradient norms of no
+    AC to the bit, as activation checkpointing must (recomputation changes memory, never the math).
+    Without Inductor rounding as eager does (precision.compile_rounds_as_eager) the two runs differed
+    from the first step (5e-5 in the loss, on CPU), and on an H200 the 8B's width went non-finite."""
+    base = [*SMALL, "precision=float8_rowwise", "compile.enable=true", "training.steps=3"]
+    runs = {ac: run_job([*base, f"activation_checkpoint.mode={ac}"], tmp_path / ac)[1] for ac in ("none", "selective")}
+    assert all(r["status"] == "ok" for r in runs.values()), {ac: r.get("error") for ac, r in runs.items()}
+    assert runs["selective"]["losses"] == runs["none"]["losses"]
+    assert runs["selective"]["grad_norms"] == runs["none"]["grad_norms"]
+
+
 @slow
 def test_everything_at_once(bf16_reference, tmp_path):
     """float8 with FSDP float8 all-gather and precomputed scales, selective AC, compile, FSDP 2."""

@@ -17,7 +17,7 @@ from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.expert import apply_ep
 from titan_exp.parallel.fsdp import apply_ddp, apply_fsdp
 from titan_exp.parallel.tensor import apply_tp, enable_async_tp, float8_collectives
-from titan_exp.precision import DTYPES, fsdp_param_dtype
+from titan_exp.precision import DTYPES, compile_rounds_as_eager, fsdp_param_dtype
 
 logger = logging.getLogger("titan_exp")
 
@@ -44,7 +44,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
     if job.activation_checkpoint.mode != ACMode.none:
         apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
     if job.compile.enable:
-        apply_compile(model, job.compile.backend.value, job.compile.fullgraph)
+        apply_compile(model, job.compile.backend.value, job.compile.fullgraph, compile_rounds_as_eager(p))
     if dims.fsdp_enabled:
         apply_fsdp(
             model,

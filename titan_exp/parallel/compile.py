@@ -26,10 +26,17 @@ from titan_exp.cache import cache_dir
 from titan_exp.config import JobConfig, to_plain
 
 
-def apply_compile(model: nn.Module, backend: str, fullgraph: bool) -> None:
+def apply_compile(model: nn.Module, backend: str, fullgraph: bool, round_as_eager: bool = False) -> None:
     """Each dense block whole. Of an MoE block, the attention and the shared experts: routing
     and dispatch have data-dependent shapes (tokens per expert, all-to-all splits read on the
-    host), which would break a full graph at every MoE layer, so they stay eager."""
+    host), which would break a full graph at every MoE layer, so they stay eager.
+    `round_as_eager` (precision.compile_rounds_as_eager) sets Inductor's emulate_precision_casts
+    for this process's compiles; otherwise it is what TORCHINDUCTOR_EMULATE_PRECISION_CASTS says,
+    so a run in the same process after one that set it does not inherit it."""
+    import torch._inductor.config
+
+    torch._inductor.config.emulate_precision_casts = (
+        round_as_eager or os.environ.get("TORCHINDUCTOR_EMULATE_PRECISION_CASTS", "0") == "1")
     for block in model.layers.values():
         if hasattr(block, "moe"):
             block.attention.compile(backend=backend, fullgraph=fullgraph)
