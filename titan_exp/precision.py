@@ -176,12 +176,13 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
 
 def compile_rounds_as_eager(p: PrecisionConfig) -> bool:
     """Whether compiled blocks must round every intermediate to its dtype as eager PyTorch does
-    (Inductor's `emulate_precision_casts`): under float8 with rowwise scales, each taken from its
-    row's amax, Inductor's fused fp32 intermediates made a block recomputed under activation
-    checkpointing differ from its forward, and losses went non-finite (pytorch/pytorch issue
-    150859; TorchTitan sets it for rowwise; on this project's H200, 2026-11-28, Llama 3.1 8B's
-    width with selective AC at its second step). Rounded so, selective AC gives the losses of no
-    AC to the bit (tests/test_precision.py)."""
+    (Inductor's `emulate_precision_casts`). Inductor keeps a fused kernel's intermediates in fp32
+    where eager rounds them, so what a block computes depends on how it was fused, which activation
+    checkpointing changes, and its recompute need not match its forward. Under float8 with rowwise
+    scales (each from its row's amax) losses went non-finite so (pytorch/pytorch issue 150859, for
+    which TorchTitan sets it under rowwise), as Llama 3.1 8B's width with selective AC did at its
+    second step on this project's H200 (2026-11-28; not rerun there since). Rounded as eager,
+    selective AC gives the losses of no AC to the bit (tests/test_precision.py)."""
     rowwise = (Float8Recipe.rowwise, Float8Recipe.rowwise_with_gw_hp)
     return p.converter == Converter.float8 and p.float8_recipe in rowwise
 
