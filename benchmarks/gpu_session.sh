@@ -41,7 +41,8 @@ export TITAN_EXP_CACHE=${TITAN_EXP_CACHE:-/tmp/titan_exp_cache} PYTHONUNBUFFERED
 pack() { tar czf "$out/gpu_session.tgz" -C "$r" . ; }
 if [ "${1:-}" = resume ]; then
   timeout "${3:-200}" python3 benchmarks/gpu_grid.py $smoke ${GRID:---model llama3_3b} --global-batch 1 \
-      --resume "$r/grid/gpu_grid.json" --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} --out "$r/grid2" > "$r/grid2.log" 2>&1
+      --resume "$r/grid/gpu_grid.json" --no-calibrate --budget-minutes 2 --autotune ${2:+--autotune-minutes "$2"} \
+      --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
   exit 0

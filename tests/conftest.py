@@ -135,15 +135,21 @@ def bf16_reference(tmp_path_factory):
 
 # --- SLURM: the controller of scripts/local_slurm.sh, and its namespaced nodes ----------------------
 
+def _slurm_or_skip(answers: bool, what: str, start: str) -> None:
+    """Go on where `what` answers; else skip, or fail where TITAN_EXP_REQUIRE_SLURM=1 (CI), naming
+    the command that starts it."""
+    if not answers:
+        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
+            pytest.fail(f"no {what} answers; run `{start}`")
+        pytest.skip(f"no {what} (`{start}` starts one)")
+
+
 @pytest.fixture(scope="module")
 def slurm():
-    """A SLURM controller answers; else skip, or fail where TITAN_EXP_REQUIRE_SLURM=1 (CI)."""
+    """A SLURM controller answers."""
     from slurm_jobs import slurm_up
 
-    if not slurm_up():
-        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
-            pytest.fail("no SLURM controller answers; run scripts/local_slurm.sh")
-        pytest.skip("no SLURM controller (bash scripts/local_slurm.sh starts one)")
+    _slurm_or_skip(slurm_up(), "SLURM controller", "bash scripts/local_slurm.sh")
 
 
 @pytest.fixture(scope="module")
@@ -151,8 +157,6 @@ def nodes():
     """The 3-node `nodes` partition of `scripts/local_slurm.sh nodes 3`, its node names."""
     from slurm_jobs import partition_nodes, slurm_up
 
-    if not (slurm_up() and len(partition_nodes()) >= 3):
-        if os.environ.get("TITAN_EXP_REQUIRE_SLURM") == "1":
-            pytest.fail("no 3-node `nodes` partition answers; run `bash scripts/local_slurm.sh nodes`")
-        pytest.skip("no multi-node cluster (`bash scripts/local_slurm.sh nodes` starts one)")
+    _slurm_or_skip(slurm_up() and len(partition_nodes()) >= 3, "3-node `nodes` partition",
+                   "bash scripts/local_slurm.sh nodes 3")
     return partition_nodes()
