@@ -56,14 +56,13 @@ def test_an_moe_layers_tp_collectives_are_those_its_plan_runs():
     act_elements = 1024 * 2048  # tokens x dim
     act, weights = act_elements * 2, ar(1024 * 8 * 4)
 
-    def extra(ep, *more, full=0):
-        return moe_tp_extra(olmoe_job(ep, "parallelism.tensor_parallel_degree=2", *more), rs, ar, act_elements, act, full)
+    def extra(ep, *more):
+        return moe_tp_extra(olmoe_job(ep, "parallelism.tensor_parallel_degree=2", *more), rs, ar, act_elements, act)
     assert extra(1) == pytest.approx(rs(act) + weights)  # all-reduced where reduce-scattered
     assert extra(1, "model.n_shared_experts=1") == pytest.approx(5 * rs(act) + weights)
     assert extra(8) == pytest.approx(-2 * rs(act) + weights)
-    assert extra(8, full=1) == pytest.approx(-3 * rs(act) + weights)  # the recomputed forward's too
     assert extra(8, "model.n_shared_experts=1") == pytest.approx(4 * rs(act) + weights)
-    assert moe_tp_extra(resolve(compose_job(["model=llama3_8b"])), rs, ar, act_elements, act, 0) == 0.0
+    assert moe_tp_extra(resolve(compose_job(["model=llama3_8b"])), rs, ar, act_elements, act) == 0.0
 
 
 def test_an_moes_routed_experts_are_one_grouped_gemm_over_the_local_experts():

@@ -29,6 +29,9 @@ EP = {  # name -> overrides; every one must equal the single process
     "dp_shard4_ep2": ["parallelism=ep", "parallelism.data_parallel_shard_degree=4", *W4],  # experts also FSDP over 2
     "tp2_ep2": ["parallelism=2d", "parallelism.expert_parallel_degree=2", *W4],  # EP over the TP ranks
     "tp2_ep4": ["parallelism=2d", "parallelism.expert_parallel_degree=4", *W4],  # over FSDP x TP
+    # per-op selective AC: the experts' FSDP unit nested in a checkpointed block, the all-to-alls saved
+    "tp2_ep4_selective_ac": ["parallelism=2d", "parallelism.expert_parallel_degree=4",
+                             "activation_checkpoint.mode=selective", *W4],
     "pp2_ep2": ["parallelism=pp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
     "hsdp_ep2": ["parallelism=hsdp", "parallelism.expert_parallel_degree=2", *W4],
     "cp2_ep2": ["parallelism=cp", "parallelism.data_parallel_shard_degree=2", "parallelism.expert_parallel_degree=2", *W4],
@@ -38,8 +41,8 @@ EP = {  # name -> overrides; every one must equal the single process
     "ep2_compile_full_ac": ["parallelism=ep", "compile.enable=true", "activation_checkpoint.mode=full", *W2],
     "3d_ep": ["parallelism=3d_ep", "cluster.nproc_per_node=8", "training.local_batch_size=4"],
 }
-FAST = ("tp2_ep4", "pp2_ep2", "fsdp2_tp2")  # ep2 itself runs in the checkpoint fixture below, dp_shard4_ep2's layout in
-# test_experts_fewer_than_their_fsdp_ranks_shard_by_rows
+FAST = ("tp2_ep4_selective_ac", "pp2_ep2", "fsdp2_tp2")  # tp2_ep4's layout runs in the first; ep2 itself in the
+# checkpoint fixture below, dp_shard4_ep2's layout in test_experts_fewer_than_their_fsdp_ranks_shard_by_rows
 
 
 def ok(code, summary):
@@ -203,8 +206,6 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
     (["model=moe_debug", "parallelism=cp", "parallelism.expert_parallel_degree=3", "parallelism.data_parallel_shard_degree=3",
       "cluster.nproc_per_node=6", "model.n_experts=6"],
      "must be a multiple of context_parallel_degree x tensor_parallel_degree = 2 x 1"),
-    (["model=moe_debug", "parallelism=ep", "cluster.nproc_per_node=2", "activation_checkpoint.mode=selective"],
-     "activation_checkpoint.selective_ac_option = 'op': torch's per-op selective checkpoint"),
     (["model=moe_debug", "parallelism=cp", "cluster.nproc_per_node=2", "model.aux_loss_coeff=0.01"],
      "model.aux_loss_coeff = 0.01: the sequence-wise balance loss needs whole sequences"),
     (["model=moe_debug", "parallelism=tp", "cluster.nproc_per_node=2", "model.moe_hidden_dim=129",
@@ -252,26 +253,38 @@ def test_planner_searches_expert_parallel():
     assert not any("ep" in pl.degrees for pl in dense)
 
 
-@pytest.mark.quick
-def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
-    """One rank of TP 2 on torch's fake process group: the collectives a 2-block model runs with
-    its second block MoE, beside the same model all dense, counted by kind, forward and backward,
-    without EP and with EP 2 over the TP ranks, with and without shared experts, are what
-    perf.step_comm.moe_tp_extra prices one MoE layer beyond a dense block (an all-reduce and a
-    reduce-scatter told apart by their cost)."""
+# What each collective costs in the counts below: their kinds told apart by their size.
+COSTS = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1e3, "all_reduce": 1e6, "all_to_all_single": 1e9}
+
+
+@pytest.fixture
+def fake_tp2():
+    """One rank of 2 on torch's fake process group, and its mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    finally:
+        dist.destroy_process_group()
+
+
+def collective_costs(mesh, overrides: list[str], tp: bool = True) -> tuple[object, float]:
+    """The job of a 2-block model at `overrides`, and the COSTS of the collectives one rank runs in
+    a forward and backward, under TP 2 (`tp`), EP over the same 2 ranks where the job sets it, and
+    the job's activation checkpointing. Under EP each MoE layer exchanges its token counts by a
+    real all-to-all (counted; the fake group returns none, so the counts used are balanced)."""
+    from torch.distributed import _functional_collectives as funcol
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from titan_exp.cluster.dry_run import balanced_expert_counts
     from titan_exp.models.llama import Transformer
+    from titan_exp.models.moe import MoE
+    from titan_exp.parallel.activation_checkpoint import apply_ac
     from titan_exp.parallel.expert import apply_ep
     from titan_exp.parallel.tensor import apply_tp
-    from titan_exp.perf.profile import Line
-    from titan_exp.perf.step_comm import moe_tp_extra
-
-    cost = {"reduce_scatter_tensor": 1, "all_reduce": 1000}  # rs and ar by their latency, in counts
 
     class Count(TorchDispatchMode):
         def __init__(self):
@@ -279,35 +292,89 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices():
             self.cost = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.cost += cost.get(func.overloadpacket.__name__, 0)
+            self.cost += COSTS.get(func.overloadpacket.__name__, 0)
             return func(*args, **(kwargs or {}))
 
-    def counted(overrides, ep):
-        job = job_config(["model.n_layers=2", "training.seq_len=64", *overrides])
-        model = Transformer(job.model)
-        if ep:
-            apply_ep(model, mesh, mesh)
+    job = job_config(["model.n_layers=2", "training.seq_len=64", *overrides])
+    model = Transformer(job.model)
+    if job.parallelism.expert_parallel_degree > 1:
+        apply_ep(model, mesh, mesh)
+    if tp:
         apply_tp(model, mesh, loss_parallel=False)
-        model.init_weights(0)
-        with balanced_expert_counts(), Count() as forward:
-            out = model(torch.randint(0, job.model.vocab_size, (2, 64)))
-        with balanced_expert_counts(), Count() as backward:
-            out.sum().backward()
-        return job, forward.cost + backward.cost
+    if job.activation_checkpoint.mode != "none":
+        apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
+    model.init_weights(0)
+    with balanced_expert_counts():
+        balanced = MoE._exchange_counts
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
-    try:
-        mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-        _, dense = counted(["model=debugmodel"], ep=False)
-        for shared in (1, 0):
-            for ep in (False, True):
-                moe = ["model=moe_debug", "model.n_dense_layers=1", f"model.n_shared_experts={shared}",
-                       f"parallelism.expert_parallel_degree={2 if ep else 1}"]
-                job, total = counted(moe, ep)
-                priced = moe_tp_extra(job, Line(1, 0), Line(1000, 0), 1, 1, full=0)
-                assert total - dense == pytest.approx(priced * job.model.n_layers / job.model.n_moe_layers), (shared, ep)
-    finally:
-        dist.destroy_process_group()
+        def exchanged(self, counts_E):
+            funcol.all_to_all_single(counts_E, None, None, group=self.ep_mesh).wait()
+            return balanced(self, counts_E)
+
+        MoE._exchange_counts = exchanged
+        with Count() as count:
+            model(torch.randint(0, job.model.vocab_size, (2, 64))).sum().backward()
+    return job, count.cost
+
+
+@pytest.mark.quick
+def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices(fake_tp2):
+    """One rank of TP 2: the collectives a 2-block model runs with its second block MoE, beside the
+    same model all dense, counted by kind, forward and backward, without EP and with EP 2 over the
+    TP ranks, with and without shared experts, are what perf.step_comm.moe_tp_extra prices one
+    MoE layer beyond a dense block."""
+    from titan_exp.perf.profile import Line
+    from titan_exp.perf.step_comm import moe_tp_extra
+
+    _, dense = collective_costs(fake_tp2, ["model=debugmodel"])
+    rs, ar = (Line(COSTS[kind], 0) for kind in ("reduce_scatter_tensor", "all_reduce"))
+    for shared in (1, 0):
+        for ep in (1, 2):
+            job, total = collective_costs(fake_tp2, ["model=moe_debug", "model.n_dense_layers=1",
+                                                     f"model.n_shared_experts={shared}",
+                                                     f"parallelism.expert_parallel_degree={ep}"])
+            # EP's own all-to-alls, as perf.step_comm.inline_comm prices them: forward the counts, the
+            # tokens there and back; backward the tokens' gradients there and back.
+            ep_a2a = 5 * COSTS["all_to_all_single"] if ep > 1 else 0
+            priced = moe_tp_extra(job, rs, ar, 1, 1)
+            tp_extra = total - dense - ep_a2a  # the MoE layer's TP collectives beyond a dense block's
+            assert tp_extra == pytest.approx(priced * job.model.n_layers / job.model.n_moe_layers), (shared, ep)
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("ac", [["activation_checkpoint.mode=full"], ["activation_checkpoint.mode=selective"],
+                                ["activation_checkpoint.mode=selective",
+                                 "activation_checkpoint.selective_ac_option=2"]],
+                         ids=["full", "selective_op", "selective_2"])
+@pytest.mark.parametrize("model", [["model=debugmodel"], ["model=moe_debug", "model.n_dense_layers=0",
+                                                           "parallelism.expert_parallel_degree=2"]],
+                         ids=["dense_tp2", "moe_ep2_over_tp2"])
+def test_the_collectives_activation_checkpointing_runs_again_are_those_the_step_model_prices(fake_tp2, model, ac):
+    """What each AC mode adds to a 2-block model's collectives (TP 2; the MoE's with EP 2 over the TP
+    ranks and a shared expert), counted on one rank, is what perf.step_comm prices a block's
+    recompute at: per-op selective reruns TP's all-gathers only (its policy saves reduce-scatters
+    and all-to-alls), full AC also the attention's reduce-scatter and EP's all-to-alls, every 2nd
+    block checkpointed half of full's."""
+    from titan_exp.perf.profile import BlockCost, Line, defaults
+    from titan_exp.perf.step_comm import BlockWork, StepShape, inline_comm
+
+    lines = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+             "all_reduce": "all_reduce", "all_to_all": "all_to_all_single"}
+    profile = defaults("cpu", "gloo", 2, 1)
+    profile.collective = lambda op, *_: Line(COSTS[lines[op]], 0)
+
+    def priced(job):
+        s = StepShape.of(job, profile, cuda=False)
+        nothing = Line(0.0, 0.0)
+        inline = inline_comm(s, BlockWork(0.0, 0.0, 0.0, 0.0, BlockCost(nothing, nothing, nothing), None),
+                             "micro_pipeline", False)
+        return job.model.n_layers * (inline.tp_block + inline.ep_block)
+
+    tp = ["parallelism.tensor_parallel_degree=2"]
+    none_job, none = collective_costs(fake_tp2, [*model, *tp])
+    job, total = collective_costs(fake_tp2, [*model, *tp, *ac])
+    assert total > none  # something runs again
+    assert total - none == pytest.approx(priced(job) - priced(none_job))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")

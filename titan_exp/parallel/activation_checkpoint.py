@@ -2,8 +2,10 @@
 
 - full: every block's activations are recomputed in backward.
 - selective, option "op": per-op policy. Matmul outputs are saved except every second one, and
-  attention outputs and reduce-scatters are always saved (recomputing them costs the most); the
-  rest (norms, activations, elementwise) is recomputed.
+  attention outputs, reduce-scatters and expert parallel's all-to-alls are always saved
+  (recomputing them costs the most); the rest (norms, activations, elementwise, and the
+  all-gathers of tensor and context parallel, whose outputs the recomputed linears and attention
+  read) is recomputed. perf.step_comm prices the collectives each mode runs again.
 - selective, option N: every Nth block is fully checkpointed, the others keep everything.
 """
 
@@ -43,8 +45,21 @@ SAVE_ALWAYS = {
     _ops._scaled_dot_product_efficient_attention.default,
     _ops._scaled_dot_product_cudnn_attention.default,
     torch.ops._c10d_functional.reduce_scatter_tensor.default,
+    # EP's dispatch, combine and token counts (models.moe): recomputed, the tokens would cross the
+    # EP group again. TorchTitan's policy saves them too.
+    torch.ops._c10d_functional.all_to_all_single.default,
     _ops.max.default,  # float8 amax: cheap to save, a reduction to recompute
 }
+# torch 2.13's selective checkpoint replays a block's ops by their count in the forward, and fails
+# where the recompute runs one more. FSDP's hooks on a unit nested in the block (an MoE layer's
+# experts under EP, parallel/fsdp.py) open profiler ranges a different number of times in the
+# recompute ("profiler._record_function_enter_new invocation index 3 ... not found in storage":
+# pytorch/torchtitan issue 3427, pytorch/pytorch PR 185178). They make no model value, so the
+# replay runs them without counting them (torch.utils.checkpoint.SAC_IGNORED_OPS, public).
+PROFILER_OPS = [getattr(packet, overload) for packet in (torch.ops.profiler._record_function_enter,
+                                                        torch.ops.profiler._record_function_enter_new,
+                                                        torch.ops.profiler._record_function_exit)
+                for overload in packet.overloads()]
 
 
 def _op_policy():
@@ -61,6 +76,7 @@ def _op_policy():
 
         return create_selective_checkpoint_contexts(policy)
 
+    torch.utils.checkpoint.SAC_IGNORED_OPS.update(PROFILER_OPS)
     return selective_context
 
 

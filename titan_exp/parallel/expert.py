@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from titan_exp.config import ACMode, JobConfig, problem
+from titan_exp.config import JobConfig, problem
 
 
 def check(job: JobConfig, dims, cuda: bool) -> list[str]:
@@ -35,14 +35,6 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
                                     f"tensor_parallel_degree = {dims.dp_shard} x {dims.cp} x {dims.tp}: "
                                     f"ep / (cp x tp) = {ep // borrowed} must divide data_parallel_shard_degree = "
                                     f"{dims.dp_shard}"))
-    ac = job.activation_checkpoint
-    if ac.mode == ACMode.selective and ac.selective_ac_option == "op":
-        # torch 2.13's selective checkpoint replays a block's ops by invocation count and fails on
-        # an MoE block under EP ("profiler._record_function_enter_new invocation index 3 ...
-        # not found in storage"), likely from the experts' FSDP unit nested in the block.
-        e.append(problem("activation_checkpoint.selective_ac_option", "op",
-                         "torch's per-op selective checkpoint fails to replay an MoE block under expert parallel; "
-                         "use activation_checkpoint.mode=full or selective_ac_option=N (every Nth block)"))
     return e
 
 

@@ -65,6 +65,7 @@ SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC
 ATTENTION_PER_TOKEN_D = 5  # of ACT_PER_TOKEN_D: q, k, v, attention's output and wo's input, at Llama's width
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
+EXCHANGED_COPIES = 2  # of them, EP's all-to-alls' outputs (received, returned): per-op selective AC saves them
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     dispatched = tokens / p.dispatch_split
     per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim / p.expert_width_split + DISPATCH_COPIES * m.dim
     per_block += moe_share * dispatched * m.top_k * per_routed_row * act_bytes
+    exchanged = moe_share * dispatched * m.top_k * EXCHANGED_COPIES * m.dim * act_bytes if ep > 1 else 0.0
     inputs = tokens * m.dim * act_bytes / tp
     # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside
     # (ACT_PER_TOKEN_* above: fitted constants), and `checkpoints`, the block inputs activation
@@ -213,8 +215,9 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         saved, checkpoints = blocks * per_block, 0.0
     elif mode == ACMode.full:
         saved, checkpoints = 0.0, blocks * inputs
-    elif job.activation_checkpoint.selective_ac_option == "op":
-        saved, checkpoints, recompute = blocks * per_block * SELECTIVE_SHARE, 0.0, 0.0
+    elif job.activation_checkpoint.selective_ac_option == "op":  # EP's all-to-alls' outputs kept whole
+        saved = blocks * ((per_block - exchanged) * SELECTIVE_SHARE + exchanged)
+        checkpoints, recompute = 0.0, 0.0
     else:
         kept = blocks // int(job.activation_checkpoint.selective_ac_option)
         saved, checkpoints = (blocks - kept) * per_block, kept * inputs

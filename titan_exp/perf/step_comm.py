@@ -14,23 +14,28 @@ the profile's measured latency + bytes / bandwidth of each collective at its gro
   DDP    one all-reduce of the gradients in 25 MiB buckets, overlapped with backward as measured.
   TP/SP  per block and microbatch what a real TP + SP block took beyond the plain sharded one
          (calibrated: its collectives and DTensor's own overhead); else 4 all-gathers and 4
-         reduce-scatters of the activations in their dtype (+2 each with full AC; the forward
-         all-gathers in float8 under float8 TP on a GPU); plus the embedding's and output's.
+         reduce-scatters of the activations in their dtype (the forward all-gathers in float8
+         under float8 TP on a GPU); plus the embedding's and output's. What AC recomputes runs
+         again: the forward's 2 all-gathers under per-op selective AC (its policy saves
+         reduce-scatters and all-to-alls, parallel.activation_checkpoint), and under full AC the
+         attention's reduce-scatter too (the block's last, the feed-forward's, only feeds the
+         residual sum, which backward does not read; torch's recompute stops before it).
          Async TP hides them behind the matmuls they are fused with: on a GPU priced from its
          parts, those torch's pass fuses (overlap.async_tp_exposed); else by the measured overlap.
          An MoE layer's collectives differ from a dense SwiGLU's (moe_tp_extra), waited for in full.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
-         else an all-gather of K and V forward (again when recomputed), a reduce-scatter backward.
+         else an all-gather of K and V forward (again where AC recomputes the attention's input:
+         full, and per-op selective), a reduce-scatter backward.
   PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
          its parts, only what the schedule cannot hide (overlap.p2p_exposed).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
-         backward (again when recomputed): four all-to-alls of tokens x top_k x dim over ep ranks
-         (each TP rank's 1/tp of the tokens: EP spreads over TP, parallel.expert), and the
-         token-count exchange before each forward one, over the network only where ep ranks
-         outgrow a node (ep_spans_nodes), and then only the bytes for other nodes' ranks
-         (ep_node_ranks: half of them over two nodes). The routed experts are gathered by
-         FSDP over efsdp = dp_shard x cp x tp / ep ranks only, 1/ep of them per rank.
+         backward (again under full AC; per-op selective saves them): four all-to-alls of tokens
+         x top_k x dim over ep ranks (each TP rank's 1/tp of the tokens: EP spreads over TP,
+         parallel.expert), and the token-count exchange before each forward one, over the
+         network only where ep ranks outgrow a node (ep_spans_nodes), and then only the bytes for
+         other nodes' ranks (ep_node_ranks: half of them over two nodes). The routed experts are
+         gathered by FSDP over efsdp = dp_shard x cp x tp / ep ranks only, 1/ep of them per rank.
 A group that spans nodes pays the profile's inter-node line, through as many NICs at once as it
 has ranks in each node (node_ranks; MachineProfile.collective): FSDP over two full nodes of 8
 GPUs moves its bytes 8 x faster than HSDP's replicas, one rank per node, do.
@@ -108,9 +113,24 @@ class StepShape:
         return self.mb / self.cp
 
     @cached_property
-    def full(self) -> int:
-        """1 under full activation checkpointing (its forward's collectives run again)."""
-        return 1 if self.job.activation_checkpoint.mode == ACMode.full else 0
+    def full(self) -> float:
+        """The share of blocks whose forward AC recomputes whole, its collectives too: 1 under full
+        AC, 1/N where selective AC checkpoints every Nth block, else 0."""
+        ac = self.job.activation_checkpoint
+        if ac.mode == ACMode.full:
+            return 1.0
+        if ac.mode == ACMode.selective and ac.selective_ac_option != "op":
+            return 1 / int(ac.selective_ac_option)
+        return 0.0
+
+    @cached_property
+    def regathered(self) -> float:
+        """The share of blocks whose forward all-gathers (TP's, CP's) run again in backward: those
+        recomputed whole, and under per-op selective AC every block (its policy saves the
+        reduce-scatters and all-to-alls, not the all-gathers, whose outputs the recomputed linears
+        and attention read)."""
+        ac = self.job.activation_checkpoint
+        return 1.0 if ac.mode == ACMode.selective and ac.selective_ac_option == "op" else self.full
 
     @cached_property
     def param_bytes(self) -> int:
@@ -175,8 +195,7 @@ class BlockWork:
         return self.block - self.fwd + self.recompute
 
 
-def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_bytes: float,
-                 full: int) -> float:
+def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_bytes: float) -> float:
     """The mean block's TP collectives per microbatch beyond a dense block's, from its MoE layers
     (parallel.tensor.moe_plan; a dense SwiGLU all-gathers its input and reduce-scatters its output
     forward, and the same backward). Without EP the MoE layer's output is reduce-scattered as a
@@ -184,8 +203,9 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     input gradient is all-reduced over TP, and the shared experts' twice (the hooks of their
     column-wise w1 and w3 each sum their own). Under EP over TP nothing is reduce-scattered: the
     forward's output is the shared experts' all-reduce (nothing without them), backward their two.
-    Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. The forward
-    repeats under full AC (`full`). tests/test_moe.py counts these on the layer."""
+    Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. Recomputing the
+    block repeats none of them: the forward's differ from a dense block's in its last collective,
+    which only the residual sum reads. tests/test_moe.py counts these on the layer, under each AC."""
     m = job.model
     if not m.n_moe_layers:
         return 0.0
@@ -197,7 +217,7 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     else:
         forward = 0.0
         backward = (1 + 2 * shared) * ar(act_bytes) + weights - rs(act_bytes)
-    return m.n_moe_layers / m.n_layers * ((1 + full) * forward + backward)
+    return m.n_moe_layers / m.n_layers * (forward + backward)
 
 
 @dataclass(frozen=True)
@@ -227,39 +247,45 @@ def inline_comm(s: StepShape, work: BlockWork, tp_overlap: str, ep_overlap: bool
     if s.tp > 1:
         ag, rs, ar = (s.line(op, s.tp, ("tp",)) for op in ("all_gather", "reduce_scatter", "all_reduce"))
         if work.cost.tp_comm is not None and "tp" not in s.spans:  # measured inside a node
-            # Measured on a real TP block (a recomputed forward repeats a third of it); the
+            # Measured on a real TP block (a recomputed forward repeats a third of it: 2 all-gathers
+            # and a reduce-scatter of its 8 collectives; the all-gathers alone, a quarter); the
             # embedding's and output's collectives are in the measured rest of the model (head).
-            tp_block = work.cost.tp_comm(s.seqs) * (1 + s.full / 3)
+            tp_block = work.cost.tp_comm(s.seqs) * (1 + s.full / 3 + (s.regathered - s.full) / 4)
         else:
-            # Forward (and its recompute): 2 all-gathers (in float8 where torchao's float8 TP
-            # styles run, on NCCL) and 2 reduce-scatters; backward: 2 of each, in bf16/fp32.
+            # Forward: 2 all-gathers (in float8 where torchao's float8 TP styles run, on NCCL) and
+            # 2 reduce-scatters; backward: 2 of each, in bf16/fp32; the recompute's (StepShape).
             act = s.act_bytes
             fwd_gather = s.act_elements if float8_collectives(job, s.cuda) else act  # float8: a byte each
-            tp_block = (2 + 2 * s.full) * (ag(fwd_gather) + rs(act)) + 2 * (ag(act) + rs(act))
+            tp_block = (2 * (1 + s.regathered) * ag(fwd_gather) + (2 + s.full) * rs(act)
+                        + 2 * (ag(act) + rs(act)))
             if gpu is not None and job.parallelism.enable_async_tensor_parallel:  # collectives beside their GEMMs
                 c = s.profile.corrections.compute
                 partials = act * (1 + 1 / s.tp) / hbm(s.profile.kernels) * c  # read every rank's, write the sum
-                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act), rs(act),
-                                                     tuple(g * c for g in gpu.tp_groups), partials, tp_overlap)
-                tp_block = (1 + s.full) * forward + backward
-            tp_block += moe_tp_extra(job, rs, ar, s.act_elements, act, s.full)
+                groups = tuple(g * c for g in gpu.tp_groups)
+                forward, backward = async_tp_exposed(ag(fwd_gather), ag(act), rs(act), groups, partials, tp_overlap)
+                gathers = async_tp_exposed(ag(fwd_gather), ag(act), 0.0, groups, 0.0, tp_overlap)[0]
+                # Recomputed: the all-gathers' exposed part, and under full AC one of the 2 reduce-scatters'.
+                tp_block = forward + backward + s.regathered * gathers + s.full * (forward - gathers) / 2
+            tp_block += moe_tp_extra(job, rs, ar, s.act_elements, act)
             tp_end, tp_loss = ag(act) + rs(act), 3 * ar(8 * s.mb * t.seq_len / s.cp)
     if s.cp > 1:
         base = s.profile.block(model_shape(job), 1)
         if base is not None and s.cp in base.cp_extra:  # measured on a real CP block (at tp 1)
-            cp_block = base.cp_extra[s.cp](s.mb) / s.tp * (1 + s.full / 3)
+            # A recomputed forward repeats a third of it (measured); where only its all-gather
+            # reruns (per-op selective AC) the same third is assumed, not measured.
+            cp_block = base.cp_extra[s.cp](s.mb) / s.tp * (1 + s.regathered / 3)
         else:
             ag, rs = s.line("all_gather", s.cp, ("cp",)), s.line("reduce_scatter", s.cp, ("cp",))
             # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
             k_bytes, v_bytes = (s.act_bytes / m.dim * s.cp * m.kv_heads * width / s.tp
                                 for width in (m.head_size, m.v_head_size))
-            cp_block = (1 + s.full) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+            cp_block = (1 + s.regathered) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
     if s.ep > 1:
         a2a = s.profile.collective("all_to_all", s.ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = (s.mb * t.seq_len / s.cp / job.parallelism.dispatch_split * m.top_k * m.dim
                         * (2 if job.precision.param_dtype == "bfloat16" else 4))
         ep_fwd = 2 * a2a(routed_bytes) + a2a(8 * m.n_experts)  # dispatch, combine, the token counts
-        ep_bwd = 2 * a2a(routed_bytes) + s.full * ep_fwd  # and the recomputed forward's
+        ep_bwd = 2 * a2a(routed_bytes) + s.full * ep_fwd  # and a forward recomputed whole
         per_layer = ep_fwd + ep_bwd
         if ep_overlap and gpu is not None:  # beside another microbatch's compute (another engine's)
             per_layer = ep_exposed(ep_fwd, ep_bwd, work.fwd, work.backward_window, s.accumulation * s.n_mb)
