@@ -271,10 +271,10 @@ def fake_tp2():
         dist.destroy_process_group()
 
 
-def collective_costs(mesh, overrides: list[str], tp: bool = True) -> tuple[object, float]:
+def collective_costs(mesh, overrides: list[str]) -> tuple[object, float]:
     """The job of a 2-block model at `overrides`, and the COSTS of the collectives one rank runs in
-    a forward and backward, under TP 2 (`tp`), EP over the same 2 ranks where the job sets it, and
-    the job's activation checkpointing. Under EP each MoE layer exchanges its token counts by a
+    a forward and backward, under TP 2, EP over the same 2 ranks where the job sets it, and the
+    job's activation checkpointing. Under EP each MoE layer exchanges its token counts by a
     real all-to-all (counted; the fake group returns none, so the counts used are balanced)."""
     from torch.distributed import _functional_collectives as funcol
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -299,8 +299,7 @@ def collective_costs(mesh, overrides: list[str], tp: bool = True) -> tuple[objec
     model = Transformer(job.model)
     if job.parallelism.expert_parallel_degree > 1:
         apply_ep(model, mesh, mesh)
-    if tp:
-        apply_tp(model, mesh, loss_parallel=False)
+    apply_tp(model, mesh, loss_parallel=False)
     if job.activation_checkpoint.mode != "none":
         apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
     model.init_weights(0)
