@@ -258,7 +258,7 @@ COSTS = {"all_gather_into_tensor": 1, "reduce_scatter_tensor": 1e3, "all_reduce"
 
 
 @pytest.fixture
-def fake_tp2():
+def fake_2():
     """One rank of 2 on torch's fake process group, and its mesh."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -266,22 +266,25 @@ def fake_tp2():
 
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
     try:
-        yield init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+        yield init_device_mesh("cpu", (2,))
     finally:
         dist.destroy_process_group()
 
 
-def collective_costs(mesh, overrides: list[str]) -> tuple[object, float]:
+def collective_costs(mesh, overrides: list[str], monkeypatch) -> tuple[object, float]:
     """The job of a 2-block model at `overrides`, and the COSTS of the collectives one rank runs in
-    a forward and backward, under TP 2, EP over the same 2 ranks where the job sets it, and the
-    job's activation checkpointing. Under EP each MoE layer exchanges its token counts by a
-    real all-to-all (counted; the fake group returns none, so the counts used are balanced)."""
+    a forward and backward: TP, CP and EP over the 2 ranks where the job sets them (EP over TP's
+    ranks), under the job's activation checkpointing. Under EP each MoE layer exchanges its token
+    counts by a real all-to-all (counted; the fake group returns none, so the counts used are
+    balanced). Under CP a chunk's lower-right causal mask is given as booleans, the same mask
+    (torch's CausalBias cannot be made under a counting dispatch mode)."""
     from torch.distributed import _functional_collectives as funcol
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from titan_exp.cluster.dry_run import balanced_expert_counts
     from titan_exp.models.llama import Transformer
     from titan_exp.models.moe import MoE
+    from titan_exp.parallel import context
     from titan_exp.parallel.activation_checkpoint import apply_ac
     from titan_exp.parallel.expert import apply_ep
     from titan_exp.parallel.tensor import apply_tp
@@ -296,10 +299,16 @@ def collective_costs(mesh, overrides: list[str]) -> tuple[object, float]:
             return func(*args, **(kwargs or {}))
 
     job = job_config(["model.n_layers=2", "training.seq_len=64", *overrides])
+    p = job.parallelism
     model = Transformer(job.model)
-    if job.parallelism.expert_parallel_degree > 1:
+    if p.expert_parallel_degree > 1:
         apply_ep(model, mesh, mesh)
-    apply_tp(model, mesh, loss_parallel=False)
+    if p.tensor_parallel_degree > 1:
+        apply_tp(model, mesh, loss_parallel=False)
+    if p.context_parallel_degree > 1:
+        monkeypatch.setattr(context, "causal_lower_right",
+                            lambda chunk, end: torch.ones(chunk, end, dtype=torch.bool).tril(end - chunk))
+        context.apply_cp(model, mesh, 64)
     if job.activation_checkpoint.mode != "none":
         apply_ac(model, job.activation_checkpoint.mode, job.activation_checkpoint.selective_ac_option)
     model.init_weights(0)
@@ -312,12 +321,12 @@ def collective_costs(mesh, overrides: list[str]) -> tuple[object, float]:
 
         MoE._exchange_counts = exchanged
         with Count() as count:
-            model(torch.randint(0, job.model.vocab_size, (2, 64))).sum().backward()
+            model(torch.randint(0, job.model.vocab_size, (2, 64 // p.context_parallel_degree))).sum().backward()
     return job, count.cost
 
 
 @pytest.mark.quick
-def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices(fake_tp2):
+def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices(fake_2, monkeypatch):
     """One rank of TP 2: the collectives a 2-block model runs with its second block MoE, beside the
     same model all dense, counted by kind, forward and backward, without EP and with EP 2 over the
     TP ranks, with and without shared experts, are what perf.step_comm.moe_tp_extra prices one
@@ -325,13 +334,14 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices(fake_tp2):
     from titan_exp.perf.profile import Line
     from titan_exp.perf.step_comm import moe_tp_extra
 
-    _, dense = collective_costs(fake_tp2, ["model=debugmodel"])
+    tp = "parallelism.tensor_parallel_degree=2"
+    _, dense = collective_costs(fake_2, ["model=debugmodel", tp], monkeypatch)
     rs, ar = (Line(COSTS[kind], 0) for kind in ("reduce_scatter_tensor", "all_reduce"))
     for shared in (1, 0):
         for ep in (1, 2):
-            job, total = collective_costs(fake_tp2, ["model=moe_debug", "model.n_dense_layers=1",
-                                                     f"model.n_shared_experts={shared}",
-                                                     f"parallelism.expert_parallel_degree={ep}"])
+            job, total = collective_costs(fake_2, ["model=moe_debug", "model.n_dense_layers=1", tp,
+                                                   f"model.n_shared_experts={shared}",
+                                                   f"parallelism.expert_parallel_degree={ep}"], monkeypatch)
             # EP's own all-to-alls, as perf.step_comm.inline_comm prices them: forward the counts, the
             # tokens there and back; backward the tokens' gradients there and back.
             ep_a2a = 5 * COSTS["all_to_all_single"] if ep > 1 else 0
@@ -345,15 +355,19 @@ def test_an_moe_layers_tp_collectives_are_those_the_step_model_prices(fake_tp2):
                                 ["activation_checkpoint.mode=selective",
                                  "activation_checkpoint.selective_ac_option=2"]],
                          ids=["full", "selective_op", "selective_2"])
-@pytest.mark.parametrize("model", [["model=debugmodel"], ["model=moe_debug", "model.n_dense_layers=0",
-                                                           "parallelism.expert_parallel_degree=2"]],
-                         ids=["dense_tp2", "moe_ep2_over_tp2"])
-def test_the_collectives_activation_checkpointing_runs_again_are_those_the_step_model_prices(fake_tp2, model, ac):
+@pytest.mark.parametrize("model", [["model=debugmodel", "parallelism.tensor_parallel_degree=2"],
+                                   ["model=moe_debug", "model.n_dense_layers=0", "parallelism.tensor_parallel_degree=2",
+                                    "parallelism.expert_parallel_degree=2"],
+                                   ["model=debugmodel", "parallelism.context_parallel_degree=2"]],
+                         ids=["dense_tp2", "moe_ep2_over_tp2", "dense_cp2"])
+def test_the_collectives_activation_checkpointing_runs_again_are_those_the_step_model_prices(fake_2, monkeypatch,
+                                                                                            model, ac):
     """What each AC mode adds to a 2-block model's collectives (TP 2; the MoE's with EP 2 over the TP
-    ranks and a shared expert), counted on one rank, is what perf.step_comm prices a block's
-    recompute at: per-op selective reruns TP's all-gathers only (its policy saves reduce-scatters
-    and all-to-alls), full AC also the attention's reduce-scatter and EP's all-to-alls, every 2nd
-    block checkpointed half of full's."""
+    ranks and a shared expert; CP 2), counted on one rank, is what perf.step_comm prices a block's
+    recompute at: per-op selective reruns TP's and CP's all-gathers only (its policy saves
+    reduce-scatters and all-to-alls), full AC also the attention's reduce-scatter and EP's
+    all-to-alls, every 2nd block checkpointed half of full's. Without AC, CP's collectives are
+    what it prices: one all-gather of K and V a block, one reduce-scatter back."""
     from titan_exp.perf.profile import BlockCost, Line, defaults
     from titan_exp.perf.step_comm import BlockWork, StepShape, inline_comm
 
@@ -367,13 +381,14 @@ def test_the_collectives_activation_checkpointing_runs_again_are_those_the_step_
         nothing = Line(0.0, 0.0)
         inline = inline_comm(s, BlockWork(0.0, 0.0, 0.0, 0.0, BlockCost(nothing, nothing, nothing), None),
                              "micro_pipeline", False)
-        return job.model.n_layers * (inline.tp_block + inline.ep_block)
+        return job.model.n_layers * (inline.tp_block + inline.cp_block + inline.ep_block)
 
-    tp = ["parallelism.tensor_parallel_degree=2"]
-    none_job, none = collective_costs(fake_tp2, [*model, *tp])
-    job, total = collective_costs(fake_tp2, [*model, *tp, *ac])
+    none_job, none = collective_costs(fake_2, model, monkeypatch)
+    job, total = collective_costs(fake_2, [*model, *ac], monkeypatch)
     assert total > none  # something runs again
     assert total - none == pytest.approx(priced(job) - priced(none_job))
+    if none_job.parallelism.context_parallel_degree > 1:
+        assert none == pytest.approx(priced(none_job))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")

@@ -25,8 +25,8 @@ the profile's measured latency + bytes / bandwidth of each collective at its gro
          An MoE layer's collectives differ from a dense SwiGLU's (moe_tp_extra), waited for in full.
   CP     per block and microbatch what a real CP block took beyond the plain one on 1/cp of the
          sequence (calibrated: the K/V all-gather, and its chunks' attention over the keys before them);
-         else an all-gather of K and V forward (again where AC recomputes the attention's input:
-         full, and per-op selective), a reduce-scatter backward.
+         else one all-gather of K and V together forward (again where AC recomputes the
+         attention's input: full, and per-op selective), a reduce-scatter backward.
   PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
          its parts, only what the schedule cannot hide (overlap.p2p_exposed).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
@@ -276,10 +276,10 @@ def inline_comm(s: StepShape, work: BlockWork, tp_overlap: str, ep_overlap: bool
             cp_block = base.cp_extra[s.cp](s.mb) / s.tp * (1 + s.regathered / 3)
         else:
             ag, rs = s.line("all_gather", s.cp, ("cp",)), s.line("reduce_scatter", s.cp, ("cp",))
-            # The whole sequence's K and V (MLA's: every head's, its values narrower than its keys)
-            k_bytes, v_bytes = (s.act_bytes / m.dim * s.cp * m.kv_heads * width / s.tp
-                                for width in (m.head_size, m.v_head_size))
-            cp_block = (1 + s.regathered) * (ag(k_bytes) + ag(v_bytes)) + (rs(k_bytes) + rs(v_bytes))
+            # The whole sequence's K and V, in one collective (parallel.context; MLA's: every head's,
+            # its values narrower than its keys)
+            kv_bytes = s.act_bytes / m.dim * s.cp * m.kv_heads * (m.head_size + m.v_head_size) / s.tp
+            cp_block = (1 + s.regathered) * ag(kv_bytes) + rs(kv_bytes)
     if s.ep > 1:
         a2a = s.profile.collective("all_to_all", s.ep, ep_spans_nodes(job), ep_node_ranks(job))
         routed_bytes = (s.mb * t.seq_len / s.cp / job.parallelism.dispatch_split * m.top_k * m.dim
