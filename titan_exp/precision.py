@@ -179,7 +179,7 @@ def compile_rounds_as_eager(p: PrecisionConfig) -> bool:
     (Inductor's `emulate_precision_casts`). Inductor keeps a fused kernel's intermediates in fp32
     where eager rounds them, so what a block computes depends on how it was fused, which activation
     checkpointing changes, and its recompute need not match its forward. Under float8 with rowwise
-    scales (each from its row's amax) losses went non-finite so (pytorch/pytorch issue 150859, for
+    scales (each from its row's amax) losses went non-finite that way (pytorch/pytorch issue 150859, for
     which TorchTitan sets it under rowwise), as Llama 3.1 8B's width with selective AC did at its
     second step on this project's H200 (2026-11-28; not rerun there since). Rounded as eager,
     selective AC gives the losses of no AC to the bit (tests/test_precision.py)."""

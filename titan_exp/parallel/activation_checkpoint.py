@@ -76,11 +76,12 @@ def _op_policy():
 
         return create_selective_checkpoint_contexts(policy)
 
-    torch.utils.checkpoint.SAC_IGNORED_OPS.update(PROFILER_OPS)
     return selective_context
 
 
 def apply_ac(model: nn.Module, mode: ACMode, option: str) -> None:
+    if mode == ACMode.selective and option == "op":
+        torch.utils.checkpoint.SAC_IGNORED_OPS.update(PROFILER_OPS)  # once, for every block's replay
     for name, block in list(model.layers.items()):
         if mode == ACMode.full:
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
