@@ -391,6 +391,64 @@ def test_the_collectives_activation_checkpointing_runs_again_are_those_the_step_
         assert none == pytest.approx(priced(none_job))
 
 
+def selective_kept(mesh, overrides: list[str], n_layers: int, monkeypatch) -> tuple[object, float]:
+    """The job, and the bytes of live tensors after the forward of an `n_layers` model's blocks
+    under per-op selective AC, on one rank of 2 (TP and EP as the job sets them), every token
+    routed round-robin (each expert the same share: the memory model's balanced experts)."""
+    from titan_exp.cluster.dry_run import balanced_expert_counts, tensor_peak
+    from titan_exp.models.llama import Transformer
+    from titan_exp.models.moe import Router
+    from titan_exp.parallel.activation_checkpoint import apply_ac
+    from titan_exp.parallel.expert import apply_ep
+    from titan_exp.parallel.tensor import apply_tp
+
+    routed = Router.forward
+
+    def round_robin(self, x_TD, bias_E):
+        _, _, scores_TE = routed(self, x_TD, bias_E)
+        ids_TK = (torch.arange(len(x_TD))[:, None] * self.top_k + torch.arange(self.top_k)) % scores_TE.shape[-1]
+        return scores_TE.gather(-1, ids_TK) * self.route_scale, ids_TK, scores_TE
+
+    monkeypatch.setattr(Router, "forward", round_robin)
+    job = job_config([f"model.n_layers={n_layers}", "training.seq_len=512", "activation_checkpoint.mode=selective",
+                      *overrides])
+    p = job.parallelism
+    model = Transformer(job.model)
+    if p.expert_parallel_degree > 1:
+        apply_ep(model, mesh, mesh)
+    if p.tensor_parallel_degree > 1:
+        apply_tp(model, mesh, loss_parallel=False)
+    apply_ac(model, "selective", "op")
+    model.init_weights(0)
+    model.norm = model.output = None  # the blocks' output, not the logits
+    with balanced_expert_counts(), tensor_peak() as live:
+        for t in [*model.parameters(), *model.buffers()]:
+            live.track(t)
+        before = live.live
+        out = model(torch.randint(0, job.model.vocab_size, (2, 512)))
+        out = out.to_local() if hasattr(out, "to_local") else out
+        return job, live.live - before - out.numel() * out.element_size()
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("overrides", [["model=debugmodel"], ["model=debugmodel", "parallelism.tensor_parallel_degree=2"],
+                                       ["model=moe_debug", "model.n_dense_layers=0"],
+                                       ["model=moe_debug", "model.n_dense_layers=0", "parallelism.tensor_parallel_degree=2"],
+                                       ["model=moe_debug", "model.n_dense_layers=0", "parallelism.tensor_parallel_degree=2",
+                                        "parallelism.expert_parallel_degree=2"]],
+                         ids=["dense", "dense_tp2", "moe", "moe_tp2", "moe_tp2_ep2"])
+def test_what_per_op_selective_ac_keeps_is_what_the_memory_model_counts(fake_2, monkeypatch, overrides):
+    """A block's tensors alive after the forward under per-op selective AC (a 4-block model's less
+    a 2-block one's, over 2) are perf.memory.selective_saved's bytes: its input, every other
+    matmul's output, attention's, the reduce-scatters' and all-to-alls' (fp32, 1,024 tokens)."""
+    from titan_exp.perf.memory import selective_saved
+
+    job, two = selective_kept(fake_2, overrides, 2, monkeypatch)
+    _, four = selective_kept(fake_2, overrides, 4, monkeypatch)
+    moe = job.model.n_moe_layers > 0
+    assert (four - two) / 2 / 1024 == pytest.approx(selective_saved(job, moe, cuda=False, act_bytes=4), rel=2e-3)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")
 def test_grouped_matmul_equals_the_loop():
     from titan_exp.models.moe import GroupedExperts

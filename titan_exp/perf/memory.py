@@ -12,7 +12,8 @@
     on every rank; DDP's gradient buckets, a second copy of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
     the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
-    none), a share of it (selective per op), or, under AC, the one block being recomputed;
+    none), what the per-op policy keeps, counted (selective per op: selective_saved), or, under
+    AC, the one block being recomputed;
     TP with sequence parallel divides it by tp, except the gathered inputs (SP_GATHERED);
   * checkpoints: the block inputs activation checkpointing keeps instead (full, or every Nth
     block); pipeline schedules keep several microbatches' of these and of the activations in
@@ -55,16 +56,15 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig, ModelConfig
 from titan_exp.parallel.pipeline import rank_loads
-from titan_exp.perf.shapes import float8_gathered, fsdp_rounds
+from titan_exp.perf.shapes import attention_on_rank, float8_gathered, fsdp_rounds
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
 ACT_PER_TOKEN_D = 12  # floats per token per block, in units of dim
 ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
-SELECTIVE_SHARE = 0.55  # the share of a block's activations per-op selective AC keeps
 ATTENTION_PER_TOKEN_D = 5  # of ACT_PER_TOKEN_D: q, k, v, attention's output and wo's input, at Llama's width
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
-DISPATCH_COPIES = 4  # routed tokens (x top_k) alive per MoE layer: sorted, received, expert output, returned
+DISPATCH_COPIES = 3  # routed tokens (x top_k) a block saves per MoE layer, counted on CPU with or without EP
 EXCHANGED_COPIES = 2  # of them, EP's all-to-alls' outputs (received, returned): per-op selective AC saves them
 
 
@@ -75,14 +75,16 @@ class GpuMemory:
     rows (Table 1's bf16 and compile rows, Table 2's first row) and checked on its other published
     rows (benchmarks/bench_torchtitan.py, BENCHMARKS.md): the caching allocator's fragmentation,
     as a share of what comes and goes every step (activations, checkpoints, logits, float8
-    copies; the states, allocated once, do not fragment); the share of the CPU-fitted activation
-    count a GPU's eager blocks keep; and what compile keeps of that. `architecture` (not fitted)
+    copies; the states, allocated once, do not fragment); what a GPU's eager blocks keep over the
+    activation count (ACT_PER_TOKEN_* fitted on CPU; per-op selective AC's counted, selective_saved):
+    1.08 since that count (2026-12-02; 0.53 before, when a fitted share of ACT_PER_TOKEN_* stood for
+    selective AC's and the fit took its error); and what compile keeps of that. `architecture` (not fitted)
     picks cuBLAS's workspace size. One replica under autocast reads none of the fitted three
     (perf.memory_gpu.autocast_peak)."""
 
-    fragmentation: float = 0.299  # reserved beyond counted and rounded, over what comes and goes (fitted)
-    activation_scale: float = 0.533  # a GPU's eager blocks over the CPU-fitted count (fitted)
-    compile_activations: float = 0.864  # compiled over eager (fitted)
+    fragmentation: float = 0.225  # reserved beyond counted and rounded, over what comes and goes (fitted)
+    activation_scale: float = 1.078  # a GPU's eager blocks over the activation count (fitted)
+    compile_activations: float = 0.868  # compiled over eager (fitted)
     architecture: str = "hopper"  # hopper, ampere or blackwell (perf.devices.DeviceSpec.architecture)
 
 
@@ -113,6 +115,42 @@ def latent_attention_saved(m: ModelConfig, tp: int) -> float:
     heads = m.n_heads / tp
     return (2 * heads * m.head_size + 3 * heads * m.v_head_size - ATTENTION_PER_TOKEN_D * m.dim / tp
             + 2 * (m.q_lora_rank + m.kv_lora_rank))
+
+
+def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> float:
+    """Bytes a token (of the sequence a TP rank sees) one block keeps under per-op selective AC, as
+    titan_exp.parallel.activation_checkpoint's policy keeps them, counted, not fitted: the block's
+    input (the checkpoint's; sequence-sharded under TP), the outputs of its 1st, 3rd, 5th... matmul
+    (aten.mm: the attention's linears, then the SwiGLU's, or an MoE layer's fp32 router, its routed
+    experts' per-expert matmuls on a CPU (a GPU's grouped GEMM is not an aten.mm: recomputed) and
+    its shared experts'; a row-wise TP linear's output is its whole partial sum), attention's output
+    and fp32 log-sum-exp, TP's reduce-scatters' outputs and EP's exchanged tokens
+    (EXCHANGED_COPIES). The routed experts' tokens are taken as balanced. On CPU the policy's saves
+    of the debug Llama and MoE blocks are these bytes (tests/test_moe.py counts them)."""
+    m, p = job.model, job.parallelism
+    tp, ep = p.tensor_parallel_degree, (p.expert_parallel_degree if moe else 1)
+    mms = [(n, act_bytes) for _, n in attention_on_rank(m, tp).values()]  # (elements a token, bytes each)
+    exchanged = 0.0
+    if moe:
+        routed = m.top_k / p.dispatch_split  # routed rows a token of this rank's sequence
+        mms.append((m.n_experts, 4))  # the router's fp32 logits, every token on every TP rank
+        if not cuda:  # one matmul per local expert's w1, w3, w2 (models.moe.GroupedExperts)
+            local = m.n_experts // ep
+            width = m.expert_hidden_dim / p.expert_width_split
+            mms += [(rows, act_bytes) for _ in range(local)
+                    for rows in (routed / local * width, routed / local * width, routed / local * m.dim)]
+        shared = m.n_shared_experts * m.expert_hidden_dim
+        mms += [(shared / tp, act_bytes), (shared / tp, act_bytes), (m.dim, act_bytes)] if shared else []
+        exchanged = routed * EXCHANGED_COPIES * m.dim * act_bytes if ep > 1 else 0.0
+    else:
+        mms += [(m.ffn_hidden_dim / tp, act_bytes), (m.ffn_hidden_dim / tp, act_bytes), (m.dim, act_bytes)]
+    heads = m.n_heads / tp
+    attention = heads * m.v_head_size * act_bytes + heads * 4
+    # Under EP an MoE layer hands back its own sequence shard (its shared experts all-reduced):
+    # the attention's reduce-scatter is the block's one (parallel.tensor.moe_plan).
+    reduce_scatters = (1 if ep > 1 else 2) * m.dim / tp * act_bytes if tp > 1 else 0.0
+    return (m.dim / tp * act_bytes + sum(n * b for n, b in mms[::2]) + attention + reduce_scatters
+            + exchanged)
 
 
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
@@ -202,12 +240,12 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     dispatched = tokens / p.dispatch_split
     per_routed_row = ACT_PER_TOKEN_H * m.expert_hidden_dim / p.expert_width_split + DISPATCH_COPIES * m.dim
     per_block += moe_share * dispatched * m.top_k * per_routed_row * act_bytes
-    exchanged = moe_share * dispatched * m.top_k * EXCHANGED_COPIES * m.dim * act_bytes if ep > 1 else 0.0
     inputs = tokens * m.dim * act_bytes / tp
     # What the blocks keep for backward, in two parts: `saved`, the tensors the blocks save inside
-    # (ACT_PER_TOKEN_* above: fitted constants), and `checkpoints`, the block inputs activation
-    # checkpointing keeps in their place (exact bytes). `recompute` is the one block being
-    # recomputed in backward under AC: it lives once, whatever the pipeline has in flight.
+    # (ACT_PER_TOKEN_* above: fitted constants; per-op selective AC's counted), and `checkpoints`,
+    # the block inputs activation checkpointing keeps in their place (exact bytes). `recompute` is
+    # the one block being recomputed in backward under AC: it lives once, whatever the pipeline has
+    # in flight.
     mode = job.activation_checkpoint.mode
     blocks = worst.blocks
     recompute = 0.0 if mode == ACMode.none else per_block
@@ -215,9 +253,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         saved, checkpoints = blocks * per_block, 0.0
     elif mode == ACMode.full:
         saved, checkpoints = 0.0, blocks * inputs
-    elif job.activation_checkpoint.selective_ac_option == "op":  # EP's all-to-alls' outputs kept whole
-        saved = blocks * ((per_block - exchanged) * SELECTIVE_SHARE + exchanged)
-        checkpoints, recompute = 0.0, 0.0
+    elif job.activation_checkpoint.selective_ac_option == "op":
+        kept = moe_share * selective_saved(job, True, cuda, act_bytes)
+        kept += (1 - moe_share) * selective_saved(job, False, cuda, act_bytes)
+        saved, checkpoints, recompute = blocks * tokens * kept, 0.0, 0.0
     else:
         kept = blocks // int(job.activation_checkpoint.selective_ac_option)
         saved, checkpoints = (blocks - kept) * per_block, kept * inputs
