@@ -63,6 +63,10 @@ CONFIGS = {
     "float8 rowwise": ["precision=float8_rowwise"],
     "bf16 + compile, AC selective": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=selective"],
     "bf16 + compile, AC full": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=full"],
+    # Eager full AC: its loss (7 bf16 logits' worth, perf.memory_gpu.LOSS_UNITS) and the block it
+    # recomputes, alive at once or not (BENCHMARKS.md, the planner against TorchTitan: tried, not
+    # kept 2026-12-02): the allocated peak differs by the block, about 4 % on the 1B.
+    "bf16 eager, AC full": ["precision=bf16", "activation_checkpoint.mode=full"],
     "bf16 + compile, read every step": ["precision=bf16", *COMPILE, "metrics.log_freq=1"],
     # The model's blocks as MoE layers, 8 experts of width 1024, top 2: torch._grouped_mm on CUDA.
     "MoE 8 experts top-2, bf16 + compile": ["precision=bf16", *COMPILE, "model.n_experts=8", "model.top_k=2",
