@@ -430,12 +430,12 @@ def selective_kept(mesh, overrides: list[str], n_layers: int, monkeypatch) -> tu
         return job, live.live - before - out.numel() * out.element_size()
 
 
+MOE_ONLY, TP2 = ["model=moe_debug", "model.n_dense_layers=0"], "parallelism.tensor_parallel_degree=2"
+
+
 @pytest.mark.quick
-@pytest.mark.parametrize("overrides", [["model=debugmodel"], ["model=debugmodel", "parallelism.tensor_parallel_degree=2"],
-                                       ["model=moe_debug", "model.n_dense_layers=0"],
-                                       ["model=moe_debug", "model.n_dense_layers=0", "parallelism.tensor_parallel_degree=2"],
-                                       ["model=moe_debug", "model.n_dense_layers=0", "parallelism.tensor_parallel_degree=2",
-                                        "parallelism.expert_parallel_degree=2"]],
+@pytest.mark.parametrize("overrides", [["model=debugmodel"], ["model=debugmodel", TP2], MOE_ONLY, [*MOE_ONLY, TP2],
+                                       [*MOE_ONLY, TP2, "parallelism.expert_parallel_degree=2"]],
                          ids=["dense", "dense_tp2", "moe", "moe_tp2", "moe_tp2_ep2"])
 def test_what_per_op_selective_ac_keeps_is_what_the_memory_model_counts(fake_2, monkeypatch, overrides):
     """A block's tensors alive after the forward under per-op selective AC (a 4-block model's less
@@ -447,6 +447,30 @@ def test_what_per_op_selective_ac_keeps_is_what_the_memory_model_counts(fake_2, 
     _, four = selective_kept(fake_2, overrides, 4, monkeypatch)
     moe = job.model.n_moe_layers > 0
     assert (four - two) / 2 / 1024 == pytest.approx(selective_saved(job, moe, cuda=False, act_bytes=4), rel=2e-3)
+
+
+@pytest.mark.quick
+def test_per_op_selective_ac_saves_what_a_gpu_copies_to_the_host():
+    """The per-op policy saves a copy from a GPU to the host (an MoE layer's token counts under EP,
+    read by .tolist() to size its all-to-alls), so that the recompute does not make the host wait
+    for the GPU again; it recomputes other copies and keeps every other matmul. On torch's fake
+    tensors of a CUDA device."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from titan_exp.parallel.activation_checkpoint import op_policy
+
+    aten, forward = torch.ops.aten, SimpleNamespace(is_recompute=False)
+    save, recompute = CheckpointPolicy.MUST_SAVE, CheckpointPolicy.PREFER_RECOMPUTE
+    policy = op_policy()
+    with FakeTensorMode():
+        counts, on_host = torch.empty(8, dtype=torch.int64, device="cuda"), torch.empty(8)
+    assert policy(forward, aten._to_copy.default, counts, device=torch.device("cpu")) == save
+    assert policy(forward, aten._to_copy.default, counts, dtype=torch.float32) == recompute
+    assert policy(forward, aten._to_copy.default, on_host, device=torch.device("cpu")) == recompute
+    assert [policy(forward, aten.mm.default, counts, counts) for _ in range(3)] == [save, recompute, save]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="grouped matmul runs on CUDA")

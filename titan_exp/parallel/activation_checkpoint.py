@@ -2,10 +2,11 @@
 
 - full: every block's activations are recomputed in backward.
 - selective, option "op": per-op policy. Matmul outputs are saved except every second one, and
-  attention outputs, reduce-scatters and expert parallel's all-to-alls are always saved
-  (recomputing them costs the most); the rest (norms, activations, elementwise, and the
-  all-gathers of tensor and context parallel, whose outputs the recomputed linears and attention
-  read) is recomputed. perf.step_comm prices the collectives each mode runs again.
+  attention outputs, reduce-scatters, expert parallel's all-to-alls and copies from a GPU to the
+  host are always saved (recomputing them costs the most, or makes the host wait); the rest
+  (norms, activations, elementwise, and the all-gathers of tensor and context parallel, whose
+  outputs the recomputed linears and attention read) is recomputed. perf.step_comm prices the
+  collectives each mode runs again; perf.memory.selective_saved counts what it keeps.
 - selective, option N: every Nth block is fully checkpointed, the others keep everything.
 """
 
@@ -62,21 +63,32 @@ PROFILER_OPS = [getattr(packet, overload) for packet in (torch.ops.profiler._rec
                 for overload in packet.overloads()]
 
 
-def _op_policy():
-    def selective_context():
-        counts: dict[str, int] = defaultdict(int)
+def op_policy():
+    """One block's per-op policy, with its own count of matmuls. Besides SAVE_ALWAYS and every
+    other matmul it saves a copy from a GPU to the host (an MoE layer's token counts under EP,
+    models.moe, which size its all-to-alls), as TorchTitan's policy does: recomputed, it would make
+    the host wait for the GPU once more in each MoE layer's backward."""
+    counts: dict[str, int] = defaultdict(int)
 
-        def policy(ctx, func, *args, **kwargs):
-            mode = "recompute" if ctx.is_recompute else "forward"
-            if func == _ops.mm.default:
-                counts[mode] += 1
-                # Save the 1st, 3rd, 5th... matmul of the block; recompute the others.
-                return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
-            return CheckpointPolicy.MUST_SAVE if func in SAVE_ALWAYS else CheckpointPolicy.PREFER_RECOMPUTE
+    def policy(ctx, func, *args, **kwargs):
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if func == _ops.mm.default:
+            counts[mode] += 1
+            # Save the 1st, 3rd, 5th... matmul of the block; recompute the others.
+            return CheckpointPolicy.MUST_SAVE if counts[mode] % 2 == 1 else CheckpointPolicy.PREFER_RECOMPUTE
+        if func == _ops._to_copy.default and args[0].is_cuda and _to_host(kwargs.get("device")):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.MUST_SAVE if func in SAVE_ALWAYS else CheckpointPolicy.PREFER_RECOMPUTE
 
-        return create_selective_checkpoint_contexts(policy)
+    return policy
 
-    return selective_context
+
+def _to_host(device) -> bool:
+    return device is not None and torch.device(device).type == "cpu"
+
+
+def _op_context():
+    return create_selective_checkpoint_contexts(op_policy())
 
 
 def apply_ac(model: nn.Module, mode: ACMode, option: str) -> None:
@@ -86,7 +98,7 @@ def apply_ac(model: nn.Module, mode: ACMode, option: str) -> None:
         if mode == ACMode.full:
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
         elif option == "op":
-            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_op_policy())
+            wrapped = checkpoint_wrapper(block, preserve_rng_state=False, context_fn=_op_context)
         elif int(name) % int(option) == 0:  # every Nth block, by its place in the whole model
             wrapped = checkpoint_wrapper(block, preserve_rng_state=False)
         else:
