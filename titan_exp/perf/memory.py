@@ -126,7 +126,7 @@ def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> fl
     its shared experts'; a row-wise TP linear's output is its whole partial sum), attention's output
     and fp32 log-sum-exp, TP's reduce-scatters' outputs and EP's exchanged tokens
     (EXCHANGED_COPIES). The routed experts' tokens are taken as balanced. On CPU the policy's saves
-    of the debug Llama and MoE blocks are these bytes (tests/test_moe.py counts them)."""
+    of the debug Llama and MoE blocks are these bytes (tests/test_one_rank.py counts them)."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, (p.expert_parallel_degree if moe else 1)
     mms = [(n, act_bytes) for _, n in attention_on_rank(m, tp).values()]  # (elements a token, bytes each)

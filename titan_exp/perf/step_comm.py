@@ -205,7 +205,7 @@ def moe_tp_extra(job: JobConfig, rs: Line, ar: Line, act_elements: float, act_by
     forward's output is the shared experts' all-reduce (nothing without them), backward their two.
     Either way the combine weights' gradient (tokens x top_k, fp32) is all-reduced. Recomputing the
     block repeats none of them: the forward's differ from a dense block's in its last collective,
-    which only the residual sum reads. tests/test_moe.py counts these on the layer, under each AC."""
+    which only the residual sum reads. tests/test_one_rank.py counts these on the layer, under each AC."""
     m = job.model
     if not m.n_moe_layers:
         return 0.0
