@@ -65,7 +65,7 @@ ACT_PER_TOKEN_H = 4  # ... in units of the SwiGLU hidden width
 ATTENTION_PER_TOKEN_D = 5  # of ACT_PER_TOKEN_D: q, k, v, attention's output and wo's input, at Llama's width
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 3  # routed tokens (x top_k) a block saves per MoE layer, counted on CPU with or without EP
-EXCHANGED_COPIES = 2  # of them, EP's all-to-alls' outputs (received, returned): per-op selective AC saves them
+EXCHANGED_COPIES = 2  # routed tokens (x top_k) EP's all-to-alls return (received, returned): selective AC saves them
 
 
 @dataclass(frozen=True)
@@ -76,10 +76,10 @@ class GpuMemory:
     rows (benchmarks/bench_torchtitan.py, BENCHMARKS.md): the caching allocator's fragmentation,
     as a share of what comes and goes every step (activations, checkpoints, logits, float8
     copies; the states, allocated once, do not fragment); what a GPU's eager blocks keep over the
-    activation count (ACT_PER_TOKEN_* fitted on CPU; per-op selective AC's counted, selective_saved):
-    1.08 since that count (2026-12-02; 0.53 before, when a fitted share of ACT_PER_TOKEN_* stood for
-    selective AC's and the fit took its error); and what compile keeps of that. `architecture` (not fitted)
-    picks cuBLAS's workspace size. One replica under autocast reads none of the fitted three
+    activation count (ACT_PER_TOKEN_* fitted on CPU; per-op selective AC's counted, selective_saved:
+    1.08 since 2026-12-02, 0.53 when a guessed share of ACT_PER_TOKEN_* stood for selective AC's
+    and the fit took its error); and what compile keeps of that. `architecture` (not fitted) picks
+    cuBLAS's workspace size. One replica under autocast reads none of the fitted three
     (perf.memory_gpu.autocast_peak)."""
 
     fragmentation: float = 0.225  # reserved beyond counted and rounded, over what comes and goes (fitted)
@@ -254,8 +254,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     elif mode == ACMode.full:
         saved, checkpoints = 0.0, blocks * inputs
     elif job.activation_checkpoint.selective_ac_option == "op":
-        kept = moe_share * selective_saved(job, True, cuda, act_bytes)
-        kept += (1 - moe_share) * selective_saved(job, False, cuda, act_bytes)
+        kept = sum(share * selective_saved(job, moe, cuda, act_bytes)
+                   for moe, share in ((True, moe_share), (False, 1 - moe_share)) if share)
         saved, checkpoints, recompute = blocks * tokens * kept, 0.0, 0.0
     else:
         kept = blocks // int(job.activation_checkpoint.selective_ac_option)
