@@ -211,3 +211,22 @@ def test_an_moes_dispatch_bytes_are_what_this_toolkits_moe_layer_moves():
     with_ep, without = (gpu.routed_experts(job, toks, K100, "bfloat16", "bfloat16", None, "torchao", model_ops.LLAMA)
                         for job in (ep8, olmoe_job(1)))
     assert with_ep.dispatch_bytes - without.dispatch_bytes == 2048 * rows * model_ops.EP_SORT_BYTES  # sorted and back
+
+
+def test_per_op_selective_ac_recomputes_each_kind_of_blocks_own_every_other_matmul():
+    """What the step model prices per-op selective AC as recomputing follows the policy's
+    alternation over each block's matmuls in order (perf.shapes.block_matmuls, whose order
+    tests/test_one_rank.py checks on the layers): OLMoE's MoE layer keeps q and v and its router
+    (the 5th), recomputes k and o; DeepSeek-V3's MLA has five linears, so its MoE layers recompute
+    the router and the shared expert's w3 and keep its w1 and w2, where its 3 dense blocks of 61
+    recompute w1 and w2; the mean block's SwiGLU shares them by each kind's width."""
+    from titan_exp.perf.shapes import ROUTER, selective_recomputed
+
+    olmoe = selective_recomputed(olmoe_job(1).model)
+    assert {name: share for name, share in olmoe.items() if share} == {"attention.wk": 1, "attention.wo": 1}
+    m = compose_job(["model=deepseek_v3_671b"]).model
+    dense, shared = 3 / 61 * 18432, 58 / 61 * 2048
+    assert selective_recomputed(m) == pytest.approx({
+        "attention.wq_a": 0, "attention.wq_b": 1, "attention.wkv_a": 0, "attention.wkv_b": 1, "attention.wo": 0,
+        ROUTER: 58 / 61, "feed_forward.w1": dense / (dense + shared), "feed_forward.w3": shared / (dense + shared),
+        "feed_forward.w2": dense / (dense + shared)})

@@ -229,3 +229,44 @@ def test_per_op_selective_ac_saves_what_a_gpu_copies_to_the_host():
     assert policy(forward, aten._to_copy.default, counts, dtype=torch.float32) == recompute
     assert policy(forward, aten._to_copy.default, on_host, device=torch.device("cpu")) == recompute
     assert [policy(forward, aten.mm.default, counts, counts) for _ in range(3)] == [save, recompute, save]
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("model", ["debugmodel", "moe_debug", "deepseek_v3_debug"])
+def test_a_blocks_matmuls_run_in_the_order_the_cost_models_name_them(model):
+    """The matrix products a dense block and an MoE block run in their forward, in order, by their
+    (in, out) widths, are perf.shapes.block_matmuls' (the experts run one at a time, as on a CPU):
+    per-op selective AC saves every other one of them, which perf.memory counts and perf.gpu prices
+    as not recomputed. Two blocks (the first dense, the second MoE), the output head, one process."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from titan_exp.models.llama import Transformer
+    from titan_exp.perf.shapes import FFN_LINEARS, ROUTER, SHARED_LINEARS, attention_on_rank, block_matmuls
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func == torch.ops.aten.mm.default:
+                self.shapes.append((args[0].shape[1], args[1].shape[1]))
+            return func(*args, **(kwargs or {}))
+
+    job = job_config([f"model={model}", "model.n_layers=2", "training.seq_len=256"])
+    m = job.model
+    widths = {name: (int(k), int(n)) for name, (k, n) in attention_on_rank(m, 1).items()}
+    widths |= dict(zip(FFN_LINEARS, ((m.dim, m.ffn_hidden_dim), (m.dim, m.ffn_hidden_dim), (m.ffn_hidden_dim, m.dim))))
+    shared = m.n_shared_experts * m.expert_hidden_dim
+    widths |= {ROUTER: (m.dim, m.n_experts)}
+    widths |= dict(zip(SHARED_LINEARS, ((m.dim, shared), (m.dim, shared), (shared, m.dim))))
+    widths |= {f"moe.experts.{i}.{w}": kn for i in range(m.n_experts)
+               for w, kn in (("w1", (m.dim, m.expert_hidden_dim)), ("w3", (m.dim, m.expert_hidden_dim)),
+                             ("w2", (m.expert_hidden_dim, m.dim)))}
+    named = [widths[name] for layer in range(2)
+             for name in block_matmuls(m, m.is_moe_layer(layer), m.n_experts * m.is_moe_layer(layer))]
+    model = Transformer(m)
+    model.init_weights(0)
+    with torch.no_grad(), Products() as products:
+        model(torch.randint(0, m.vocab_size, (2, 256)))
+    assert products.shapes == [*named, (m.dim, m.vocab_size)]

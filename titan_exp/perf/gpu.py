@@ -71,7 +71,8 @@ from titan_exp.perf.kernel_rates import HOST_CPU, attention_tflops, head_dim_sha
 from titan_exp.perf.memory_gpu import autocast_replica
 from titan_exp.perf.model_ops import EP_SORT_BYTES, LLAMA, Elementwise
 from titan_exp.perf.profile import Kernels
-from titan_exp.perf.shapes import attention_on_rank, block_linears, float8_gathered, low_precision_linears
+from titan_exp.perf.shapes import (
+    ROUTER, attention_on_rank, block_linears, float8_gathered, low_precision_linears, selective_recomputed)
 from titan_exp.precision import converts
 
 TILE = 128  # a GEMM's output tile, rows and columns (cuBLAS's common large-GEMM tile; an assumption)
@@ -157,14 +158,14 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
         kept = ", ".join(name for name in names if name not in converted)
         notes.append(f"{pr.converter}: {kept} stay in {high} (precision.filter_fqns {list(pr.filter_fqns)}), priced so")
     recipe = recipe_of(job)
-    fwd_groups, fwd_gemms, bwd_gemm, casts = [], [], 0.0, 0.0
+    fwd_groups, fwd_gemms, bwd_gemm, casts = [], {}, 0.0, 0.0
     gathered8 = float8_gathered(job)[0] > 0  # FSDP gathers these weights cast already (priced with the gather)
     for group in groups:
         fwd_s = 0.0
         for name, (k, n) in group.items():
             dtype = low if name in converted else high
             fwd, bwd, cast = linear_s(kern, tokens, k, n, dtype, high, recipe, cast_mode, weight_cast=not gathered8)
-            fwd_gemms.append(fwd)
+            fwd_gemms[name] = fwd
             fwd_s, bwd_gemm, casts = fwd_s + fwd, bwd_gemm + bwd, casts + cast
         fwd_groups.append(fwd_s)
     routed = RoutedTimes()
@@ -219,10 +220,12 @@ def block_times(job: JobConfig, tp: int, kern: Kernels, elementwise: Elementwise
                      f"block's forward, the GPU {fwd_gpu * 1e3:.1f} ms; compile.enable=true fuses the casts" if eager8
                      else "the host bounds a block: its Python and launches outlast the GPU's work (perf.gpu [host]; "
                      f"a Grace host's take {HOST_CPU['grace']:.2f}x an x86 one's); more tokens a microbatch hide them")
-    # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and the 1st, 3rd, ...
-    # matmul of the block (q, v, w1, w2), and recomputes the rest: the routed experts' grouped
-    # GEMMs (not aten.mm) and the router whole.
-    selective = sum(fwd_gemms[1::2]) + moe * (routed.up + routed.down + routed.router) + fwd_mem
+    # titan_exp.parallel.activation_checkpoint's per-op policy keeps attention and every other
+    # matmul of the block (perf.shapes.selective_recomputed), and recomputes the rest: the routed
+    # experts' grouped GEMMs (not aten.mm) whole.
+    redone = selective_recomputed(m)
+    selective = (sum(redone[name] * secs for name, secs in fwd_gemms.items()) + redone[ROUTER] * routed.router
+                 + moe * (routed.up + routed.down) + fwd_mem)
 
     vocab = m.vocab_size / tp
     # The output layer, in high precision unless precision.filter_fqns leaves it to the converter.

@@ -56,7 +56,9 @@ from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig, ModelConfig
 from titan_exp.parallel.pipeline import rank_loads
-from titan_exp.perf.shapes import attention_on_rank, float8_gathered, fsdp_rounds
+from titan_exp.perf.shapes import (
+    FFN_LINEARS, ROUTER, SHARED_LINEARS, attention_on_rank, block_matmuls, float8_gathered, fsdp_rounds,
+    selective_saves)
 from titan_exp.validation import resolve
 
 RUNTIME_GIB_CPU = 0.50
@@ -120,37 +122,39 @@ def latent_attention_saved(m: ModelConfig, tp: int) -> float:
 def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> float:
     """Bytes a token (of the sequence a TP rank sees) one block keeps under per-op selective AC, as
     titan_exp.parallel.activation_checkpoint's policy keeps them, counted, not fitted: the block's
-    input (the checkpoint's; sequence-sharded under TP), the outputs of its 1st, 3rd, 5th... matmul
-    (aten.mm: the attention's linears, then the SwiGLU's, or an MoE layer's fp32 router, its routed
-    experts' per-expert matmuls on a CPU (a GPU's grouped GEMM is not an aten.mm: recomputed) and
-    its shared experts'; a row-wise TP linear's output is its whole partial sum), attention's output
+    input (the checkpoint's; sequence-sharded under TP), the outputs of the matmuls it saves
+    (perf.shapes.block_matmuls, selective_saves: an MoE layer's router's in fp32; its routed experts'
+    only where they run one expert at a time, on a CPU; a row-wise TP linear's output is its whole
+    partial sum), attention's output
     and fp32 log-sum-exp, TP's reduce-scatters' outputs and EP's exchanged tokens
     (EXCHANGED_COPIES). The routed experts' tokens are taken as balanced. On CPU the policy's saves
     of the debug Llama and MoE blocks are these bytes (tests/test_one_rank.py counts them)."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, (p.expert_parallel_degree if moe else 1)
-    mms = [(n, act_bytes) for _, n in attention_on_rank(m, tp).values()]  # (elements a token, bytes each)
+    # Each matmul's output: (elements a token, bytes each)
+    outputs = {name: (n, act_bytes) for name, (_, n) in attention_on_rank(m, tp).items()}
+    local = m.n_experts // ep if moe and not cuda else 0
     exchanged = 0.0
     if moe:
         routed = m.top_k / p.dispatch_split  # routed rows a token of this rank's sequence
-        mms.append((m.n_experts, 4))  # the router's fp32 logits, every token on every TP rank
-        if not cuda:  # one matmul per local expert's w1, w3, w2 (models.moe.GroupedExperts)
-            local = m.n_experts // ep
-            width = m.expert_hidden_dim / p.expert_width_split
-            mms += [(rows, act_bytes) for _ in range(local)
-                    for rows in (routed / local * width, routed / local * width, routed / local * m.dim)]
+        outputs[ROUTER] = (m.n_experts, 4)  # fp32 logits, every token on every TP rank
+        width = m.expert_hidden_dim / p.expert_width_split
+        for i in range(local):
+            outputs |= {f"moe.experts.{i}.{w}": (routed / local * n, act_bytes)
+                        for w, n in (("w1", width), ("w3", width), ("w2", m.dim))}
         shared = m.n_shared_experts * m.expert_hidden_dim
-        mms += [(shared / tp, act_bytes), (shared / tp, act_bytes), (m.dim, act_bytes)] if shared else []
+        outputs |= dict(zip(SHARED_LINEARS, ((shared / tp, act_bytes), (shared / tp, act_bytes), (m.dim, act_bytes))))
         exchanged = routed * EXCHANGED_COPIES * m.dim * act_bytes if ep > 1 else 0.0
     else:
-        mms += [(m.ffn_hidden_dim / tp, act_bytes), (m.ffn_hidden_dim / tp, act_bytes), (m.dim, act_bytes)]
+        outputs |= dict(zip(FFN_LINEARS, ((m.ffn_hidden_dim / tp, act_bytes), (m.ffn_hidden_dim / tp, act_bytes),
+                                          (m.dim, act_bytes))))
+    kept = sum(n * b for name, (n, b) in outputs.items() if name in selective_saves(block_matmuls(m, moe, local)))
     heads = m.n_heads / tp
     attention = heads * m.v_head_size * act_bytes + heads * 4
     # Under EP an MoE layer hands back its own sequence shard (its shared experts all-reduced):
     # the attention's reduce-scatter is the block's one (parallel.tensor.moe_plan).
     reduce_scatters = (1 if ep > 1 else 2) * m.dim / tp * act_bytes if tp > 1 else 0.0
-    return (m.dim / tp * act_bytes + sum(n * b for n, b in mms[::2]) + attention + reduce_scatters
-            + exchanged)
+    return m.dim / tp * act_bytes + kept + attention + reduce_scatters + exchanged
 
 
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,

@@ -47,6 +47,47 @@ def attention_on_rank(m: ModelConfig, tp: int) -> dict[str, tuple[float, float]]
     return {name: split[how](k, n) for name, (k, n, how) in attention_linears(m).items()}
 
 
+# An MoE layer's matmuls by name (titan_exp.models.moe): its router's, in fp32, then its routed
+# experts' (expert i's w1, w3, w2, where they run one expert at a time), then its shared experts'.
+ROUTER = "moe.router"
+SHARED_LINEARS = ("moe.shared_experts.w1", "moe.shared_experts.w3", "moe.shared_experts.w2")
+
+
+def block_matmuls(m: ModelConfig, moe: bool, looped_experts: int = 0) -> list[str]:
+    """The matrix products (aten.mm) a block's forward runs, by name, in the order it runs them:
+    the attention's linears (attention_linears), then a dense block's SwiGLU (FFN_LINEARS), or an
+    MoE layer's router, its `looped_experts` local experts' w1, w3 and w2 where they run one at a
+    time (on a CPU: models.moe.GroupedExperts; a GPU's grouped GEMM is not an aten.mm) and its
+    shared experts'. Per-op selective AC saves the 1st, 3rd, 5th... of them and recomputes the
+    others (titan_exp.parallel.activation_checkpoint.op_policy): `selective_saves`."""
+    names = list(attention_linears(m))
+    if not moe:
+        return names + list(FFN_LINEARS)
+    names.append(ROUTER)
+    names += [f"moe.experts.{i}.{w}" for i in range(looped_experts) for w in ("w1", "w3", "w2")]
+    return names + (list(SHARED_LINEARS) if m.n_shared_experts else [])
+
+
+def selective_saves(names: list[str]) -> frozenset[str]:
+    """Of a block's matmuls in order (block_matmuls), those per-op selective AC saves."""
+    return frozenset(names[::2])
+
+
+def selective_recomputed(m: ModelConfig) -> dict[str, float]:
+    """The share of each matmul of the mean block that per-op selective AC recomputes on a GPU, by
+    block_linears' names (an MoE layer's shared experts under FFN_LINEARS'), and ROUTER's: dense
+    blocks' and MoE layers' each in their own order (block_matmuls), an FFN linear's weighted by
+    each kind's SwiGLU width, of which the mean block's is the sum (perf.gpu)."""
+    moe = m.n_moe_layers / m.n_layers
+    redone = {kind: set(names) - selective_saves(names) for kind, names in
+              ((False, block_matmuls(m, False)), (True, block_matmuls(m, True)))}
+    share = {name: (1 - moe) * (name in redone[False]) + moe * (name in redone[True]) for name in attention_linears(m)}
+    widths = ((1 - moe) * m.ffn_hidden_dim, moe * m.n_shared_experts * m.expert_hidden_dim)
+    for dense, shared in zip(FFN_LINEARS, SHARED_LINEARS):
+        share[dense] = (widths[0] * (dense in redone[False]) + widths[1] * (shared in redone[True])) / (sum(widths) or 1)
+    return share | {ROUTER: moe * (ROUTER in redone[True])}
+
+
 def block_linears(m: ModelConfig) -> dict[str, tuple[int, int]]:
     """The block's linears' whole shapes (in, out), before TP splits them: the attention's
     (attention_linears), then the SwiGLU's, the dense one's, or, in an MoE model without dense
