@@ -78,7 +78,7 @@ sys.path.insert(0, str(REPO))
 from titan_exp.models.llama import flops_per_token  # noqa: E402
 from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
-from titan_exp.perf.memory import GpuMemory, predict_memory  # noqa: E402
+from titan_exp.perf.memory import predict_memory  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
@@ -451,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     memory = [p for p in ok if p.row["memory_gib"]]
     fitted_memory = {p.row.key for p in fitting} | {p.row.key for p in memory if p.row.table.startswith("Table 2")
                                                     and p.row.label.startswith("FSDP 8")}
-    mem_err = [abs(predict_memory(p.job, cuda=True, gpu=GpuMemory())["total"] / float(p.row["memory_gib"]) - 1)
+    mem_err = [abs(predict_memory(p.job, cuda=True, loss_compiled=ENGINES[p.row.source].loss_compiled)["total"]
+                   / float(p.row["memory_gib"]) - 1)
                for p in memory if p.row.key not in fitted_memory]
     print()
     mem = (f"memory median |error| {100 * median_abs(mem_err):.0f} %, worst {100 * max(mem_err):.0f} % "

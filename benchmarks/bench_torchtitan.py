@@ -136,7 +136,7 @@ def predict_tps(row: Row, eff: Efficiency) -> float:
 
 
 def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:
-    return predict_memory(job_for(row), cuda=True, gpu=gpu)["total"]
+    return predict_memory(job_for(row), cuda=True, gpu=gpu, loss_compiled=ENGINES["torchtitan"].loss_compiled)["total"]
 
 
 def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:

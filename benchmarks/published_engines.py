@@ -22,6 +22,7 @@ class Engine:
     tp_overlap: str | None  # how TP's collectives overlap their GEMMs (perf.overlap.TP_OVERLAP), if they do
     why: str
     float8_experts: bool = False  # an MoE's routed experts take the float8 recipe (this toolkit's stay bf16)
+    loss_compiled: bool | None = None  # False: its loss eager under compile; None: as this toolkit's runs
 
     def kernel(self, architecture: str) -> str:
         """The attention kernel this engine ran on a GPU of `architecture`."""
@@ -31,7 +32,9 @@ class Engine:
 ENGINES = {
     "torchtitan": Engine({}, False, None, "PyTorch SDPA's flash attention (flash first in torch's order in December "
                          "2024; torch 2.11 on, this toolkit's SDPA runs cuDNN's on Hopper: perf.kernel_rates.SDPA_KERNEL); its "
-                         "Llama's memory-bound kernels as TORCHTITAN_LLAMA counts them, compiled where the table says"),
+                         "Llama's memory-bound kernels as TORCHTITAN_LLAMA counts them, compiled where the table says; "
+                         "its loss eager, compile or not (torchtitan/train.py at 9dec370 compiles the blocks alone)",
+                         loss_compiled=False),
     "megatron_bridge": Engine(
         {"hopper": "cudnn", "blackwell": "cudnn"}, True, "userbuffers",
         "Transformer Engine: src/megatron/bridge/recipes/llama/h100/llama3.py sets transformer_impl "

@@ -158,12 +158,14 @@ def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> fl
 
 
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
-                   gpu: GpuMemory = GpuMemory()) -> dict[str, float]:
+                   gpu: GpuMemory = GpuMemory(), loss_compiled: bool | None = None) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position
     `pp_rank`), by part, and the total. On a GPU (`cuda`) the activations are scaled by `gpu`,
     and the caching allocator's rounding, its fragmentation (`allocator`, by `gpu`), cuBLAS's
     workspaces and float8's copies are parts of their own (perf.memory_gpu); NCCL's buffers
-    (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR)."""
+    (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR). `loss_compiled` says
+    whether the loss runs compiled, for another engine's (benchmarks/published_engines.py); by
+    default as this toolkit's trainer runs it."""
     if job.parallelism.data_parallel_shard_degree == -1:
         job = resolve(job)
     if cuda:
@@ -175,7 +177,8 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     pp, dps, cp, tp = (p.pipeline_parallel_degree, p.data_parallel_shard_degree, p.context_parallel_degree,
                        p.tensor_parallel_degree)
     if pp_rank is None and pp > 1:  # the pipeline position whose total is largest (first: embedding, last: logits)
-        return max((predict_memory(job, cuda=cuda, pp_rank=k, gpu=gpu) for k in range(pp)),
+        return max((predict_memory(job, cuda=cuda, pp_rank=k, gpu=gpu, loss_compiled=loss_compiled)
+                    for k in range(pp)),
                    key=lambda parts: parts["total"])
     block = m.block_params
     routed = m.routed_params_per_block  # 0 for a dense model
@@ -268,10 +271,16 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         in_flight = n_mb if p.pipeline_parallel_schedule == "GPipe" else min(n_mb, pp * per_rank)
         alive = in_flight / per_rank if per_rank > 1 else in_flight
         saved, checkpoints = saved * alive, checkpoints * alive
-    # The logits, their fp32 copy for the loss and its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes),
-    # split by tp under loss parallel; under TP the output projection also saves its gathered input.
+    # The loss at its peak, split by tp under loss parallel. Eager, the logits, their fp32 copy and
+    # its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes), as GpuMemory's values were fitted on
+    # TorchTitan's rows, whose loss is this toolkit's code, eager there under compile too. Compiled
+    # on a GPU (the trainer compiles it with the blocks, not under loss parallel), its saved logits
+    # and their fp32 gradient: for bf16 logits the 3 units an H200 counted (perf.memory_gpu.LOSS_UNITS).
     vocab_split = 1 if p.disable_loss_parallel else tp
-    logits = tokens * m.vocab_size * (act_bytes + 8) / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
+    if loss_compiled is None:
+        loss_compiled = job.compile.enable and vocab_split == 1
+    loss_bytes = act_bytes + (4 if cuda and loss_compiled else 8)
+    logits = tokens * m.vocab_size * loss_bytes / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
     logits = logits if worst.last else 0.0
     activations = saved + recompute
     float8 = rounding = workspaces = nccl = 0.0
