@@ -18,8 +18,9 @@
   * checkpoints: the block inputs activation checkpointing keeps instead (full, or every Nth
     block); pipeline schedules keep several microbatches' of these and of the activations in
     flight, but recompute one block at a time;
-  * logits and their gradient on the last stage (divided by tp under loss parallel), and under
-    TP the output projection's gathered input;
+  * the loss's tensors on the last stage (divided by tp under loss parallel): the logits, their
+    fp32 copy and gradient, fewer where the trainer compiles the loss on a GPU; and under TP the
+    output projection's gathered input;
   * a fixed runtime overhead per process (RUNTIME_GIB_CPU: the interpreter, torch, gloo, the
     data pipeline), which on a CPU is most of a small model's footprint. On CUDA it is 0, because
     peak memory there is what torch's caching allocator reserved;
