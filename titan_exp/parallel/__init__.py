@@ -22,8 +22,14 @@ from titan_exp.precision import DTYPES, compile_rounds_as_eager, fsdp_param_dtyp
 logger = logging.getLogger("titan_exp")
 
 
-def loss_parallel_enabled(job: JobConfig, dims: ParallelDims) -> bool:
-    return dims.tp > 1 and not job.parallelism.disable_loss_parallel
+def loss_parallel_enabled(job: JobConfig) -> bool:
+    return job.parallelism.tensor_parallel_degree > 1 and not job.parallelism.disable_loss_parallel
+
+
+def compiles_loss(job: JobConfig) -> bool:
+    """Whether the trainer compiles its loss: with the blocks, except under loss parallel (a
+    DTensor loss stays eager)."""
+    return job.compile.enable and not loss_parallel_enabled(job)
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
@@ -35,7 +41,7 @@ def parallelize(model: nn.Module, dims: ParallelDims, job: JobConfig) -> None:
         float8 = float8_collectives(job, cuda=tp_mesh.device_type == "cuda")
         if float8_collectives(job, cuda=True) and not float8:  # the styles would, but not over gloo
             logger.info("float8: TP collectives in high precision (gloo has no float8 dtype); matmuls are float8")
-        apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job, dims), float8=float8)
+        apply_tp(model, tp_mesh, loss_parallel=loss_parallel_enabled(job), float8=float8)
         model.tie_weights()  # each module's weight was distributed on its own (both Shard(0) on the vocab)
         if job.parallelism.enable_async_tensor_parallel:
             enable_async_tp(tp_mesh)

@@ -56,6 +56,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from titan_exp.config import ACMode, JobConfig, ModelConfig
+from titan_exp.parallel import compiles_loss
 from titan_exp.parallel.pipeline import rank_loads
 from titan_exp.perf.shapes import (
     FFN_LINEARS, ROUTER, SHARED_LINEARS, attention_on_rank, block_matmuls, float8_gathered, fsdp_rounds,
@@ -275,11 +276,10 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     # The loss at its peak, split by tp under loss parallel. Eager, the logits, their fp32 copy and
     # its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes), as GpuMemory's values were fitted on
     # TorchTitan's rows, whose loss is this toolkit's code, eager there under compile too. Compiled
-    # on a GPU (the trainer compiles it with the blocks, not under loss parallel), its saved logits
+    # on a GPU (parallel.compiles_loss: with the blocks, not under loss parallel), its saved logits
     # and their fp32 gradient: for bf16 logits the 3 units an H200 counted (perf.memory_gpu.LOSS_UNITS).
     vocab_split = 1 if p.disable_loss_parallel else tp
-    if loss_compiled is None:
-        loss_compiled = job.compile.enable and vocab_split == 1
+    loss_compiled = compiles_loss(job) if loss_compiled is None else loss_compiled
     loss_bytes = act_bytes + (4 if cuda and loss_compiled else 8)
     logits = tokens * m.vocab_size * loss_bytes / vocab_split + tokens * m.dim * act_bytes * (tp > 1)
     logits = logits if worst.last else 0.0

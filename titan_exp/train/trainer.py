@@ -33,7 +33,7 @@ from titan_exp.metrics import (MetricSinks, StepHistory, Throughput, peak_alloca
                                state_bytes)
 from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
-from titan_exp.parallel import loss_parallel_enabled, parallelize
+from titan_exp.parallel import compiles_loss, loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
 from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stage_split
@@ -98,12 +98,11 @@ class Trainer:
         # Under CP a rank holds 1/cp of each sequence: its load-balanced positions.
         self.cp_positions = positions(t.seq_len, self.dims.local_rank("cp"), self.dims.cp) if self.dims.cp > 1 else None
         self.tokens_per_rank_step = t.global_batch_size // self.dims.dp * t.seq_len // self.dims.cp
-        self.loss_parallel = loss_parallel_enabled(job, self.dims)
+        self.loss_parallel = loss_parallel_enabled(job)
         self.autocast_dtype = autocast_dtype(job.precision, self.dims.fsdp_enabled)
-        # Compiled with the blocks, except under loss parallel (a DTensor loss stays eager).
         self.cross_entropy = (
             torch.compile(cross_entropy_sum, backend=job.compile.backend.value)
-            if job.compile.enable and not self.loss_parallel
+            if compiles_loss(job)
             else cross_entropy_sum
         )
         self.pp_group = self.dims.group("pp")
