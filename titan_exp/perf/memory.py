@@ -125,12 +125,12 @@ def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> fl
     """Bytes a token (of the sequence a TP rank sees) one block keeps under per-op selective AC, as
     titan_exp.parallel.activation_checkpoint's policy keeps them, counted, not fitted: the block's
     input (the checkpoint's; sequence-sharded under TP), the outputs of the matmuls it saves
-    (perf.shapes.block_matmuls, selective_saves: an MoE layer's router's in fp32; its routed experts'
-    only where they run one expert at a time, on a CPU; a row-wise TP linear's output is its whole
-    partial sum), attention's output
-    and fp32 log-sum-exp, TP's reduce-scatters' outputs and EP's exchanged tokens
-    (EXCHANGED_COPIES). The routed experts' tokens are taken as balanced. On CPU the policy's saves
-    of the debug Llama and MoE blocks are these bytes (tests/test_one_rank.py counts them)."""
+    (perf.shapes.block_matmuls, selective_saves: an MoE layer's router's in fp32; its routed
+    experts' only where they run one expert at a time, on a CPU; a row-wise TP linear's output is
+    its whole partial sum), attention's output and fp32 log-sum-exp, TP's reduce-scatters' outputs
+    and EP's exchanged tokens (EXCHANGED_COPIES). The routed experts' tokens are taken as balanced.
+    On CPU the policy's saves of the debug Llama and MoE blocks are these bytes
+    (tests/test_one_rank.py counts them)."""
     m, p = job.model, job.parallelism
     tp, ep = p.tensor_parallel_degree, (p.expert_parallel_degree if moe else 1)
     # Each matmul's output: (elements a token, bytes each)
