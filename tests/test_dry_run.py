@@ -53,7 +53,6 @@ def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
     assert summary["state_bytes_per_rank"] == int(held["states_gib"] * 2**30)
 
 
-
 @pytest.mark.parametrize("overrides", [["parallelism.data_parallel_shard_degree=2"],
                                        ["model=moe_debug", "parallelism.expert_parallel_degree=2",
                                         "parallelism.data_parallel_shard_degree=-1"]],
@@ -67,6 +66,7 @@ def test_a_dry_run_under_selective_ac_holds_what_the_memory_model_counts(tmp_pat
     assert code == 0, summary
     report = summary["dry_run"]
     assert tensor_gib(report["predicted"]) == pytest.approx(report["measured"]["tensor_peak_gib"], rel=0.05)
+
 
 def test_dry_run_at_world_512_shards_by_512(tmp_path):
     """FSDP 128 x TP 4: the rank holds 1/512 of every parameter, as the planner says. (dim 2048,

@@ -123,7 +123,7 @@ def test_the_planner_predicts_one_h200s_peak_memory():
     tied, which two of the account's values, inferred from the bf16 + compile rows
     (memory_gpu.CUDA_EXTRA, LOSS_UNITS), made up for. The MoE row takes the fitted model
     (memory_gpu.autocast_replica counts dense blocks), written for bf16 parameters under FSDP, TP
-    or PP: 9.5 % over since that account holds this toolkit's compiled loss (memory_gpu.loss_bytes,
+    or PP: 9.5 % over since that account holds this toolkit's compiled loss (parallel.compiles_loss,
     2026-12-02: 6 bytes a logit, where it took 10, and was 22 % over; 10 % before that, when an
     activation share 0.53 fitted with a guessed selective-AC share cancelled the loss's and the
     MoE saves' excess). Seen before either change: not a check of the account."""

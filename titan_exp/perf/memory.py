@@ -150,7 +150,8 @@ def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> fl
     else:
         outputs |= dict(zip(FFN_LINEARS, ((m.ffn_hidden_dim / tp, act_bytes), (m.ffn_hidden_dim / tp, act_bytes),
                                           (m.dim, act_bytes))))
-    kept = sum(n * b for name, (n, b) in outputs.items() if name in selective_saves(block_matmuls(m, moe, local)))
+    saves = selective_saves(block_matmuls(m, moe, local))
+    kept = sum(n * b for name, (n, b) in outputs.items() if name in saves)
     heads = m.n_heads / tp
     attention = heads * m.v_head_size * act_bytes + heads * 4
     # Under EP an MoE layer hands back its own sequence shard (its shared experts all-reduced):
@@ -263,9 +264,9 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
     elif mode == ACMode.full:
         saved, checkpoints = 0.0, blocks * inputs
     elif job.activation_checkpoint.selective_ac_option == "op":
-        kept = sum(share * selective_saved(job, moe, cuda, act_bytes)
-                   for moe, share in ((True, moe_share), (False, 1 - moe_share)) if share)
-        saved, checkpoints, recompute = blocks * tokens * kept, 0.0, 0.0
+        per_token = sum(share * selective_saved(job, moe, cuda, act_bytes)
+                        for moe, share in ((True, moe_share), (False, 1 - moe_share)) if share)
+        saved, checkpoints, recompute = blocks * tokens * per_token, 0.0, 0.0
     else:
         kept = blocks // int(job.activation_checkpoint.selective_ac_option)
         saved, checkpoints = (blocks - kept) * per_block, kept * inputs
