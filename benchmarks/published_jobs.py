@@ -90,7 +90,9 @@ def job_for(row: Row):
     - no activation checkpointing column (Megatron): none; no compile column: off, unless the
       source's engine fuses its elementwise kernels itself (ENGINES: Transformer Engine), priced
       as compiled;
-    - a bare "FP8" and FP8 current scaling: torchao's tensorwise recipe; MXFP8: mxfp8;
+    - a bare "FP8" and FP8 current scaling: torchao's tensorwise recipe; MXFP8: mxfp8; FSDP's
+      shards gathered in bf16, as no table says otherwise (TorchTitan's float8 rows with float8
+      all-gather: tokens/s under 1 % up, BENCHMARKS.md);
     - Megatron data parallel without FSDP: replicated (its distributed optimizer shards only the
       optimizer states, which moves memory, not the step's traffic) where that composes, that is
       without TP, PP, CP or EP; with them, sharded (FSDP), the data parallel that composes here

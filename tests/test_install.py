@@ -1,11 +1,13 @@
 """The installed tool: a wheel built from this checkout, installed into a fresh virtual
 environment, runs `titan-exp` from a directory with no checkout in it; optional extras say what
-to install when missing."""
+to install when missing; the commands the docs name exist."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import venv
@@ -90,6 +92,57 @@ def test_each_commands_help_opens_with_its_whole_first_paragraph():
         assert out.returncode == 0, out.stderr[-2000:]
         description = out.stdout.split("\n\n")[1]  # after the usage
         assert description.rstrip().endswith("."), (module, description)
+
+
+# The user's docs (CHANGELOG.md names commands as they were, to say what they became).
+DOCS = ("README.md", "BENCHMARKS.md", "RELIABILITY.md", "benchmarks/data/README.md")
+COMMAND = re.compile(r"python3? (?:-m ([\w.]+)|([\w./-]+\.py))((?:(?!python3? ).)*)")
+
+
+def doc_commands(text: str) -> list[tuple[str | None, str | None, tuple[str, ...]]]:
+    """(module, script, --flags) of each `python -m MODULE ...` and `python SCRIPT.py ...` in a
+    markdown text: in code blocks a line each (a trailing backslash continues it), in inline code
+    the span's whole text (a span may wrap over lines of prose); a comment ends a command."""
+    blocks = re.findall(r"```[^\n]*\n(.*?)```", text, re.S)
+    spans = [line for block in blocks for line in block.replace("\\\n", " ").splitlines()]
+    spans += [re.sub(r"\s+", " ", s) for s in re.findall(r"`([^`]+)`", re.sub(r"```.*?```", "", text, flags=re.S))]
+    return [(m[1], m[2], tuple(re.findall(r"(?<![\w=-])(--[a-z][\w-]*)", m[3])))
+            for span in spans for m in COMMAND.finditer(span.split(" #")[0])]
+
+
+@pytest.mark.quick
+def test_the_commands_the_docs_name_exist_with_their_flags():
+    """Every module and script a user's doc tells them to run exists, and each --flag given to one
+    is in its source (argparse's add_argument; launch.py's are Hydra's), so a rename or a removed
+    option cannot leave a doc's command behind."""
+    sample = "Run `python -m titan_exp.perf.plan\n--world 8 --top 3` or\n```bash\npython benchmarks/bench_published.py --rows  # x --no\n```"
+    assert set(doc_commands(sample)) == {(None, "benchmarks/bench_published.py", ("--rows",)),
+                                         ("titan_exp.perf.plan", None, ("--world", "--top"))}
+    missing, count = [], 0
+    for doc in DOCS:
+        for module, script, flags in doc_commands((REPO / doc).read_text()):
+            count += 1
+            if module:
+                spec = importlib.util.find_spec(module)
+                if spec is None or spec.origin is None:
+                    missing.append(f"{doc}: python -m {module}")
+                    continue
+                origin = Path(spec.origin)
+                files = list(origin.parent.rglob("*.py")) if origin.name == "__init__.py" else [origin]
+                if not origin.is_relative_to(REPO) or module == "pytest":
+                    continue
+            elif script.startswith("path/to/"):
+                continue
+            else:
+                files = [REPO / script]
+                if not files[0].exists():
+                    missing.append(f"{doc}: python {script}")
+                    continue
+                if script == "launch.py":
+                    continue
+            source = "".join(f.read_text() for f in files)
+            missing += [f"{doc}: {module or script} {flag}" for flag in flags if f'"{flag}"' not in source]
+    assert count > 100 and not missing, missing
 
 
 @pytest.mark.parametrize("field, module, extra", [
