@@ -29,6 +29,13 @@
 # `launch.py -m +sweep=autotune` against the grid (gpu_grid.py --resume ... --autotune), from the
 # profile the first call calibrated, with a quarter of the grid's time unless AUTOTUNE_MINUTES,
 # all within TOTAL_S (default 200).
+#     bash benchmarks/gpu_session.sh checks [TOTAL_S]   # -> $OUT/gpu_session_checks.tgz
+# the held-out checks named on CPU that wait for a GPU, in a call of their own (default 300 s), the
+# 1B's suite rows, predicted from its spec sheet (their memory does not read a profile):
+#   - "MoE 8 experts top-2, bf16 + compile" (named 2026-12-02, BENCHMARKS.md, GPU: Llama 3 1B and 3B):
+#     now with the grouped GEMM, its reserved peak within 10 % of the 42.20 GiB predicted;
+#   - "bf16 eager, AC full" (2026-12-02, the planner against TorchTitan: tried, not kept): whether
+#     its allocated peak holds the recomputed block beside the loss (about 4 % on the 1B).
 # SMOKE=1 runs the same stages on CPU with the tools' tiny --smoke models (tests/test_gpu_suite.py,
 # `-m slow`: run it before a GPU session); GPU_SESSION_DIR (default /tmp/gpu_session) is where the
 # stages write before they are packed.
@@ -45,6 +52,14 @@ if [ "${1:-}" = resume ]; then
       --out "$r/grid2" > "$r/grid2.log" 2>&1
   echo "grid and autotune rc=$?"; tail -30 "$r/grid2.log"
   tar czf "$out/gpu_session_resume.tgz" -C "$r" grid2 grid2.log
+  exit 0
+fi
+if [ "${1:-}" = checks ]; then
+  timeout "${2:-300}" python3 benchmarks/gpu_suite.py $smoke --models llama3_1b \
+      --configs "MoE 8 experts top-2, bf16 + compile" "bf16 eager, AC full" --steps 12 --no-tests --no-calibrate \
+      --out "$r/checks" > "$r/checks.log" 2>&1
+  echo "checks rc=$?"; tail -30 "$r/checks.log"
+  tar czf "$out/gpu_session_checks.tgz" -C "$r" checks checks.log
   exit 0
 fi
 { nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv

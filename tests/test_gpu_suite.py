@@ -89,7 +89,7 @@ def test_gpu_session_script_runs_its_stages_and_packs_what_they_wrote(tmp_path):
     """benchmarks/gpu_session.sh, the one call a GPU session makes, then its `resume` on the same
     machine, with SMOKE=1: the smoke launch, the grid with its calibration, the suite's traced rows
     from that profile, then the autotune sweep against the grid, each packed for the device tool to
-    bring back."""
+    bring back; and its `checks`, the named rows waiting for a GPU."""
     env = {**os.environ, "SMOKE": "1", "GPU_SESSION_DIR": str(tmp_path / "session"), "OUT": str(tmp_path / "out")}
     first = subprocess.run(["bash", "benchmarks/gpu_session.sh", "1", "0.5", "400"], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=900)
@@ -111,3 +111,10 @@ def test_gpu_session_script_runs_its_stages_and_packs_what_they_wrote(tmp_path):
     with tarfile.open(tmp_path / "out" / "gpu_session_resume.tgz") as tgz:
         rest = json.load(tgz.extractfile("grid2/gpu_grid.json"))
     assert all(r["status"] == "ok" for r in rest["rows"]) and rest["autotune"]["status"] == "ok", rest.get("autotune")
+    checks = subprocess.run(["bash", "benchmarks/gpu_session.sh", "checks", "300"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert checks.returncode == 0 and "checks rc=0" in checks.stdout, checks.stdout[-3000:]
+    with tarfile.open(tmp_path / "out" / "gpu_session_checks.tgz") as tgz:
+        named = json.load(tgz.extractfile("checks/gpu_suite.json"))["models"]["smoke"]
+    assert [(r["config"], r["status"]) for r in named] == [("MoE 8 experts top-2, bf16 + compile", "ok"),
+                                                           ("bf16 eager, AC full", "ok")]
