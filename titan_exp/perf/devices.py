@@ -168,7 +168,7 @@ def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int 
 
 
 # How a spec sheet's plans fared, held out, against published GPU training runs, as
-# `python benchmarks/bench_published.py` last measured it (tests/test_plan.py keeps this equal to its
+# `python benchmarks/bench_published.py` last measured it (tests/test_published.py keeps this equal to its
 # output): the rows scored, their tokens/s median |error|, and of the pairs of rows one table ran on
 # one machine (two layouts or techniques of one model), how many it ordered as published, of all;
 # and by the spec sheet a row was planned on: its rows, their median signed error (predicted over
