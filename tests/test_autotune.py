@@ -169,7 +169,8 @@ def test_the_float8_filter_axis_adds_each_float8_candidate_with_torchaos_shape_f
     """autotune.search=[precision,float8_filter] (in either order): each float8 candidate, tensorwise
     and rowwise, also with torchao's shape filter (precision.filter_fqns gains
     auto_filter_small_kn, its own names kept); bf16's once. On one H200 the filter ran float8 +
-    compile 6-12 % faster (BENCHMARKS.md, 2026-11-28). Every candidate's overrides validate."""
+    compile 6-12 % faster (BENCHMARKS.md, 2026-11-28). Every candidate's overrides validate, into
+    the precision it was predicted with."""
     from titan_exp.perf.devices import SPECS, spec_profile
 
     base = [*SMALL, *TINY, "training.global_batch_size=1", "training.local_batch_size=1", "cluster=slurm",
@@ -181,6 +182,7 @@ def test_the_float8_filter_axis_adds_each_float8_candidate_with_torchaos_shape_f
     for c in gpu:
         composed = job_config([*base, *c.overrides])
         assert not validate(composed, cuda=True), c.name
+        assert composed.precision == c.job.precision, c.name  # predicted for the job the member runs
         assert composed.precision.filter_fqns == (["output", "auto_filter_small_kn"] if "small linears" in c.name
                                                   else ["output"])
     # where it would add nothing, it is refused before any rank starts, saying why

@@ -147,6 +147,57 @@ def test_cli_prints_the_ranking_and_writes_a_sweep(tmp_path, monkeypatch):
 
 
 @pytest.mark.quick
+def test_the_plan_searches_the_axes_autotune_search_names(tmp_path, monkeypatch):
+    """autotune.search names the axes the plan searches besides the layout, as autotune does
+    (perf.search): each layout at each AC mode and compile on and off, named so; the job's own
+    settings marked, at the plain plan's predictions; a sweep written from it runs each candidate
+    as planned. A precision preset is swapped as `precision=NAME` composes it: a float8 job's bf16
+    candidate has no float8 converter (it had kept the job's), and a field set beyond the preset
+    stays."""
+    from titan_exp.config import AutotuneAxis, register_configs
+    from titan_exp.perf.search import variants
+
+    base = [*BASE, "activation_checkpoint.mode=full"]
+    job = job_config([*base, "autotune.search=[layout,activation_checkpoint,compile]"])
+    plain = planner.plan(job, 2, device_memory_gib=8)
+    searched = planner.plan(job, 2, device_memory_gib=8, axes=job.autotune.search)
+    assert {pl.settings for pl in searched} == {(f"activation_checkpoint.mode={mode}", f"compile.enable={on}")
+                                               for mode in ("none", "selective", "full") for on in ("false", "true")}
+    assert all(pl.name.endswith(f"AC {pl.settings[0].split('=')[1]}, compile={pl.settings[1].split('=')[1]}")
+               for pl in searched)
+    own = [pl for pl in searched if pl.configured]
+    assert {pl.settings for pl in own} == {("activation_checkpoint.mode=full", "compile.enable=false")}
+    assert sorted((pl.name.split(",")[0], pl.split, pl.tokens_per_s) for pl in own) == sorted(
+        (pl.name, pl.split, pl.tokens_per_s) for pl in plain)
+    monkeypatch.setenv("TITAN_EXP_SWEEPS", str(tmp_path))
+    planner.write_sweep(searched, "s2", 3, base)
+    register_configs()  # the user's sweeps/, as launch.py finds them
+    chosen = [pl for pl in searched if pl.fits][:3]
+    run = planner.sweep_overrides(chosen, base)  # the command line the sweep runs with: AC and the split are the plans'
+    assert run == [o for o in BASE if not o.startswith("training.local_batch_size")]
+    assert f"+sweep=s2 {' '.join(run)}\n" in (tmp_path / "s2.yaml").read_text()
+    for i, pl in enumerate(chosen):
+        ran = job_config([*run, f"+plan_layout=s2_{i}"])
+        assert (f"activation_checkpoint.mode={ran.activation_checkpoint.mode.value}",
+                f"compile.enable={str(ran.compile.enable).lower()}") == pl.settings
+    # the precision axis: the member's job (its preset chosen, the command line's fields kept) is the predicted one
+    kept = "precision.float8_enable_fsdp_all_gather=true"
+    f8 = job_config([*base, "precision=float8", kept])
+    for variant, settings in variants(f8, [AutotuneAxis.precision], cuda=True):
+        assert variant.precision == job_config([*base, kept, *settings]).precision, settings
+        assert (variant.precision.converter.value == "none") == (settings == ["precision=bf16"])
+    on_cpu = job_config([*base, "precision=float8", kept, "autotune.search=[layout,precision]"])
+    planned = planner.plan(on_cpu, 2, device_memory_gib=8, axes=on_cpu.autotune.search)
+    assert {pl.settings for pl in planned} == {("precision=fp32",), ("precision=bf16",)}
+    assert not [pl for pl in planned if pl.configured]  # float8 is no CPU candidate
+    planner.write_sweep(planned, "p2", 2, [*base, "precision=float8", kept])
+    chosen = [pl for pl in planned if pl.fits][:2]
+    for i, pl in enumerate(chosen):
+        ran = job_config([*planner.sweep_overrides(chosen, [*base, "precision=float8", kept]), f"+plan_layout=p2_{i}"])
+        assert ran.precision == job_config([*base, kept, *pl.settings]).precision
+
+
+@pytest.mark.quick
 def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_configured_one():
     """With no global batch set, every layout is compared at the batch the job would run: its local
     batch on each data-parallel rank of its configured layout (as `resolve` fills it for a launch),

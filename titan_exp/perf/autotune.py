@@ -10,9 +10,9 @@
 1. Candidates: every valid layout of the world size (titan_exp.perf.planner), times the values of
    each other axis in `autotune.search` (AC mode, compile, precision; float8_filter: each float8
    tensorwise or rowwise candidate also with torchao's shape filter), at the job's global batch,
-   each checked by the validator the launcher runs. Each runs at its fastest predicted split of
-   the global batch (local batch and accumulation, PP microbatch), or at every split the search
-   names (local_batch_size, microbatch_size): a layout is never dropped for want of a split.
+   each checked by the validator the launcher runs (titan_exp.perf.search: the same candidates
+   `python -m titan_exp.perf.plan` ranks), at every split of the global batch that validates
+   (local batch and accumulation, PP microbatch): a layout is never dropped for want of a split.
 2. Pruning: the memory model drops what would not fit. Each prediction gets an interval as wide
    as the predictions' error when last checked (perf.fit.last_check); every candidate whose
    interval reaches the best one's is measured (at most `autotune.top_k`, and as many as
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from titan_exp.config import AUTO_FILTER, CONF, ACMode, AutotuneAxis, Executor, JobConfig, layout_label
+from titan_exp.config import AutotuneAxis, Executor, JobConfig, layout_label
 from titan_exp.files import atomic_write
 from titan_exp.perf import hardware as hw
 from titan_exp.perf.calibrate import Coverage, cover
@@ -57,24 +57,12 @@ from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.planner import (batch_line, batch_splits, device_memory_gib, factorizations, global_batch_of,
                                     layout_overrides, split_label, with_layout)
 from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
+from titan_exp.perf.search import labels, override_key, variants
 from titan_exp.perf.step import predict_step
 from titan_exp.record import RunDir, Status
 from titan_exp.validation import resolve
 
 logger = logging.getLogger("titan_exp.autotune")
-
-
-def _key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-# The precision axis: the presets a GPU trains fastest with (float8 where it has float8 matmuls), and
-# a CPU's (float8 is emulated there: never faster).
-GPU_PRECISIONS = ("bf16", "float8", "float8_rowwise")
-CPU_PRECISIONS = ("fp32", "bf16")
-# How a candidate's overrides read in its name.
-LABELS = {"activation_checkpoint.mode": "AC {}", "compile.enable": "compile={}", "precision": "{}",
-          "precision.filter_fqns": "small linears bf16"}
 
 
 # -- candidates ------------------------------------------------------------------------------
@@ -112,33 +100,6 @@ class Candidate:
         return throughput_interval(self.times, tokens_per_step, world) if self.times else None
 
 
-def _variant(job: JobConfig, overrides: list[str], axis: AutotuneAxis, cuda: bool) -> list[tuple[JobConfig, list[str]]]:
-    """The variants of one candidate along one axis."""
-    from omegaconf import OmegaConf
-
-    r = dataclasses.replace
-    if axis == AutotuneAxis.activation_checkpoint:
-        return [(r(job, activation_checkpoint=r(job.activation_checkpoint, mode=mode)),
-                 [*overrides, f"activation_checkpoint.mode={mode.value}"]) for mode in ACMode]
-    if axis == AutotuneAxis.compile:
-        return [(r(job, compile=r(job.compile, enable=on)), [*overrides, f"compile.enable={str(on).lower()}"])
-                for on in (False, True)]
-    if axis == AutotuneAxis.precision:
-        out = []
-        for name in GPU_PRECISIONS if cuda else CPU_PRECISIONS:
-            preset = OmegaConf.merge(OmegaConf.structured(job.precision), OmegaConf.load(CONF / "precision" / f"{name}.yaml"))
-            out.append((r(job, precision=OmegaConf.to_object(preset)), [*overrides, f"precision={name}"]))
-        return out
-    if axis == AutotuneAxis.float8_filter:  # torchao's shape filter beside a float8 candidate's own list
-        p = job.precision
-        if not p.shape_filterable or AUTO_FILTER in p.filter_fqns:
-            return [(job, overrides)]
-        names = [*p.filter_fqns, AUTO_FILTER]
-        return [(job, overrides), (r(job, precision=r(p, filter_fqns=names)),
-                                   [*overrides, f"precision.filter_fqns=[{','.join(names)}]"])]
-    return [(job, overrides)]
-
-
 def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: float) -> list[Candidate]:
     """Every valid candidate, predicted; those that fit first, fastest first. A candidate is a
     layout (with a value of each other axis searched) at one split of the global batch: every
@@ -150,11 +111,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     degree_sets = factorizations(world, job.model.n_experts) if AutotuneAxis.layout in axes else [job.parallelism.layout]
     out, seen = [], set()
     for degrees in degree_sets:
-        variants: list[tuple[JobConfig, list[str]]] = [(with_layout(job, degrees, global_batch), [])]
-        for axis in sorted(axes, key=lambda a: a == AutotuneAxis.float8_filter):  # the filter after precision
-            if axis != AutotuneAxis.layout:
-                variants = [v for j, o in variants for v in _variant(j, o, axis, cuda)]
-        for variant, extra in variants:
+        for variant, extra in variants(with_layout(job, degrees, global_batch), axes, cuda=cuda):
             for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
                 overrides = [*layout_overrides(split), f"training.global_batch_size={global_batch}",
                              f"cluster.nproc_per_node={split.cluster.nproc_per_node}", *extra]  # per node
@@ -163,8 +120,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
                 seen.add(tuple(overrides))
                 step = predict_step(split, profile, cuda=cuda)
                 memory = predict_memory(split, cuda=cuda)["total"]
-                labels = [LABELS[_key(o)].format(o.split("=", 1)[1]) for o in extra]
-                layout = ", ".join([layout_label(split.parallelism.layout), *labels])
+                layout = ", ".join([layout_label(split.parallelism.layout), *labels(extra)])
                 out.append(Candidate(f"{layout} [{split_label(split)}]", overrides, split, step.step_s,
                                      step.tokens_per_s_per_device, step.breakdown(), memory, memory <= memory_gib,
                                      layout=layout, split=split_label(split)))
@@ -279,8 +235,8 @@ class Autotune:
         """The command line's overrides, but for the keys the candidate sets, then the candidate's."""
         a = self.job.autotune
         own = [*c.overrides, f"training.steps={a.warmup_steps + steps}", f"metrics.warmup_steps={a.warmup_steps}"]
-        keys = {_key(o) for o in own}
-        return [*(o for o in self.arguments if _key(o) not in keys), *own]
+        keys = {override_key(o) for o in own}
+        return [*(o for o in self.arguments if override_key(o) not in keys), *own]
 
     def _measure(self, cs: list[Candidate], round_no: int, steps: int) -> None:
         logger.info("autotune round %d: %d member(s), %d timed steps each: %s", round_no, len(cs), steps,

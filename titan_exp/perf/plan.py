@@ -8,9 +8,13 @@ step time, tokens/s per device and memory per device, ranked (titan_exp.perf.pla
 
 Positional arguments are the Hydra overrides `launch.py` takes (model, batch, AC, ...). Each
 layout runs at its fastest predicted split of the global batch (local batch, accumulation, PP
-microbatch; `--keep-split` keeps the configured local batch). On this machine the plan first
-measures what the machine profile lacks for the model (its block at every TP degree, the
-collectives at the world size), through the configured executor, unless autotune.calibrate=false:
+microbatch; `--keep-split` keeps the configured local batch). `autotune.search` names the other
+axes to plan besides the layout, as autotune searches them (titan_exp.perf.search): with
+`'autotune.search=[layout,activation_checkpoint,compile,precision]'` each layout is planned at
+every AC mode, compile on and off, and each precision a GPU (or a CPU) trains fastest with; the
+compile axis is calibrated too. On this machine the plan first measures what the machine profile
+lacks for the model (its block at every TP degree, the collectives at the world size), through the
+configured executor, unless autotune.calibrate=false:
 then the first line says which parts are FLOPs estimates and how far off those were when last
 checked. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` describes your
 cluster in a small YAML file (titan_exp.perf.devices.HARDWARE_KEYS): its GPU, by spec name or by its
@@ -30,11 +34,12 @@ import functools
 import time
 from pathlib import Path
 
-from titan_exp.config import Executor, compose_job
+from titan_exp.config import AutotuneAxis, Executor, compose_job
+from titan_exp.config.autotune import check as search_check
 from titan_exp.perf.calibrate import cover
 from titan_exp.perf.fit import estimates_line
 from titan_exp.perf.planner import (batch_line, configured_line, device_memory_gib, margin_line, plan, profile_line,
-                                    to_markdown, write_sweep)
+                                    sweep_overrides, to_markdown, write_sweep)
 from titan_exp.perf.profile import profiles_dir, this_machine
 
 
@@ -80,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                      "per node: leave out --device and --gpus-per-node")
     if args.gpus_per_node and not args.device:
         parser.error("--gpus-per-node describes the cluster of --device; without it the plan is for this machine")
+    refused = search_check(job, cuda=bool(args.device or args.hardware) or args.cuda)  # the axes the plan searches
+    if refused:
+        parser.error("; ".join(refused))
     if args.device or args.hardware:
         from titan_exp.perf.devices import load_hardware, profile_for, spec_for, spec_profile
         from titan_exp.perf.hardware import read
@@ -107,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         nodes = job.cluster.nodes_for(args.world)
         profile = this_machine(args.world, cuda=args.cuda, folder=folder, nodes=nodes)
         run_dir = (folder or profiles_dir()) / "runs" / time.strftime("%Y%m%d-%H%M%S")
-        coverage = cover(job, args.world, profile, compile=job.compile.enable, folder=folder, run_dir=run_dir,
+        compiled = job.compile.enable or AutotuneAxis.compile in job.autotune.search
+        coverage = cover(job, args.world, profile, compile=compiled, folder=folder, run_dir=run_dir,
                          say=functools.partial(print, flush=True))
         profile = coverage.profile
         if coverage.lacks:
@@ -116,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             first.append(f"calibrated first ({'; '.join(coverage.lacked)}) in {coverage.seconds:.0f} s "
                          f"(run dir {run_dir})")
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile,
-                 any_split=not args.keep_split)
+                 any_split=not args.keep_split, axes=job.autotune.search)
     for line in [*first, profile_line(profile), batch_line(job, args.world)]:
         print(line)
     for note in sorted({n for pl in plans for n in pl.step.notes}):
@@ -129,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     if args.write_sweep:
         out = write_sweep(plans, args.write_sweep, args.top, args.overrides)
-        print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(args.overrides)}")
+        run = sweep_overrides([pl for pl in plans if pl.fits][: args.top], args.overrides)
+        print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(run)}")
     return 0
 
 

@@ -1,6 +1,9 @@
 """The layout planner: every valid layout of a model on N devices, with predicted step time,
 tokens/s per device and memory per device, ranked; optionally written out as a sweep preset.
-`python -m titan_exp.perf.plan` is its command (titan_exp.perf.plan).
+`python -m titan_exp.perf.plan` is its command (titan_exp.perf.plan). With the axes
+`autotune.search` names besides the layout (AC mode, compile, precision, float8's shape filter:
+titan_exp.perf.search), each layout at each combination of their values: the candidates autotune
+predicts, ranked without measuring.
 
 "Valid" is decided by titan_exp.validation, the same check the launcher runs, so a planned
 layout never fails at launch. Time comes from titan_exp.perf.step with this machine's calibrated
@@ -13,16 +16,18 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable
 
 import yaml
 
-from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, JobConfig, layout_label, user_sweeps, world_of
+from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, AutotuneAxis, JobConfig, layout_label, user_sweeps, world_of
 from titan_exp.perf.devices import SPEC_ACCURACY
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy, this_machine
 from titan_exp.perf.placement import across_nodes
+from titan_exp.perf.search import labels, override_key, variants
 from titan_exp.perf.step import StepPrediction, predict_step
 from titan_exp.validation import resolve, validate
 
@@ -65,6 +70,9 @@ class Plan:
     fits: bool = True
     across_nodes: tuple[str, ...] = ()  # mesh dims (and "ep") whose groups span nodes (perf.placement.across_nodes)
     nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
+    settings: tuple[str, ...] = ()  # the overrides of the other axes searched (perf.search.variants)
+    configured: bool = True  # those settings are the job's own
+    settings_config: dict[str, Any] = field(default_factory=dict)  # what they set, as config (write_sweep)
 
     @property
     def tokens_per_s(self) -> float:
@@ -73,7 +81,7 @@ class Plan:
 
     @property
     def name(self) -> str:
-        return layout_label(self.degrees)
+        return ", ".join([layout_label(self.degrees), *labels(self.settings)])
 
 
 def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int, *, local_batch_size: int | None = None,
@@ -226,23 +234,46 @@ def fastest_fitting(job: JobConfig, world: int, *, cuda: bool, memory_gib: float
     return dataclasses.replace(answer, job=best, step_s=step_s, memory_gib=gib)
 
 
+def settings_config(job: JobConfig, settings: Iterable[str]) -> dict[str, Any]:
+    """What a candidate's settings set, as config to merge into a job's: each `section.field=value`
+    as that value, and a precision preset (`precision=NAME`) as the whole precision config the
+    candidate was predicted with (perf.search.with_preset), so no field of another preset stays."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, Any] = {}
+    for setting in settings:
+        key, value = override_key(setting), setting.split("=", 1)[1]
+        if key == "precision":
+            out["precision"] = OmegaConf.to_container(OmegaConf.structured(job.precision), enum_to_str=True)
+        else:
+            section, name = key.split(".")
+            out.setdefault(section, {})[name] = yaml.safe_load(value)
+    return out
+
+
 def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
-         profile: MachineProfile | None = None, any_split: bool = False) -> list[Plan]:
+         profile: MachineProfile | None = None, any_split: bool = False,
+         axes: Iterable[AutotuneAxis] = ()) -> list[Plan]:
     """Every valid layout, fastest first among those that fit, then those that do not; at the
-    job's local batch, or with `any_split` each at its fastest split of the global batch."""
+    job's local batch, or with `any_split` each at its fastest split of the global batch; each
+    at every combination of the values of the other `axes` searched (perf.search.variants)."""
     nodes = job.cluster.nodes_for(world)
     profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
-    layouts = (best_split_layouts(job, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
-               else valid_layouts(job, world, cuda=cuda))
     plans = []
-    for candidate in layouts:
-        parts = predict_memory(candidate, cuda=cuda)
-        plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
-                          layout_overrides(candidate),
-                          parts["total"], {k: v for k, v in parts.items() if k != "total"},
-                          predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
-                          across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
-                          nodes=candidate.cluster.nnodes))
+    for variant, settings in variants(job, axes, cuda=cuda):
+        own = (variant.activation_checkpoint, variant.compile, variant.precision) == (
+            job.activation_checkpoint, job.compile, job.precision)
+        layouts = (best_split_layouts(variant, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
+                   else valid_layouts(variant, world, cuda=cuda))
+        for candidate in layouts:
+            parts = predict_memory(candidate, cuda=cuda)
+            plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
+                              layout_overrides(candidate),
+                              parts["total"], {k: v for k, v in parts.items() if k != "total"},
+                              predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
+                              across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
+                              nodes=candidate.cluster.nnodes, settings=tuple(settings), configured=own,
+                              settings_config=settings_config(candidate, settings)))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 
 
@@ -267,11 +298,12 @@ def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: Mach
     fits = gib <= device_memory_gib
     out = (f"your configuration ({label}, {split_label(mine)}): {step.tokens_per_s_per_device:,.0f} tokens/s/device, "
            f"{gib:.2f} GiB/device{'' if fits else ' (does NOT fit)'}")
-    rank = next((i for i, pl in enumerate(plans, 1) if pl.degrees == degrees_of(mine)), None)
+    rank = next((i for i, pl in enumerate(plans, 1) if pl.degrees == degrees_of(mine) and pl.configured), None)
     if rank is not None:
         own = plans[rank - 1]
         at = "" if own.split == split_label(mine) else f" at {own.split}, {own.tokens_per_s:,.0f} tokens/s/device"
-        out += f"; its layout ranks {rank} of {len(plans)}{at}"
+        what = "its layout at its own settings ranks" if own.settings else "its layout ranks"
+        out += f"; {what} {rank} of {len(plans)}{at}"
     best = plans[0] if plans and plans[0].fits else None
     if best is not None and not fits:
         out += f"; the fastest that fits, {best.name} ({best.split}), {best.tokens_per_s:,.0f} tokens/s/device"
@@ -331,7 +363,8 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: 
     shown); times are seconds per step, by part (perf.step.BREAKDOWN)."""
     nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
     shown = f" (the {len(plans)} fastest shown)" if valid is not None and valid > len(plans) else ""
-    lines = [f"{valid if valid is not None else len(plans)} valid layouts on {world} devices ({device_memory_gib:.4g} "
+    what = "layouts, each with each setting searched," if any(pl.settings for pl in plans) else "layouts"
+    lines = [f"{valid if valid is not None else len(plans)} valid {what} on {world} devices ({device_memory_gib:.4g} "
              f"GiB each), fastest first{shown}:", "",
              "| rank | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
              "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
@@ -346,9 +379,18 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: 
     return "\n".join(lines) + "\n"
 
 
+def sweep_overrides(plans: list[Plan], base_overrides: list[str]) -> list[str]:
+    """The command line a sweep written from `plans` runs with: `base_overrides` less those whose
+    keys a plan sets (its layout, batch split, ranks per node, searched settings), which on the
+    command line would win over every candidate's own."""
+    keys = {override_key(o) for pl in plans for o in (*pl.overrides, *pl.settings)} | {"cluster.nproc_per_node"}
+    return [o for o in base_overrides if override_key(o) not in keys]
+
+
 def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str], folder: Path | None = None) -> Path:
     """The top-k layouts that fit, as a sweep preset: `python launch.py -m +sweep=NAME`. Each
-    layout is one value of a `+layout` choice, so the sweep runs exactly those layouts. Written to
+    layout (with the settings of the other axes searched, as the plan predicted them) is one value
+    of a `+plan_layout` choice, so the sweep runs exactly those candidates. Written to
     the user's sweeps/ (config.user_sweeps), never into the package."""
     folder = folder or user_sweeps()
     chosen = [pl for pl in plans if pl.fits][:top]
@@ -360,7 +402,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
     out = folder / f"{name}.yaml"
     header = (f"# Written by python -m titan_exp.perf.plan {' '.join(base_overrides)}\n"
               f"# The {len(chosen)} fastest predicted layouts that fit; run: python launch.py -m +sweep={name} "
-              f"{' '.join(base_overrides)}\n")
+              f"{' '.join(sweep_overrides(chosen, base_overrides))}\n")
     out.write_text(header + yaml.safe_dump(preset, sort_keys=False))
     layout_dir = folder / "plan_layout"
     layout_dir.mkdir(exist_ok=True)
@@ -368,9 +410,11 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
         node: dict = {}
         for o in overrides:
             path, value = o.split("=")
-            group, field = path.split(".")
-            node.setdefault(group, {})[field] = int(value)
+            group, attr = path.split(".")
+            node.setdefault(group, {})[attr] = int(value)
         node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees) // pl.nodes  # ranks per node
+        for section, values in pl.settings_config.items():
+            node.setdefault(section, {}).update(values)
         (layout_dir / f"{key}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
     return out
 
