@@ -75,16 +75,22 @@ def marks(name: str, world: int) -> list:
     return [pytest.mark.slow] * slow + [pytest.mark.quick] * (name in QUICK)
 
 
+# A layout's losses against one process's, fp32 summed in another order: within 2e-5 (losses of 7-14
+# after 5 steps, a few ulps of fp32 each). At 1e-5, FSDP 2 x TP 2 with tied embeddings missed by
+# 1.4e-8 at its 5th step on an AMD EPYC core with AVX2 (2026-12-02), on the commit CI had passed.
+LOSS_ABS = 2e-5
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n, w)) for n, (_, w) in LAYOUTS.items()])
 def test_layout_matches_single_process(name, reference, tmp_path):
     overrides, world = LAYOUTS[name]
     code, summary = run_job([*SMALL, *VALIDATION, *overrides], tmp_path)
     assert code == 0 and summary["status"] == "ok", summary.get("error")
     assert summary["world_size"] == world
-    assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5)
+    assert summary["losses"] == pytest.approx(reference["losses"], abs=LOSS_ABS)
     assert summary["grad_norms"] == pytest.approx(reference["grad_norms"], rel=2e-4)
     # The held-out loss too: the forward alone (a whole step for the V-shaped pipelines).
-    assert summary["val_losses"] == pytest.approx(reference["val_losses"], abs=1e-5)
+    assert summary["val_losses"] == pytest.approx(reference["val_losses"], abs=LOSS_ABS)
     assert reference["val_losses"]["5"] != pytest.approx(reference["losses"][-1], abs=1e-3)  # another data set
 
 
@@ -118,7 +124,7 @@ def test_tied_embeddings_stay_one_matrix_on_every_layout(name, tied_reference, r
     overrides, world = LAYOUTS[name]
     code, summary = run_job([*SMALL, *TIED, *overrides], tmp_path)
     assert code == 0 and summary["status"] == "ok", summary.get("error")
-    assert summary["losses"] == pytest.approx(tied_reference["losses"], abs=1e-5)
+    assert summary["losses"] == pytest.approx(tied_reference["losses"], abs=LOSS_ABS)
     assert summary["grad_norms"] == pytest.approx(tied_reference["grad_norms"], rel=2e-4)
     assert tied_reference["losses"][1:] != pytest.approx(reference["losses"][1:], abs=1e-3)
 
