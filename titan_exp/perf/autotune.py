@@ -55,7 +55,7 @@ from titan_exp.perf.calibrate import Coverage, cover
 from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.planner import (batch_line, batch_splits, device_memory_gib, factorizations, global_batch_of,
-                                    layout_overrides, split_label, with_layout)
+                                    layout_overrides, split_label)
 from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
 from titan_exp.perf.search import labels, override_key, variants
 from titan_exp.perf.step import predict_step
@@ -110,8 +110,8 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     global_batch = global_batch_of(job, world)
     degree_sets = factorizations(world, job.model.n_experts) if AutotuneAxis.layout in axes else [job.parallelism.layout]
     out, seen = [], set()
-    for degrees in degree_sets:
-        for variant, extra in variants(with_layout(job, degrees, global_batch), axes, cuda=cuda):
+    for variant, extra in variants(job, axes, cuda=cuda):  # once: a layout changes none of their fields
+        for degrees in degree_sets:
             for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
                 overrides = [*layout_overrides(split), f"training.global_batch_size={global_batch}",
                              f"cluster.nproc_per_node={split.cluster.nproc_per_node}", *extra]  # per node

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -72,7 +72,7 @@ class Plan:
     nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
     settings: tuple[str, ...] = ()  # the overrides of the other axes searched (perf.search.variants)
     configured: bool = True  # those settings are the job's own
-    settings_config: dict[str, Any] = field(default_factory=dict)  # what they set, as config (write_sweep)
+    job: JobConfig | None = None  # the candidate as planned (write_sweep writes its settings from it)
 
     @property
     def tokens_per_s(self) -> float:
@@ -273,7 +273,7 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
                               predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
                               across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
                               nodes=candidate.cluster.nnodes, settings=tuple(settings), configured=own,
-                              settings_config=settings_config(candidate, settings)))
+                              job=candidate))
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
 
 
@@ -413,7 +413,7 @@ def write_sweep(plans: list[Plan], name: str, top: int, base_overrides: list[str
             group, attr = path.split(".")
             node.setdefault(group, {})[attr] = int(value)
         node.setdefault("cluster", {})["nproc_per_node"] = world_of(pl.degrees) // pl.nodes  # ranks per node
-        for section, values in pl.settings_config.items():
+        for section, values in settings_config(pl.job, pl.settings).items():
             node.setdefault(section, {}).update(values)
         (layout_dir / f"{key}.yaml").write_text(yaml.safe_dump(node, sort_keys=False))
     return out
