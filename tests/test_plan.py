@@ -203,7 +203,8 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
     batch on each data-parallel rank of its configured layout (as `resolve` fills it for a launch),
     not on every rank, which for TorchTitan's 70B (FSDP 32 x TP 8, local batch 16) had been 4,096
     sequences where TorchTitan ran 512 (issue 36). The job as configured is shown beside the plans:
-    its prediction, and where its layout ranks; refused, the refusal."""
+    its prediction, and where its layout ranks; refused, the refusal; not a layout of the world, the
+    field that would make it one."""
     tp = ["model=llama3_8b", "training.seq_len=2048", "training.local_batch_size=4", "parallelism=fsdp",
           "parallelism.tensor_parallel_degree=4", "cluster=slurm", "cluster.nnodes=2", "cluster.nproc_per_node=8"]
     job, profile = job_config(tp), spec_profile(SPECS["h100"], 16, 8)
@@ -227,7 +228,16 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
         "does not divide model.n_kv_heads = 8; pick a degree that does")
     other = job_config([*tp, "parallelism.tensor_parallel_degree=3"])  # not a layout of 16: each rank's local batch
     assert planner.global_batch_of(other, 16) == 64 and planner.configured_line(other, 16, plans, profile,
-                                                                               device_memory_gib=80, cuda=True) is None
+                                                                               device_memory_gib=80, cuda=True) == (
+        "your configuration (tp3) is not a layout of 16 devices, so it is not ranked: its degrees other than "
+        "data_parallel_shard_degree multiply to 3, which does not divide 16; pick degrees whose product divides it")
+    single = job_config([*tp, "parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=2"])
+    assert planner.configured_line(single, 16, plans, profile, device_memory_gib=80, cuda=True) == (
+        "your configuration (dp_shard2 x tp2) is not a layout of 16 devices, so it is not ranked: with "
+        "parallelism.data_parallel_shard_degree = 2 it lays out 4 of them; set that to -1 (or 8) to shard data over all")
+    assert planner.configured_line(job_config([*tp, "parallelism.tensor_parallel_degree=2",
+                                               "parallelism.data_parallel_shard_degree=8"]), 16, plans, profile,
+                                   device_memory_gib=80, cuda=True).startswith("your configuration (dp_shard8 x tp2, local batch 4): ")
     assert planner.batch_line(other, 16) == ("every layout at a global batch of 64 sequences (training.local_batch_size "
                                              "4 on each of the 16 devices: the configured degrees (tp3) do not "
                                              "multiply to 16)")

@@ -22,7 +22,8 @@ from typing import Any, Iterable
 
 import yaml
 
-from titan_exp.config import LAYOUT_FIELDS, MESH_DIMS, AutotuneAxis, JobConfig, layout_label, user_sweeps, world_of
+from titan_exp.config import (LAYOUT_FIELDS, MESH_DIMS, AutotuneAxis, JobConfig, ParallelismConfig, layout_label,
+                              user_sweeps, world_of)
 from titan_exp.perf.devices import SPEC_ACCURACY
 from titan_exp.perf.memory import predict_memory
 from titan_exp.perf.profile import MachineProfile, accuracy_kind, last_accuracy, this_machine
@@ -281,11 +282,10 @@ def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: Mach
                     device_memory_gib: float, cuda: bool = False) -> str | None:
     """The job as configured (its layout and batch split) beside the plans: its predicted tokens/s
     and memory, where its layout ranks, and how much faster the fastest is predicted (where it does
-    not fit, the fastest that does); or why it is refused. None where its degrees are not a layout
-    of `world` ranks (batch_line says so)."""
+    not fit, the fastest that does); or why it is refused, or is not a layout of `world` ranks."""
     p = job.parallelism
     if not p.lays_out(world):
-        return None
+        return unlaid_line(p, world)
     mine = with_layout(job, configured_layout(job, world), global_batch_of(job, world),
                        local_batch_size=job.training.local_batch_size,
                        microbatch_size=p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else None)
@@ -311,6 +311,19 @@ def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: Mach
         out += (f"; the fastest, {best.name} ({best.split}), is predicted "
                 f"{best.tokens_per_s / step.tokens_per_s_per_device - 1:+.0%}")
     return out
+
+
+def unlaid_line(p: ParallelismConfig, world: int) -> str:
+    """Why the configured degrees are not ranked on `world` ranks, and the field that would make them
+    a layout of them."""
+    label, known = layout_label(p.layout), p.known_degree
+    if world % known:
+        fix = (f"its degrees other than data_parallel_shard_degree multiply to {known}, which does not divide "
+               f"{world}; pick degrees whose product divides it")
+    else:
+        fix = (f"with parallelism.data_parallel_shard_degree = {p.data_parallel_shard_degree} it lays out "
+               f"{known * p.dp_shard_at(world)} of them; set that to -1 (or {world // known}) to shard data over all")
+    return f"your configuration ({label}) is not a layout of {world} devices, so it is not ranked: {fix}"
 
 
 def margin_line(plans: list[Plan], device_memory_gib: float) -> str | None:
