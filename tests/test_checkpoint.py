@@ -144,6 +144,7 @@ def test_fsdp2_checkpoint_continues_in_another_layout(name, fsdp2_run, tmp_path)
     assert summary["losses"] == pytest.approx(uninterrupted["losses"][6:], abs=1e-5)
 
 
+@slow  # 4 ranks; resharding stays in the default tier through test_fsdp2_checkpoint_continues_in_another_layout
 def test_fsdp4_checkpoint_continues_under_fsdp2(tmp_path):
     """FSDP 4 -> FSDP 2: a different data-parallel degree. The data position is that of the one
     token stream every rank reads, so the new layout continues it exactly."""

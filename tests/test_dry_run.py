@@ -30,7 +30,11 @@ LAYOUTS = {  # name: (overrides, the rank to build)
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.quick) if n == "fsdp" else n for n in sorted(LAYOUTS)])
+# fsdp is quick; tp, hsdp and pp are slow, their mesh dims built in 3d's and tp_moe's ranks too
+MARKS = {"fsdp": pytest.mark.quick, "tp": pytest.mark.slow, "hsdp": pytest.mark.slow, "pp": pytest.mark.slow}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, ())) for n in sorted(LAYOUTS)])
 def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
     overrides, rank = LAYOUTS[name]
     code, summary = run_job([*SMALL_MODEL, *WORLD_64, *overrides, "cluster.dry_run=true",
@@ -54,8 +58,9 @@ def test_dry_run_of_one_rank_at_world_64(tmp_path, name):
 
 
 @pytest.mark.parametrize("overrides", [["parallelism.data_parallel_shard_degree=2"],
-                                       ["model=moe_debug", "parallelism.expert_parallel_degree=2",
-                                        "parallelism.data_parallel_shard_degree=-1"]],
+                                       pytest.param(["model=moe_debug", "parallelism.expert_parallel_degree=2",
+                                                     "parallelism.data_parallel_shard_degree=-1"],
+                                                    marks=pytest.mark.slow)],  # EP under SAC trains in test_moe
                          ids=["dense_fsdp2", "moe_ep2"])
 def test_a_dry_run_under_selective_ac_holds_what_the_memory_model_counts(tmp_path, overrides):
     """Per-op selective AC's saves counted from its policy (perf.memory.selective_saved): the

@@ -44,24 +44,26 @@ def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
     assert "global_batch_size: 8" in (b.path / "config.yaml").read_text()
 
 
-def test_fsdp_with_tp_hsdp_and_ep_runs_print_no_warning(tmp_path):
-    """What a user sees of a 2-D (FSDP 2 x TP 2) float8, an HSDP 2 x 2 MXFP8 and an
-    expert-parallel (EP 2) run: their steps and no warning. torch 2.13 warns, once a rank, where
-    FSDP wraps a module that returns a view (the TP embedding's `to_local`, copied:
-    parallel.tensor), where a DTensor reduces over two mesh dims one after the other (the gradient
-    norm, over dp_shard_cp_tp, or the experts' over dp_shard's two parts: parallel.dims) and where
-    a flattened mesh is sliced out of the world mesh again (kept instead: ParallelDims.flattened);
-    importing torchao on a CPU warns of its CUDA libraries and Triton, and torch of torchao's
-    pytree enums (precision.torchao_imports)."""
-    for name, layout in (("2d", ["parallelism=2d", "precision=float8", "training.local_batch_size=4"]),
-                         ("hsdp", ["parallelism=hsdp", "precision=mxfp8", "training.local_batch_size=2"]),
-                         ("ep", ["parallelism=ep", "model=moe_debug", "training.local_batch_size=4"])):
-        out = launch_cli([f"hydra.run.dir={tmp_path / name}", *layout, *SMALL])
-        assert out.returncode == 0, out.stderr[-3000:]
-        said = out.stdout + out.stderr
-        assert "step    5 | loss" in said
-        for noise in ("warn", "deprecat", "failed to load", "sequential all_reduce"):
-            assert noise not in said.lower(), (name, said[-3000:])
+@pytest.mark.parametrize("layout", [
+    ["parallelism=2d", "precision=float8", "training.local_batch_size=4"],
+    pytest.param(["parallelism=hsdp", "precision=mxfp8", "training.local_batch_size=2"], marks=pytest.mark.slow),
+    ["parallelism=ep", "model=moe_debug", "training.local_batch_size=4"],
+], ids=["2d_float8", "hsdp_mxfp8", "ep"])
+def test_fsdp_with_tp_hsdp_and_ep_runs_print_no_warning(tmp_path, layout):
+    """What a user sees of a 2-D (FSDP 2 x TP 2) float8, an HSDP 2 x 2 MXFP8 (slow: the others
+    build its mesh's parts) and an expert-parallel (EP 2) run: their steps and no warning. torch
+    2.13 warns, once a rank, where FSDP wraps a module that returns a view (the TP embedding's
+    `to_local`, copied: parallel.tensor), where a DTensor reduces over two mesh dims one after the
+    other (the gradient norm, over dp_shard_cp_tp, or the experts' over dp_shard's two parts:
+    parallel.dims) and where a flattened mesh is sliced out of the world mesh again (kept instead:
+    ParallelDims.flattened); importing torchao on a CPU warns of its CUDA libraries and Triton, and
+    torch of torchao's pytree enums (precision.torchao_imports)."""
+    out = launch_cli([f"hydra.run.dir={tmp_path}", *layout, *SMALL])
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = out.stdout + out.stderr
+    assert "step    5 | loss" in said
+    for noise in ("warn", "deprecat", "failed to load", "sequential all_reduce"):
+        assert noise not in said.lower(), said[-3000:]
 
 
 @pytest.mark.quick

@@ -29,7 +29,7 @@ LAYOUTS = {  # name -> (model overrides, layout overrides); every one must equal
                          "parallelism.expert_parallel_degree=2", *W4]),
     "fsdp2_tp2_queries_from_the_hidden_state": (Q_DIRECT, ["parallelism=2d", *W4]),
 }
-FAST = ("tp2", "cp2_tp2")
+FAST = ("tp2",)  # CP and TP together: test_parallel's layouts
 
 
 def _layer(q_lora_rank: int):
@@ -192,6 +192,7 @@ def test_a_gpu_prices_mla_from_its_parts():
     assert predict_memory(more_heads, cuda=True)["activations"] > predict_memory(job, cuda=True)["activations"]
 
 
+@slow  # calibration x MLA: the default tier calibrates in test_perf and prices MLA's parts above
 def test_this_machine_calibrates_an_mla_block_and_plans_on_it(tmp_path, capsys):
     """A real 2-rank calibration measures the MLA model's own block (measure_compute.sharded_block:
     one TP rank's heads, its latents' projections whole) under a shape of its own, not a GQA

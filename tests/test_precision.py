@@ -106,6 +106,7 @@ def test_compiled_runs_find_their_graphs_and_share_kernels(tmp_path):
     assert runs["b"]["losses"] == pytest.approx(runs["a"]["losses"], abs=1e-6)
 
 
+@slow  # compile x float8 rowwise x selective AC, two compiled runs: about 2 minutes on 2 slow cores
 def test_compiled_float8_rowwise_recomputes_what_its_forward_computed(tmp_path):
     """float8 with rowwise scales, compiled: selective AC gives the losses and gradient norms of no
     AC to the bit, as activation checkpointing must (recomputation changes memory, never the math).

@@ -278,6 +278,7 @@ def test_wandb_id_follows_the_run_dir(tmp_path):
 
 
 @pytest.mark.slurm
+@pytest.mark.slow  # calibration x SLURM: each is tested alone in the default tier
 def test_calibration_runs_on_the_cluster(slurm, tmp_path):
     """`python -m titan_exp.perf.calibrate cluster=slurm` measures on the cluster's nodes: the same
     calibration ranks, started as a SLURM job; the profile lands where the nodes write it."""
