@@ -234,7 +234,7 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
     single = job_config([*tp, "parallelism.tensor_parallel_degree=2", "parallelism.data_parallel_shard_degree=2"])
     assert planner.configured_line(single, 16, plans, profile, device_memory_gib=80, cuda=True) == (
         "your configuration (dp_shard2 x tp2) is not a layout of 16 devices, so it is not ranked: with "
-        "parallelism.data_parallel_shard_degree = 2 it lays out 4 of them; set that to -1 (or 8) to shard data over all")
+        "parallelism.data_parallel_shard_degree = 2 they multiply to 4; set it to -1 (or 8) to shard data over all 16")
     assert planner.configured_line(job_config([*tp, "parallelism.tensor_parallel_degree=2",
                                                "parallelism.data_parallel_shard_degree=8"]), 16, plans, profile,
                                    device_memory_gib=80, cuda=True).startswith("your configuration (dp_shard8 x tp2, local batch 4): ")

@@ -279,7 +279,7 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
 
 
 def configured_line(job: JobConfig, world: int, plans: list[Plan], profile: MachineProfile, *,
-                    device_memory_gib: float, cuda: bool = False) -> str | None:
+                    device_memory_gib: float, cuda: bool = False) -> str:
     """The job as configured (its layout and batch split) beside the plans: its predicted tokens/s
     and memory, where its layout ranks, and how much faster the fastest is predicted (where it does
     not fit, the fastest that does); or why it is refused, or is not a layout of `world` ranks."""
@@ -321,8 +321,8 @@ def unlaid_line(p: ParallelismConfig, world: int) -> str:
         fix = (f"its degrees other than data_parallel_shard_degree multiply to {known}, which does not divide "
                f"{world}; pick degrees whose product divides it")
     else:
-        fix = (f"with parallelism.data_parallel_shard_degree = {p.data_parallel_shard_degree} it lays out "
-               f"{known * p.dp_shard_at(world)} of them; set that to -1 (or {world // known}) to shard data over all")
+        fix = (f"with parallelism.data_parallel_shard_degree = {p.data_parallel_shard_degree} they multiply to "
+               f"{known * p.dp_shard_at(world)}; set it to -1 (or {world // known}) to shard data over all {world}")
     return f"your configuration ({label}) is not a layout of {world} devices, so it is not ranked: {fix}"
 
 
