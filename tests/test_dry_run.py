@@ -30,8 +30,8 @@ LAYOUTS = {  # name: (overrides, the rank to build)
 }
 
 
-# fsdp is quick; tp, hsdp and pp are slow, their mesh dims built in 3d's and tp_moe's ranks too
-MARKS = {"fsdp": pytest.mark.quick, "tp": pytest.mark.slow, "hsdp": pytest.mark.slow, "pp": pytest.mark.slow}
+# fsdp is quick; tp and pp are slow, their mesh dims built in 3d's and tp_moe's ranks too
+MARKS = {"fsdp": pytest.mark.quick, "tp": pytest.mark.slow, "pp": pytest.mark.slow}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=MARKS.get(n, ())) for n in sorted(LAYOUTS)])

@@ -50,14 +50,14 @@ def test_cli_single_and_fsdp2_give_the_same_losses(tmp_path):
     ["parallelism=ep", "model=moe_debug", "training.local_batch_size=4"],
 ], ids=["2d_float8", "hsdp_mxfp8", "ep"])
 def test_fsdp_with_tp_hsdp_and_ep_runs_print_no_warning(tmp_path, layout):
-    """What a user sees of a 2-D (FSDP 2 x TP 2) float8, an HSDP 2 x 2 MXFP8 (slow: the others
-    build its mesh's parts) and an expert-parallel (EP 2) run: their steps and no warning. torch
-    2.13 warns, once a rank, where FSDP wraps a module that returns a view (the TP embedding's
-    `to_local`, copied: parallel.tensor), where a DTensor reduces over two mesh dims one after the
-    other (the gradient norm, over dp_shard_cp_tp, or the experts' over dp_shard's two parts:
-    parallel.dims) and where a flattened mesh is sliced out of the world mesh again (kept instead:
-    ParallelDims.flattened); importing torchao on a CPU warns of its CUDA libraries and Triton, and
-    torch of torchao's pytree enums (precision.torchao_imports)."""
+    """What a user sees of a 2-D (FSDP 2 x TP 2) float8, an HSDP 2 x 2 MXFP8 (in the slow tier) and
+    an expert-parallel (EP 2) run: their steps and no warning. torch 2.13 warns, once a rank, where
+    FSDP wraps a module that returns a view (the TP embedding's `to_local`, copied:
+    parallel.tensor), where a DTensor reduces over two mesh dims one after the other (the gradient
+    norm, over dp_shard_cp_tp, or the experts' over dp_shard's two parts: parallel.dims) and where a
+    flattened mesh is sliced out of the world mesh again (kept instead: ParallelDims.flattened);
+    importing torchao on a CPU warns of its CUDA libraries and Triton, and torch of torchao's
+    pytree enums (precision.torchao_imports)."""
     out = launch_cli([f"hydra.run.dir={tmp_path}", *layout, *SMALL])
     assert out.returncode == 0, out.stderr[-3000:]
     said = out.stdout + out.stderr

@@ -29,7 +29,7 @@ LAYOUTS = {  # name -> (model overrides, layout overrides); every one must equal
                          "parallelism.expert_parallel_degree=2", *W4]),
     "fsdp2_tp2_queries_from_the_hidden_state": (Q_DIRECT, ["parallelism=2d", *W4]),
 }
-FAST = ("tp2",)  # CP and TP together: test_parallel's layouts
+FAST = ("tp2",)  # MLA under CP x TP is slow, as test_parallel's cp2_tp2 is
 
 
 def _layer(q_lora_rank: int):
