@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -76,9 +77,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from titan_exp.models.llama import flops_per_token  # noqa: E402
-from titan_exp.perf.devices import SPECS, Efficiency, spec_profile  # noqa: E402
+from titan_exp.perf.devices import SPECS, DeviceSpec, Efficiency, spec_profile  # noqa: E402
 from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
 from titan_exp.perf.memory import predict_memory  # noqa: E402
+from titan_exp.perf.profile import MachineProfile  # noqa: E402
 from titan_exp.perf.step import predict_step  # noqa: E402
 from titan_exp.validation import resolve, validate  # noqa: E402
 
@@ -237,6 +239,18 @@ def plan_rows(rows: list[Row]) -> list[Planned]:
     return out
 
 
+@functools.cache
+def _machine(spec: DeviceSpec, gpus: int, per_node: int, eff: Efficiency, attention: str | None) -> MachineProfile:
+    return spec_profile(spec, gpus, per_node, eff, attention)
+
+
+def machine(spec: DeviceSpec, gpus: int, per_node: int, eff: Efficiency, attention: str | None) -> MachineProfile:
+    """spec_profile's profile, its collective tables built once a machine: a fit tries many
+    compute_scales, which enters the profile as its compute correction alone."""
+    base = _machine(spec, gpus, per_node, dataclasses.replace(eff, compute_scale=1.0), attention)
+    return dataclasses.replace(base, corrections=dataclasses.replace(base.corrections, compute=eff.compute_scale))
+
+
 def predict(p: Planned, eff: Efficiency, host_cpu: str | None = None) -> float:
     """The prediction in the unit the row publishes (with its GPUs on another `host_cpu` if given:
     host_check)."""
@@ -247,7 +261,7 @@ def predict(p: Planned, eff: Efficiency, host_cpu: str | None = None) -> float:
     engine = ENGINES[row.source]
     attention = engine.kernel(spec.architecture)
     overlap = engine.tp_overlap or "micro_pipeline"  # else torch's async TP, as this toolkit's
-    tps = predict_step(job, spec_profile(spec, gpus, gpus_per_node(row), eff, attention), cuda=True,
+    tps = predict_step(job, machine(spec, gpus, gpus_per_node(row), eff, attention), cuda=True,
                        elementwise=elementwise(row), tp_overlap=overlap,
                        float8_experts=engine.float8_experts,
                        output_heads=output_heads(row["model"]), ep_overlap=ep_overlapped(row)).tokens_per_s_per_device

@@ -6,6 +6,7 @@ prints. The numbers are in BENCHMARKS.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -111,6 +112,10 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS or pp16(p.row)
                                             or bench.ep_overlapped(p.row)) for p in hsdp)
     eff = Efficiency()
+    # A machine's profile is built once (bench.machine) and takes each fitted compute_scale as spec_profile would.
+    scaled, h100 = dataclasses.replace(eff, compute_scale=1.7, nvlink=0.7), bench.SPECS["h100"]
+    shared, own = bench.machine(h100, 16, 8, scaled, "flash"), bench.spec_profile(h100, 16, 8, scaled, "flash")
+    assert dataclasses.replace(shared, created="", notes=[]) == dataclasses.replace(own, created="", notes=[])
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
         patch.setattr(bench, "elementwise", lambda row: engines.TORCHTITAN_LLAMA)
