@@ -239,15 +239,13 @@ def plan_rows(rows: list[Row]) -> list[Planned]:
     return out
 
 
-@functools.cache
-def _machine(spec: DeviceSpec, gpus: int, per_node: int, eff: Efficiency, attention: str | None) -> MachineProfile:
-    return spec_profile(spec, gpus, per_node, eff, attention)
+_spec_profile = functools.cache(spec_profile)  # here, not in perf.devices: a MachineProfile is mutable (calibration fills it)
 
 
 def machine(spec: DeviceSpec, gpus: int, per_node: int, eff: Efficiency, attention: str | None) -> MachineProfile:
     """spec_profile's profile, its collective tables built once a machine: a fit tries many
     compute_scales, which enters the profile as its compute correction alone."""
-    base = _machine(spec, gpus, per_node, dataclasses.replace(eff, compute_scale=1.0), attention)
+    base = _spec_profile(spec, gpus, per_node, dataclasses.replace(eff, compute_scale=1.0), attention)
     return dataclasses.replace(base, corrections=dataclasses.replace(base.corrections, compute=eff.compute_scale))
 
 
