@@ -32,8 +32,14 @@ def mmaps(size: int) -> bool:
 
 
 if __name__ == "__main__":
+    from titan_exp.cluster.forkserver import RANK_LIBRARIES
+
+    preloaded = [name for name in RANK_LIBRARIES if name in sys.modules]  # before this rank imports any
+    import datasets.config
+
     keys = ("RANK", "WORLD_SIZE", "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "PYTHONPATH", "TITAN_EXP_PROBE", "PYTORCH_TITAN_EXP_PROBE")
     record = {"argv": sys.argv[1:], "threads": torch.get_num_threads(), "parent": os.getppid(),
-              "name": Path("/proc/self/comm").read_text().strip(),
+              "name": Path("/proc/self/comm").read_text().strip(), "preloaded": preloaded,
+              "hf_datasets_cache": str(datasets.config.HF_DATASETS_CACHE),  # as datasets read it on import
               "mmaps_17_mib": mmaps(17 << 20), **{k: os.environ.get(k) for k in keys}}
     Path(sys.argv[1], f"probe-{os.environ['RANK']}.json").write_text(json.dumps(record))

@@ -186,10 +186,13 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
     rank forked so sees what a fresh `python -m` rank sees: its arguments, the launcher's environment
     as it is now, its share of threads and the fixed malloc threshold (which a fresh process takes
     from the environment at start). With cluster.fork_ranks=false, and once a variable that torch
-    reads on import differs from the server's, ranks start fresh."""
+    reads on import differs from the server's, ranks start fresh. The server has imported the
+    libraries every rank needs (RANK_LIBRARIES); a Hugging Face cache set after it started is seen,
+    as `datasets` reads it on import, by ranks that start fresh."""
     import os
 
     from conftest import job_config
+    from titan_exp.cluster.forkserver import RANK_LIBRARIES
     from titan_exp.cluster.local import run_local
 
     monkeypatch.syspath_prepend(str(REPO))  # tests.rank_probe, for ranks forked from this process
@@ -205,9 +208,21 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
     monkeypatch.setenv("TITAN_EXP_PROBE", later)
     forked = probe("forked")
     asked = probe("asked", ["cluster.fork_ranks=false"])
+    server_cache = os.environ.get("HF_DATASETS_CACHE")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+    hf = probe("hf")
+    if server_cache:  # back to the server's, so that only PYTORCH_ differs from here on
+        monkeypatch.setenv("HF_DATASETS_CACHE", server_cache)
+    else:
+        monkeypatch.delenv("HF_DATASETS_CACHE")
     monkeypatch.setenv("PYTORCH_TITAN_EXP_PROBE", later)  # as torch's variables are named
     fresh = probe("fresh")
-    for ranks, name, torch_variable in ((forked, "forked", None), (asked, "asked", None), (fresh, "fresh", later)):
+    assert all(seen["preloaded"] == list(RANK_LIBRARIES) for seen in forked)
+    assert all(seen["preloaded"] == [] for seen in asked + hf + fresh)
+    assert {seen["hf_datasets_cache"] for seen in hf} == {str(tmp_path / "hf")}
+    assert str(tmp_path / "hf") not in {seen["hf_datasets_cache"] for seen in forked + fresh}
+    for ranks, name, torch_variable in ((forked, "forked", None), (asked, "asked", None), (hf, "hf", None),
+                                        (fresh, "fresh", later)):
         for rank, seen in enumerate(ranks):
             assert seen["argv"] == [str(tmp_path / name)] and seen["RANK"] == str(rank) and seen["WORLD_SIZE"] == "2"
             assert seen["OMP_NUM_THREADS"] == "1" and seen["threads"] == 1
@@ -216,4 +231,4 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
             assert seen["TITAN_EXP_PROBE"] == later and seen["PYTORCH_TITAN_EXP_PROBE"] == torch_variable
     assert os.getpid() not in {seen["parent"] for seen in forked}  # the server's children
     assert [seen["name"] for seen in forked] == ["titan-rank-0", "titan-rank-1"]  # for ps and pgrep
-    assert {seen["parent"] for seen in asked + fresh} == {os.getpid()}  # this process's own (spawn)
+    assert {seen["parent"] for seen in asked + hf + fresh} == {os.getpid()}  # this process's own (spawn)

@@ -5,14 +5,17 @@ importing torch, DTensor, DCP and dynamo before it does anything, and a launch o
 N times at once. Here the launcher's process starts Python's forkserver once, with the rank's
 modules imported (`ready`), and each launch's ranks fork from it in a fraction of a second: every
 launch after the first in one process (a Hydra sweep, autotune's trials, a test session) pays no
-import at all. A forked rank is then made what the fresh process would have been (`start_rank`):
-the launcher's environment at this launch, its share of threads and its malloc threshold (which a
-fresh process takes from the environment at start), and ENTRY run as `__main__`.
+import at all. The server also imports the libraries every rank imports where it first needs them
+(RANK_LIBRARIES): `datasets` alone took 0.8 s of each rank's start on a 2-core machine. A forked
+rank is then made what the fresh process would have been (`start_rank`): the launcher's environment
+at this launch, its share of threads and its malloc threshold (which a fresh process takes from the
+environment at start), and ENTRY run as `__main__`.
 
-What a fork cannot give: the variables torch, the OpenMP runtime and glibc's malloc read when they
-are imported or loaded (IMPORT_TIME) hold their values from the server's start. A launch where one
-of them has changed since starts fresh processes, as does a launch on GPUs (run_local): a server
-that never touches CUDA is safe to fork from, and that has not been checked on a GPU yet.
+What a fork cannot give: the variables torch, the OpenMP runtime, glibc's malloc and the Hugging Face
+libraries read when they are imported or loaded (IMPORT_TIME) hold their values from the server's
+start. A launch where one of them has changed since starts fresh processes, as does a launch on GPUs
+(run_local): a server that never touches CUDA is safe to fork from, and that has not been checked on a
+GPU yet.
 """
 
 from __future__ import annotations
@@ -33,10 +36,16 @@ from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
 
 logger = logging.getLogger(__name__)
 
+# Imported by every rank, not at the top of its modules (the launcher need not pay for them):
+# data.sources.open_dataset's `datasets`, data.corpus's `tokenizers`, targets.build's `hydra.utils`.
+RANK_LIBRARIES = ("datasets", "tokenizers", "hydra.utils")
 # Read when a library is imported or loaded: torch's logging, dynamo's and inductor's configuration,
-# the OpenMP and MKL runtimes, glibc's malloc. TORCHINDUCTOR_CACHE_DIR is read when compiling
-# (titan_exp's compile cache sets it in the rank: titan_exp.parallel.compile).
-IMPORT_TIME = ("TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "OMP_", "MKL_", "GOMP_", "MALLOC_")
+# the OpenMP and MKL runtimes, glibc's malloc; the Hugging Face caches, offline switches and
+# frameworks (datasets.config, huggingface_hub.constants: HF_HOME defaults under XDG_CACHE_HOME).
+# TORCHINDUCTOR_CACHE_DIR is read when compiling (titan_exp's compile cache sets it in the rank:
+# titan_exp.parallel.compile).
+IMPORT_TIME = ("TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "OMP_", "MKL_", "GOMP_", "MALLOC_",
+               "HF_", "HUGGINGFACE_", "XDG_CACHE_HOME", "USE_TORCH", "USE_TF", "USE_JAX")
 READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: what MALLOC_MMAP_THRESHOLD_ sets at a process's start
 PR_SET_NAME = 15  # prctl's: the process's name (comm)
@@ -59,7 +68,7 @@ def ready() -> bool:
     global _server_started_with
     if _server_started_with is None:
         _server_started_with = read_on_import(os.environ)
-        multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, TRAIN])
+        multiprocessing.get_context("forkserver").set_forkserver_preload([__name__, TRAIN, *RANK_LIBRARIES])
     now, then = read_on_import(os.environ), _server_started_with
     changed = sorted(k for k in now.keys() | then.keys() if now.get(k) != then.get(k))
     if changed:
