@@ -188,7 +188,8 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
     from the environment at start). With cluster.fork_ranks=false, and once a variable that torch
     reads on import differs from the server's, ranks start fresh. The server has imported the
     libraries every rank needs (RANK_LIBRARIES); a Hugging Face cache set after it started is seen,
-    as `datasets` reads it on import, by ranks that start fresh."""
+    as `datasets` reads it on import, by ranks that start fresh, while the download settings that
+    importing lm_eval sets in the launcher (validating eval.tasks) leave them forked."""
     import os
 
     from conftest import job_config
@@ -206,6 +207,8 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
 
     later = "set after the server started"
     monkeypatch.setenv("TITAN_EXP_PROBE", later)
+    import lm_eval  # noqa: F401 - as validating eval.tasks does: it sets HF_XET_HIGH_PERFORMANCE
+
     forked = probe("forked")
     asked = probe("asked", ["cluster.fork_ranks=false"])
     server_cache = os.environ.get("HF_DATASETS_CACHE")

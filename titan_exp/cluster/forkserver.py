@@ -41,11 +41,15 @@ logger = logging.getLogger(__name__)
 RANK_LIBRARIES = ("datasets", "tokenizers", "hydra.utils")
 # Read when a library is imported or loaded: torch's logging, dynamo's and inductor's configuration,
 # the OpenMP and MKL runtimes, glibc's malloc; the Hugging Face caches, offline switches and
-# frameworks (datasets.config, huggingface_hub.constants: HF_HOME defaults under XDG_CACHE_HOME).
+# frameworks that a rank's data depends on (datasets.config, huggingface_hub.constants: HF_HOME
+# defaults under XDG_CACHE_HOME). Not their download settings, which no rank uses, and which
+# libraries set in the launcher's process: importing lm_eval (validating eval.tasks) sets
+# HF_XET_HIGH_PERFORMANCE, and HF_HUB_ENABLE_HF_TRANSFER where hf_transfer is installed.
 # TORCHINDUCTOR_CACHE_DIR is read when compiling (titan_exp's compile cache sets it in the rank:
 # titan_exp.parallel.compile).
 IMPORT_TIME = ("TORCH_", "TORCHDYNAMO_", "TORCHINDUCTOR_", "PYTORCH_", "OMP_", "MKL_", "GOMP_", "MALLOC_",
-               "HF_", "HUGGINGFACE_", "XDG_CACHE_HOME", "USE_TORCH", "USE_TF", "USE_JAX")
+               "HF_HOME", "HF_DATASETS_", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_MODULES_CACHE", "HF_ASSETS_CACHE",
+               "HUGGINGFACE_HUB_CACHE", "HUGGINGFACE_ASSETS_CACHE", "XDG_CACHE_HOME", "USE_TORCH", "USE_TF", "USE_JAX")
 READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: what MALLOC_MMAP_THRESHOLD_ sets at a process's start
 PR_SET_NAME = 15  # prctl's: the process's name (comm)
