@@ -211,13 +211,9 @@ def test_cpu_ranks_fork_from_a_server_and_start_as_a_fresh_process_would(tmp_pat
 
     forked = probe("forked")
     asked = probe("asked", ["cluster.fork_ranks=false"])
-    server_cache = os.environ.get("HF_DATASETS_CACHE")
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
-    hf = probe("hf")
-    if server_cache:  # back to the server's, so that only PYTORCH_ differs from here on
-        monkeypatch.setenv("HF_DATASETS_CACHE", server_cache)
-    else:
-        monkeypatch.delenv("HF_DATASETS_CACHE")
+    with monkeypatch.context() as hf_cache:  # the server's again after it, so that only PYTORCH_ differs then
+        hf_cache.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf"))
+        hf = probe("hf")
     monkeypatch.setenv("PYTORCH_TITAN_EXP_PROBE", later)  # as torch's variables are named
     fresh = probe("fresh")
     assert all(seen["preloaded"] == list(RANK_LIBRARIES) for seen in forked)
