@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 
-from published_rows import Planned, Row, known_regression, published
+from published_rows import Planned, Row, known_regression, published, recipe
 
 
 TECHNIQUES = {"compile": lambda r: r["compile"], "precision": lambda r: (r.precision, r["fp8_recipe"]),
@@ -98,14 +98,31 @@ def configuration(row: Row, beside: frozenset[str] = frozenset()) -> tuple[str, 
 
 
 GPU_COLUMNS = frozenset({"gpu", "gpus_per_node"})  # what sets one GPU apart from another in a row
+# What Megatron-Bridge's scripts set per GPU beyond a table's columns (RECIPES), which can differ
+# between two GPUs' runs of one configuration: the model prices none of these from the recipe.
+RECIPE_FIELDS = ("cpu_offloading_num_layers", "recompute_modules", "cuda_graph_impl", "cuda_graph_scope", "dispatcher",
+                 "moe_a2a_overlap", "fp8_attention", "fused_grouped_mlp")
+
+
+def recipe_differences(a: Row, b: Row) -> dict[str, tuple[str, str]]:
+    """The RECIPE_FIELDS whose values differ between two rows' recipes (each value up to its
+    parenthesized gloss: "none (unset)" is "none (recipe default)"); none where either has no recipe."""
+    ra, rb = recipe(a), recipe(b)
+    if not ra or not rb:
+        return {}
+    values = {field: (ra[field].split(" (")[0], rb[field].split(" (")[0]) for field in RECIPE_FIELDS}
+    return {field: pair for field, pair in values.items() if pair[0] != pair[1]}
 
 
 def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
     """One configuration published on two GPUs in one table (every column alike but the GPU's):
-    per pair of GPUs (the later name first: gb300 over gb200), how many such pairs, and the first
-    GPU's tokens/s over the second's, published against predicted (median and range). What
-    separates GPUs that the model's parts do not, where table order fails across GPUs."""
+    per pair of GPUs (the later name first: gb300 over gb200), how many such pairs, the first GPU's
+    tokens/s over the second's, published against predicted (median and range), and where the two
+    runs' recipes differ (recipe_differences: the first GPU's value against the second's, with how
+    many configurations). What separates the runs that the model's parts do not, where table
+    order fails across GPUs."""
     ratios: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    differ: dict[tuple[str, str], Counter] = {}
     for i, (a, pa) in enumerate(scored):
         for b, pb in scored[i + 1:]:
             ra, rb = a.row, b.row
@@ -114,11 +131,18 @@ def gpu_pairs(scored: list[tuple[Planned, float]]) -> str:
                 continue
             (hi, phi), (lo, plo) = sorted(((ra, pa), (rb, pb)), key=lambda x: x[0]["gpu"], reverse=True)
             ratios.setdefault((hi["gpu"], lo["gpu"]), []).append((published(hi)[1] / published(lo)[1], phi / plo))
+            differ.setdefault((hi["gpu"], lo["gpu"]), Counter()).update(
+                f"{field} {x} vs {y}" for field, (x, y) in recipe_differences(hi, lo).items())
 
     def spread(values: list[float]) -> str:
         return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
+
+    def recipes(pair: tuple[str, str]) -> str:
+        counted = differ[pair]
+        return (", their recipes differing in " + ", ".join(f"{what} ({n})" for what, n in sorted(counted.items()))
+                if counted else "")
     return "; ".join(f"{hi} over {lo}, {len(v)} configuration{'s' if len(v) > 1 else ''}: published "
-                     f"{spread([x for x, _ in v])}, predicted {spread([y for _, y in v])}"
+                     f"{spread([x for x, _ in v])}, predicted {spread([y for _, y in v])}{recipes((hi, lo))}"
                      for (hi, lo), v in sorted(ratios.items(), key=lambda kv: -len(kv[1])))
 
 

@@ -212,6 +212,13 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         "predicted 1.00 (1.00-1.00)")
     assert bench.gpu_pairs(list(zip([swapped[0], bench.Planned(bench.Row(first.source, first.table, "wider", {
         **other_gpu.cells, "gpus": "512"}), None, None)], (1.0, 1.0)))) == ""
+    # Where two GPUs' runs of one configuration differ in their recipes: Llama 3 70B under FSDP on
+    # GB300 and GB200 offloads 20 and 40 blocks' activations to the CPU (published_recipes.csv).
+    from published_scoring import recipe_differences
+    fsdp70 = {p.row["gpu"]: p.row for p in mb if p.row.table.startswith("26.04 ") and p.row["model"] == "llama3_70b"
+              and p.row["fsdp"] == "true"}
+    assert recipe_differences(fsdp70["gb300"], fsdp70["gb200"]) == {"cpu_offloading_num_layers": ("20", "40")}
+    assert recipe_differences(fsdp70["gb300"], fsdp70["gb300"]) == {} == recipe_differences(first, first)
     out = subprocess.run([sys.executable, "benchmarks/bench_published.py"], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -223,6 +230,7 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     assert "Held-out techniques within 5 points of their published effect: " in out.stdout
     assert "One configuration on two GPUs in a held-out table (gpu_pairs), the first's tokens/s over the second's: " \
         "gb300 over gb200, 8 configurations: published 1.23 (1.15-1.27)" in out.stdout
+    assert "predicted 1.01 (1.00-1.02), their recipes differing in cpu_offloading_num_layers 20 vs 40 (4)" in out.stdout
     # What a spec sheet's plan says of its accuracy (perf.devices.SPEC_ACCURACY) is what the bench measures.
     last = out.stdout.strip().splitlines()[-1]
     held = re.match(r"held-out: (\d+) rows from \d+ sources; tokens/s median \|error\| (\d+) %", last)
