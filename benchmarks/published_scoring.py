@@ -99,7 +99,8 @@ def configuration(row: Row, beside: frozenset[str] = frozenset()) -> tuple[str, 
 
 GPU_COLUMNS = frozenset({"gpu", "gpus_per_node"})  # what sets one GPU apart from another in a row
 # What Megatron-Bridge's scripts set per GPU beyond a table's columns (RECIPES), which can differ
-# between two GPUs' runs of one configuration: the model prices none of these from the recipe.
+# between two GPUs' runs of one configuration. Of them the model prices only EP's all-to-all overlap
+# where the whole step is one CUDA graph (bench_published.ep_overlapped).
 RECIPE_FIELDS = ("cpu_offloading_num_layers", "recompute_modules", "cuda_graph_impl", "cuda_graph_scope", "dispatcher",
                  "moe_a2a_overlap", "fp8_attention", "fused_grouped_mlp")
 
