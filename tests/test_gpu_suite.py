@@ -118,3 +118,36 @@ def test_gpu_session_script_runs_its_stages_and_packs_what_they_wrote(tmp_path):
         named = json.load(tgz.extractfile("checks/gpu_suite.json"))["models"]["smoke"]
     assert [(r["config"], r["status"]) for r in named] == [("MoE 8 experts top-2, bf16 + compile", "ok"),
                                                            ("bf16 eager, AC full", "ok")]
+
+
+@pytest.mark.slow
+def test_gpu_session_float8_stage_runs_each_row_under_its_own_inductor_settings(tmp_path):
+    """`gpu_session.sh float8`, a call of its own: the 3B's float8 and bf16 + compile rows, and the
+    rows under Inductor settings (gpu_suite.INDUCTOR_ENV), each recording the variables it set; on
+    CPU (SMOKE=1) they compile with aot_eager, so the settings are carried, not felt."""
+    env = {**os.environ, "SMOKE": "1", "GPU_SESSION_DIR": str(tmp_path / "session"), "OUT": str(tmp_path / "out")}
+    float8 = subprocess.run(["bash", "benchmarks/gpu_session.sh", "float8", "300"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+    assert float8.returncode == 0 and "float8 rc=0" in float8.stdout, float8.stdout[-3000:]
+    with tarfile.open(tmp_path / "out" / "gpu_session_float8.tgz") as tgz:
+        rows = json.load(tgz.extractfile("float8/gpu_suite.json"))["models"]["smoke"]
+    assert [(r["config"], r["status"], r["env"]) for r in rows] == [
+        ("float8 tensorwise + compile", "ok", {}), ("bf16 + compile", "ok", {}),
+        ("float8 tensorwise + compile, looped reductions", "ok", {"TORCHINDUCTOR_PERSISTENT_REDUCTIONS": "0"}),
+        ("float8 tensorwise + compile, coordinate descent", "ok", {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}),
+        ("bf16 + compile, coordinate descent", "ok", {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"})]
+
+
+@pytest.mark.slow
+def test_float8_partition_shows_the_backward_casting_recomputed_norm_outputs():
+    """The premise of the suite's Inductor rows (gpu_suite.INDUCTOR_ENV): compiled, a float8 block's
+    backward recomputes both norms' outputs from the block's input, its residual and their rsqrt,
+    and casts them to float8 again for the weight gradients, where the attention's output it keeps
+    in float8 from the forward."""
+    out = subprocess.run([sys.executable, "benchmarks/float8_partition.py"], cwd=REPO, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    recomputed = [line for line in out.stdout.splitlines() if "an activation recomputed" in line]
+    norms = [line for line in recomputed if "rsqrt" in line]
+    assert len(norms) == 2 and all("[256, 256] to torch.float8_e4m3fn" in line for line in norms), out.stdout
+    assert "torch.float8_e4m3fn" in out.stdout.split("the forward saves")[1].split("\n")[0], out.stdout
