@@ -33,7 +33,8 @@ from titan_exp.precision import apply_converter  # noqa: E402
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
-def partition(recipe: str, dim: int, tokens: int) -> dict[str, torch.fx.GraphModule]:
+def backward_graph(recipe: str, dim: int, tokens: int) -> torch.fx.Graph:
+    """The backward Inductor's partitioner splits off one float8 block, `tokens` tokens of width `dim`."""
     from functorch.compile import make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -42,21 +43,19 @@ def partition(recipe: str, dim: int, tokens: int) -> dict[str, torch.fx.GraphMod
                       f"model.dim={dim}", "model.n_heads=4", "model.n_kv_heads=2", "precision.filter_fqns=[]"])
     block = TransformerBlock(job.model).to(torch.bfloat16)
     apply_converter(block, job.precision)
-    graphs: dict[str, torch.fx.GraphModule] = {}
+    graphs: list[torch.fx.GraphModule] = []
 
-    def keep(kind: str):
-        def compiler(gm: torch.fx.GraphModule, _inputs):
-            graphs[kind] = gm
-            return make_boxed_func(gm)
-        return compiler
+    def keep_backward(gm: torch.fx.GraphModule, _inputs):
+        graphs.append(gm)
+        return make_boxed_func(gm)
 
-    backend = aot_autograd(fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+    backend = aot_autograd(fw_compiler=lambda gm, _inputs: make_boxed_func(gm), bw_compiler=keep_backward,
                            partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"))
     cos, sin = rope_tables(job.model.rope_dim, tokens, job.model.rope_theta)
     x = torch.randn(1, tokens, dim, dtype=torch.bfloat16, requires_grad=True)
     torch._dynamo.reset()
     torch.compile(block, backend=backend, fullgraph=True)(x, cos, sin).sum().backward()
-    return graphs
+    return graphs[0].graph
 
 
 def sources(node: torch.fx.Node) -> set[str]:
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dim", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=256)
     args = parser.parse_args(argv)
-    backward = partition(args.recipe, args.dim, args.tokens)["backward"].graph
+    backward = backward_graph(args.recipe, args.dim, args.tokens)
     inputs = {n.name: n.meta["val"] for n in backward.nodes if n.op == "placeholder"}
     # The forward's own inputs (primals: parameters, the block's input, RoPE's tables) and the
     # output's gradient (tangents) are not what the partitioner chose to keep.

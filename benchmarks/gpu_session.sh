@@ -37,12 +37,9 @@
 #   - "bf16 eager, AC full" (2026-12-02, the planner against TorchTitan: tried, not kept): whether
 #     its allocated peak holds the recomputed block beside the loss (about 4 % on the 1B).
 #     bash benchmarks/gpu_session.sh float8 [TOTAL_S]   # -> $OUT/gpu_session_float8.tgz
-# issue 37's float8 target (float8 tensorwise + compile at 1.25x bf16 + compile on the 3B; 1.07-1.08x
-# on the H200 three times): its slowest kernel, a norm's backward fused with the transposed float8
-# cast of the norm's recomputed output (benchmarks/float8_partition.py), under two Inductor settings
-# (gpu_suite.INDUCTOR_ENV), beside float8 and bf16 + compile as they run, all in one call (default
-# 330 s, the 3B's five rows; coordinate descent tunes as it compiles): the two as they run first, so
-# a cut call still has the ratio and the float8 settings.
+# issue 37's float8 target (1.25x bf16 + compile on the 3B; BENCHMARKS.md names the check): the 3B's
+# float8 + compile under two Inductor settings (gpu_suite.INDUCTOR_ENV), after float8 and bf16 +
+# compile as they run, so a cut call still has the ratio (default 330 s for the five rows).
 # SMOKE=1 runs the same stages on CPU with the tools' tiny --smoke models (tests/test_gpu_suite.py,
 # `-m slow`: run it before a GPU session); GPU_SESSION_DIR (default /tmp/gpu_session) is where the
 # stages write before they are packed.

@@ -97,12 +97,8 @@ CONFIGS = {
                                                      "precision.filter_fqns=[output,auto_filter_small_kn]"],
     "float8 tensorwise + compile, small linears bf16": ["precision=float8", *COMPILE,
                                                         "precision.filter_fqns=[output,auto_filter_small_kn]"],
-    # The one fused kernel that keeps float8 + compile at 1.07-1.08x bf16 + compile on the H200's 3B
-    # (1.2-1.6 ms a block, where bf16's RMSNorm backward takes 0.19): the backward recomputes the
-    # norm's output, casts it to float8 and writes its transpose for the weight gradient, fused into
-    # the norm backward's persistent reduction over rows (`python benchmarks/float8_partition.py`
-    # shows the partition on CPU). Two Inductor settings that change how that kernel walks its rows
-    # (INDUCTOR_ENV).
+    # float8 + compile under two Inductor settings (INDUCTOR_ENV) for the norm backward's kernel that
+    # keeps it at 1.07-1.08x bf16 + compile on the H200's 3B (BENCHMARKS.md, issue 37's float8 target).
     "float8 tensorwise + compile, looped reductions": ["precision=float8", *COMPILE],
     "float8 tensorwise + compile, coordinate descent": ["precision=float8", *COMPILE],
     "bf16 + compile, coordinate descent": ["precision=bf16", *COMPILE],
