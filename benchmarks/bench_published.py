@@ -324,18 +324,35 @@ def fit(rows: list[Planned]) -> Efficiency:
     """The FITTED constants minimizing the squared log error over `rows`, each source's rows
     weighing as much as another's (a source with many fitting rows would otherwise set the
     constant for all), each constant by golden section (one after the other; with one constant,
-    one search)."""
+    one search) to within FIT_TOLERANCE."""
     eff = Efficiency()
     weight = Counter(p.row.source for p in rows)
     for name, (low, high) in FITTED.items():
         cost = lambda x: sum(log_error(p, dataclasses.replace(eff, **{name: x})) ** 2 / weight[p.row.source]  # noqa: E731
                              for p in rows)
-        a, b = low, high
-        for _ in range(40):
-            c, d = b - 0.618 * (b - a), a + 0.618 * (b - a)
-            a, b = (a, d) if cost(c) < cost(d) else (c, b)
-        eff = dataclasses.replace(eff, **{name: (a + b) / 2})
+        eff = dataclasses.replace(eff, **{name: golden_section(cost, low, high, FIT_TOLERANCE)})
     return eff
+
+
+FIT_TOLERANCE = 1e-6  # the width of a constant's interval when its search ends
+
+
+def golden_section(cost, a: float, b: float, tolerance: float) -> float:
+    """The minimum of a unimodal `cost` on [a, b]: the interval narrows by the golden ratio until it
+    is narrower than `tolerance`, one evaluation a step (each step's inner point is the next's)."""
+    r = (math.sqrt(5) - 1) / 2
+    c, d = b - r * (b - a), a + r * (b - a)
+    fc, fd = cost(c), cost(d)
+    while b - a > tolerance:
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - r * (b - a)
+            fc = cost(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + r * (b - a)
+            fd = cost(d)
+    return (a + b) / 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -116,6 +116,11 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     scaled, h100 = dataclasses.replace(eff, compute_scale=1.7, nvlink=0.7), bench.SPECS["h100"]
     shared, own = bench.machine(h100, 16, 8, scaled, "flash"), bench.spec_profile(h100, 16, 8, scaled, "flash")
     assert dataclasses.replace(shared, created="", notes=[]) == dataclasses.replace(own, created="", notes=[])
+    calls = []  # the fit's search: one evaluation a step, to within its tolerance, wherever the minimum lies
+    for best in (0.31, 1.2345, 2.99):
+        found = bench.golden_section(lambda x: calls.append(x) or abs(x - best), 0.3, 3.0, 1e-6)  # noqa: B023
+        assert abs(found - best) < 1e-6
+    assert len(calls) == 3 * 33
     with_mpt = [bench.predict(p, eff) for p in mpt[:5]]  # MPT's own memory-bound kernels (engines.MPT), not Llama's
     with monkeypatch.context() as patch:
         patch.setattr(bench, "elementwise", lambda row: engines.TORCHTITAN_LLAMA)
