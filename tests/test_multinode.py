@@ -25,18 +25,26 @@ NODES = ["cluster.partition=nodes", "cluster.nnodes=2", "cluster.nproc_per_node=
 pytestmark = [pytest.mark.slurm, pytest.mark.multinode]
 
 
-def test_two_node_array_fsdp_and_hsdp_match_one_process(nodes, tmp_path, reference):
-    """A multirun of 2-node jobs is one job array; FSDP over 4 ranks and HSDP whose replicate dim
-    spans the nodes both give the one-process losses, with ranks 0-1 on one node and 2-3 on another."""
+# Both members at once are 8 ranks on CI's 2 cores: the array of both runs with `-m slow`, HSDP
+# alone by default (its replicate dim spans the nodes, its shard dim does not).
+@pytest.mark.parametrize("layouts", [{"hsdp": "dp_replicate2 x dp_shard2"},
+                                     pytest.param({"fsdp": "dp_shard4", "hsdp": "dp_replicate2 x dp_shard2"},
+                                                  marks=pytest.mark.slow)], ids=["hsdp", "fsdp_and_hsdp_array"])
+def test_two_node_jobs_match_one_process(nodes, tmp_path, reference, layouts):
+    """A multirun of 2-node jobs is one job (or one array of them); FSDP over 4 ranks and HSDP whose
+    replicate dim spans the nodes both give the one-process losses, with ranks 0-1 on one node and
+    2-3 on another."""
     from titan_exp.cluster.slurm.follow import wait
 
     sweep = tmp_path / "sweep"
-    out = launch_cli(["-m", "cluster=slurm", *SMALL, *NODES, "parallelism=fsdp,hsdp", f"hydra.sweep.dir={sweep}"])
+    out = launch_cli(["-m", "cluster=slurm", *SMALL, *NODES, f"parallelism={','.join(layouts)}",
+                      f"hydra.sweep.dir={sweep}"])
     assert out.returncode == 0, out.stderr[-3000:]
-    ids = [job_info(sweep / m)["job_id"] for m in ("0", "1")]
-    assert ids[0].split("_")[0] == ids[1].split("_")[0]  # one array
-    wait([sjob(sweep / "0"), sjob(sweep / "1")], poll_s=0.5)
-    for member, mesh in (("0", "dp_shard4"), ("1", "dp_replicate2 x dp_shard2")):
+    members = [str(i) for i in range(len(layouts))]
+    ids = [job_info(sweep / m)["job_id"] for m in members]
+    assert len({i.split("_")[0] for i in ids}) == 1  # one job, or one array of them
+    wait([sjob(sweep / m) for m in members], poll_s=0.5)
+    for member, mesh in zip(members, layouts.values()):
         summary = json.loads((sweep / member / "summary.json").read_text())
         assert summary["status"] == "ok", summary
         assert summary["losses"] == pytest.approx(reference["losses"], abs=1e-5), member
