@@ -337,7 +337,7 @@ def fit(rows: list[Planned]) -> Efficiency:
 FIT_TOLERANCE = 1e-6  # the width of a constant's interval when its search ends
 
 
-def golden_section(cost, a: float, b: float, tolerance: float) -> float:
+def golden_section(cost: Callable[[float], float], a: float, b: float, tolerance: float) -> float:
     """The minimum of a unimodal `cost` on [a, b]: the interval narrows by the golden ratio until it
     is narrower than `tolerance`, one evaluation a step (each step's inner point is the next's)."""
     r = (math.sqrt(5) - 1) / 2
