@@ -23,9 +23,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the checkout's titan_exp, installed or not
-from conftest import job_config  # noqa: E402
-
+sys.path.insert(0, str(REPO))  # the checkout's titan_exp, installed or not
+from titan_exp.config.compose import compose_job  # noqa: E402
 from titan_exp.models.layers import rope_tables  # noqa: E402
 from titan_exp.models.llama import TransformerBlock  # noqa: E402
 from titan_exp.precision import apply_converter  # noqa: E402
@@ -39,7 +38,7 @@ def backward_graph(recipe: str, dim: int, tokens: int) -> torch.fx.Graph:
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
-    job = job_config(["precision=float8" if recipe == "tensorwise" else "precision=float8_rowwise",
+    job = compose_job(["precision=float8" if recipe == "tensorwise" else "precision=float8_rowwise",
                       f"model.dim={dim}", "model.n_heads=4", "model.n_kv_heads=2", "precision.filter_fqns=[]"])
     block = TransformerBlock(job.model).to(torch.bfloat16)
     apply_converter(block, job.precision)

@@ -97,20 +97,20 @@ CONFIGS = {
                                                      "precision.filter_fqns=[output,auto_filter_small_kn]"],
     "float8 tensorwise + compile, small linears bf16": ["precision=float8", *COMPILE,
                                                         "precision.filter_fqns=[output,auto_filter_small_kn]"],
-    # float8 + compile under two Inductor settings (INDUCTOR_ENV) for the norm backward's kernel that
-    # keeps it at 1.07-1.08x bf16 + compile on the H200's 3B (BENCHMARKS.md, issue 37's float8 target).
-    "float8 tensorwise + compile, looped reductions": ["precision=float8", *COMPILE],
-    "float8 tensorwise + compile, coordinate descent": ["precision=float8", *COMPILE],
-    "bf16 + compile, coordinate descent": ["precision=bf16", *COMPILE],
 }
-# Inductor settings a row runs under, as the environment variables torch/_inductor/config.py reads
-# when a rank process imports torch (on a GPU every rank starts fresh; cluster.forkserver restarts
-# its server when a TORCHINDUCTOR_ variable changes).
-INDUCTOR_ENV = {
-    "float8 tensorwise + compile, looped reductions": {"TORCHINDUCTOR_PERSISTENT_REDUCTIONS": "0"},
-    "float8 tensorwise + compile, coordinate descent": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
-    "bf16 + compile, coordinate descent": {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"},
+# Rows that are another row under Inductor settings, as the environment variables
+# torch/_inductor/config.py reads when a rank process imports torch (on a GPU every rank starts
+# fresh; cluster.forkserver restarts its server when a TORCHINDUCTOR_ variable changes): float8 +
+# compile for the norm backward's kernel that keeps it at 1.07-1.08x bf16 + compile on the H200's
+# 3B (BENCHMARKS.md, issue 37's float8 target).
+LOOPED, TUNED = {"TORCHINDUCTOR_PERSISTENT_REDUCTIONS": "0"}, {"TORCHINDUCTOR_COORDINATE_DESCENT_TUNING": "1"}
+INDUCTOR_ROWS = {  # name: (the row it reruns, its settings)
+    "float8 tensorwise + compile, looped reductions": ("float8 tensorwise + compile", LOOPED),
+    "float8 tensorwise + compile, coordinate descent": ("float8 tensorwise + compile", TUNED),
+    "bf16 + compile, coordinate descent": ("bf16 + compile", TUNED),
 }
+CONFIGS |= {name: CONFIGS[base] for name, (base, _) in INDUCTOR_ROWS.items()}
+INDUCTOR_ENV = {name: env for name, (_, env) in INDUCTOR_ROWS.items()}
 TRACED = "traced"
 # TorchTitan's sequence length, one sequence a step, AC none: what its Llama 3 tables run (one H200
 # holds either model so).
