@@ -48,6 +48,9 @@ came to spread over TP's ranks (titan_exp.parallel.expert; Megatron-Core's foldi
 expert_tensor_parallel_size 1, which Megatron-Bridge's Qwen3 recipes set,
 src/megatron/bridge/recipes/qwen/h100/qwen3_moe.py): held out by declaration before any was
 predicted (`ep_over_tp`).
+Megatron-Bridge's 25.09 rows, whose tables print no precision, refused before, were first planned on
+2026-12-03 at the precision their recipes at v0.1.0rc3 ran (published_rows.scaling): held out by
+declaration before any was predicted (`unstated_precision`), and reported on a line of their own.
 
 The held-out check named for host time per op by the host's CPU (`HOST_CHECK`) is reported on
 every run (`host_check`).
@@ -86,10 +89,11 @@ from titan_exp.validation import resolve, validate  # noqa: E402
 
 from published_engines import ENGINES, elementwise  # noqa: E402  (beside this file)
 from published_jobs import (GPUS, MLA_MODELS, NVLINK_DOMAIN, ep_over_tp, gpus_per_node, is_moe,  # noqa: E402
-                            job_for, moe_replicas, skip_reason)
+                            job_for, moe_replicas, skip_reason, unstated_precision)
 from published_megatron import output_heads  # noqa: E402
 from published_rows import RECIPES, Planned, Row, known_regression, published, read_rows, recipe  # noqa: E402
-from published_scoring import EFFECT_POINTS, effects, gpu_pairs, machine_pairs, repeats, swapped_pairs  # noqa: E402
+from published_scoring import (EFFECT_POINTS, by_device, effects, gpu_pairs, machine_pairs, repeats,  # noqa: E402
+                               swapped_pairs)
 
 SOURCES = ("torchtitan", "megatron_bridge", "llm_foundry", "megatron_lm")
 HOPPER = {"h100_96gb_500w", "h100_sxm_80gb", "h100_80gb", "h100"}
@@ -180,8 +184,9 @@ MOVED_TO_FIT: tuple[tuple[str, Callable[["Row"], bool]], ...] = (
 
 
 def moved(row: Row) -> str | None:
-    """Why `row` was moved to the fitting set (MOVED_TO_FIT), or None."""
-    return next((why for why, rows in MOVED_TO_FIT if rows(row)), None)
+    """Why `row` was moved to the fitting set (MOVED_TO_FIT), or None: never for a row planned after
+    every move (25.09's, unstated_precision), which none of them examined."""
+    return None if unstated_precision(row) else next((why for why, rows in MOVED_TO_FIT if rows(row)), None)
 
 
 def ep_overlapped(row: Row) -> bool:
@@ -287,21 +292,10 @@ def host_check(listed: list[tuple[Planned, float, float]], fits: dict[str, Effic
             f"host, {100 * statistics.median(e for _, e, _ in moved_by):+.0f} % on Grace")
 
 
-def by_device(listed: list[tuple[Planned, float, float]]) -> dict[str, tuple[int, float, float]]:
-    """The held-out rows by the spec sheet they were planned on (perf.devices.SPECS' name), most
-    rows first: (rows, median signed error, median |error|). A spec sheet's plan quotes its own
-    (perf.devices.SPEC_ACCURACY's "by_device")."""
-    errs: dict[str, list[float]] = {}
-    for p, _, e in listed:
-        errs.setdefault(GPUS[p.row["gpu"]], []).append(e)
-    return {name: (len(v), statistics.median(v), median_abs(v))
-            for name, v in sorted(errs.items(), key=lambda kv: (-len(kv[1]), kv[0]))}
-
-
 def fitting_set(planned: list[Planned]) -> list[Planned]:
     """Declared before scoring: per source and precision, the row with the smallest model at the
     fewest GPUs on a Hopper GPU (file order breaks ties), of the dense models (MOE_SHAPES' rows are
-    held out); for TorchTitan, Table 1's three rows,
+    held out, and 25.09's: unstated_precision); for TorchTitan, Table 1's three rows,
     which the GPU path's constants were fitted on (issue 19). And the dense rows the model was later
     changed for (MOVED_TO_FIT); MoE rows moved there leave every score but stay out of the fit, as
     all MoE rows do: the block prices no MoE kernel of its own (routing, permutation), and a constant
@@ -309,7 +303,8 @@ def fitting_set(planned: list[Planned]) -> list[Planned]:
     fit = [p for p in planned if p.job is not None and p.row.source == "torchtitan" and p.row.table.startswith("Table 1")]
     groups: dict[tuple[str, str], list[Planned]] = {}
     for p in planned:
-        if p.job is not None and p.row.source != "torchtitan" and p.row["gpu"] in HOPPER and not is_moe(p.row):
+        if (p.job is not None and p.row.source != "torchtitan" and p.row["gpu"] in HOPPER and not is_moe(p.row)
+                and not unstated_precision(p.row)):
             groups.setdefault((p.row.source, p.row.precision), []).append(p)
     for members in groups.values():
         fit.append(min(members, key=lambda p: (p.row.num("params_b"), p.row.num("gpus"))))
@@ -443,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
                   + recipe_groups([(p, None, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]))
     if listed:
         print(f"Held-out check of {HOST_CHECK} (named 2026-11-28 before measuring): {host_check(listed, fits)}")
+        first = {kind: [e for p, _, e in listed if unstated_precision(p.row) and is_moe(p.row) == (kind == "MoE")]
+                 for kind in ("dense", "MoE")}
+        print("Held-out check of Megatron-Bridge's 25.09 rows, at their recipes' precision (unstated_precision; named "
+              "2026-12-03 before any was predicted): " + "; ".join(
+                  f"{kind} {len(v)} rows, median |error| {100 * median_abs(v):.0f} %, worst {100 * max(v, key=abs):+.0f} %"
+                  for kind, v in first.items() if v))
         print("By spec sheet (a plan from one quotes its own: perf.devices.SPEC_ACCURACY): " + "; ".join(
             f"{name} {n} row{'s' if n > 1 else ''}, median error {100 * signed:+.0f} %, |error| {100 * size:.0f} %"
             for name, (n, signed, size) in by_device(listed).items()))

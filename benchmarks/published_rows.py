@@ -37,7 +37,9 @@ class Row:
 
     @property
     def precision(self) -> str:
-        return "fp8" if self["dtype"] == "fp8" else self["dtype"] or "bf16"
+        """bf16, fp8 or fp4 (`scaling`'s kind)."""
+        kind = scaling(self)
+        return "bf16" if kind == "bf16" else "fp4" if kind == "nvfp4" else "fp8"
 
 
 def known_regression(row: Row) -> bool:
@@ -74,12 +76,29 @@ def read_recipes() -> dict[tuple[str, str, str, str], dict[str, str]]:
         return {(r["release"], r["model"], r["gpu"], r["precision"].split()[0].rstrip("?")): r for r in csv.DictReader(f)}
 
 
+# A row's float8 recipe as the data set writes it -> as Megatron-Bridge's recipes name it. Its 25.09
+# tables print the footnote's granularity in place of a recipe for their values in parentheses:
+# "32x32" (GB200, B200) the MXFP8 blocks their recipes at v0.1.0rc3 ran (an fp8_mx block), "128x128
+# weights, 1x128 activations" (H100) DeepSeek's blockwise scaling (RECIPES, benchmarks/data/README.md).
+SCALINGS = {"nvfp4": "nvfp4", "mxfp8": "fp8_mx", "32x32_w_and_act": "fp8_mx", "128x128_w_1x128_act": "fp8_blockwise"}
+
+
+def scaling(row: Row) -> str:
+    """A row's precision as Megatron-Bridge's recipes name them: bf16, fp8_cs (per-tensor current
+    scaling, and a bare "FP8": the FP8_CS preset, as its layout shows), fp8_mx, fp8_blockwise or
+    nvfp4. A Megatron-Bridge table that states no precision (25.09's) ran FP8: its footnote sets the
+    values in parentheses apart by their finer scaling granularity, and its recipes at v0.1.0rc3 hold
+    every one of its layouts under fp8_cs and fp8_mx (RECIPES; its rc3 scripts' default, delayed
+    scaling, is per-tensor as well, priced here as current scaling). Another source's unstated
+    precision (Megatron-LM's README) is bf16."""
+    fp8 = row["fp8_recipe"]
+    if fp8 in SCALINGS:
+        return SCALINGS[fp8]
+    return "bf16" if row["dtype"] == "bf16" or not (row["dtype"] or row.source == "megatron_bridge") else "fp8_cs"
+
+
 def recipe(row: Row) -> dict[str, str] | None:
-    """What Megatron-Bridge's scripts ran for `row` at its release's tag (None for other sources). A
-    table that states FP8 without its recipe ran the FP8_CS preset, as its layout shows."""
+    """What Megatron-Bridge's scripts ran for `row` at its release's tag (None for other sources)."""
     if row.source != "megatron_bridge":
         return None
-    fp8 = row["fp8_recipe"]
-    precision = ("nvfp4" if fp8 == "nvfp4" else "fp8_mx" if fp8 in ("mxfp8", "32x32_w_and_act")
-                 else "bf16" if row["dtype"] == "bf16" else "fp8_cs")
-    return read_recipes().get((row.table.split()[0], row["model"], row["gpu"], precision))
+    return read_recipes().get((row.table.split()[0], row["model"], row["gpu"], scaling(row)))

@@ -1,18 +1,21 @@
 """How the GPU model's predictions of published rows are scored beyond their errors (issue 36), for
 benchmarks/bench_published.py: each technique's published effect against the predicted one
 (`effects`), the order of a table's rows (`machine_pairs`, `swapped_pairs`), one configuration
-published on two GPUs (`gpu_pairs`), and how far one configuration's measurements published twice
-lie apart (`repeats`)."""
+published on two GPUs (`gpu_pairs`), how far one configuration's measurements published twice
+lie apart (`repeats`), and the held-out rows by spec sheet (`by_device`)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import Counter
 
-from published_rows import Planned, Row, known_regression, published, recipe
+from titan_exp.perf.fit import median_abs
+
+from published_jobs import GPUS
+from published_rows import Planned, Row, known_regression, published, recipe, scaling
 
 
-TECHNIQUES = {"compile": lambda r: r["compile"], "precision": lambda r: (r.precision, r["fp8_recipe"]),
+TECHNIQUES = {"compile": lambda r: r["compile"], "precision": scaling,
               "async TP": lambda r: r["async_tp"], "activation checkpointing": lambda r: r["activation_checkpointing"],
               "pipeline schedule": lambda r: (r["pp_schedule"], r["vp"])}
 # Issue 36's target for each technique's predicted effect: within this many percentage points.
@@ -88,13 +91,13 @@ def swapped_pairs(tables: dict[str, list[tuple[Planned, float]]]) -> Counter:
 # What a row publishes or says of itself, not what it ran: rows alike in every other column ran one
 # configuration (in different tables: a source's releases).
 NOT_CONFIGURATION = {"source_repo", "source_path", "source_commit", "table", "row_label", "tokens_per_s_per_gpu",
-                     "tflops_per_gpu", "mfu", "memory_gib", "derived", "note"}
+                     "tflops_per_gpu", "mfu", "memory_gib", "derived", "note", "dtype", "fp8_recipe"}
 
 
 def configuration(row: Row, beside: frozenset[str] = frozenset()) -> tuple[str, ...]:
-    """What `row` ran: its cells but what it publishes or says of itself (NOT_CONFIGURATION) and
-    the columns named `beside`."""
-    return tuple(v for k, v in row.cells.items() if k not in NOT_CONFIGURATION and k not in beside)
+    """What `row` ran: its precision (published_rows.scaling) and its cells but what it publishes or
+    says of itself (NOT_CONFIGURATION) and the columns named `beside`."""
+    return (scaling(row), *(v for k, v in row.cells.items() if k not in NOT_CONFIGURATION and k not in beside))
 
 
 GPU_COLUMNS = frozenset({"gpu", "gpus_per_node"})  # what sets one GPU apart from another in a row
@@ -167,3 +170,14 @@ def repeats(rows: list[Row]) -> str:
             f"{sum(map(len, again))} rows; fastest over slowest median {statistics.median(s for s, _ in spreads):.2f}, "
             f"widest {widest:.2f} ({a.source} {a['model']} on {a['gpus']} {a['gpu']}: {low:,.0f} to {high:,.0f} "
             f"{published(a)[0]}), where no prediction is within {100 * (high - low) / (high + low):.0f} % of both")
+
+
+def by_device(listed: list[tuple[Planned, float, float]]) -> dict[str, tuple[int, float, float]]:
+    """The held-out rows by the spec sheet they were planned on (perf.devices.SPECS' name), most
+    rows first: (rows, median signed error, median |error|). A spec sheet's plan quotes its own
+    (perf.devices.SPEC_ACCURACY's "by_device")."""
+    errs: dict[str, list[float]] = {}
+    for p, _, e in listed:
+        errs.setdefault(GPUS[p.row["gpu"]], []).append(e)
+    return {name: (len(v), statistics.median(v), median_abs(v))
+            for name, v in sorted(errs.items(), key=lambda kv: (-len(kv[1]), kv[0]))}

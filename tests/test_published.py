@@ -98,19 +98,20 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     m = moe["gpt_oss_120b"].job.model
     assert m.num_params == pytest.approx(116.8e9, rel=0.01)
     assert m.active_params - m.vocab_size * m.dim == pytest.approx(5.13e9, rel=0.01)
-    # Megatron's data parallel without FSDP, in an MoE row: HSDP over the EP groups (moe_replicas), so
-    # nothing crosses nodes each microbatch that Megatron's distributed optimizer moves once a step.
+    # Megatron's data parallel without FSDP, in an MoE row: HSDP over the EP groups (moe_replicas; a group
+    # takes TP's ranks too where TP > 1, as Megatron's expert grid does with expert TP 1), so nothing crosses
+    # nodes each microbatch that Megatron's distributed optimizer moves once a step.
     hsdp = [p for p in planned if p.job is not None and bench.moe_replicas(p.row) > 1]
     assert hsdp and all(p.job.parallelism.data_parallel_shard_degree * p.job.parallelism.context_parallel_degree
-                        == p.job.parallelism.expert_parallel_degree
+                        * p.job.parallelism.tensor_parallel_degree == p.job.parallelism.expert_parallel_degree
                         and p.job.parallelism.data_parallel_replicate_degree == bench.moe_replicas(p.row) for p in hsdp)
     # examined, so moved out of the held-out scores; MLA's rows, planned after, only where the multi-token
     # prediction layer's pass through the output head was priced for them (PP 16 without VP on B200s, B300s),
-    # or EP's overlap with another microbatch's compute (ep_overlapped)
+    # or EP's overlap with another microbatch's compute (ep_overlapped); 25.09's, planned after every move, never
     pp16 = lambda row: (row["model"], row["pp"], row["vp"] in ("", "1"), row["gpu"] in ("b200", "b300")) == (  # noqa: E731
         "deepseek_v3", "16", True, True)
-    assert all(bool(bench.moved(p.row)) == (p.row["model"] not in bench.MLA_MODELS or pp16(p.row)
-                                            or bench.ep_overlapped(p.row)) for p in hsdp)
+    assert all(bool(bench.moved(p.row)) == (not bench.unstated_precision(p.row) and (
+        p.row["model"] not in bench.MLA_MODELS or pp16(p.row) or bench.ep_overlapped(p.row))) for p in hsdp)
     eff = Efficiency()
     # A machine's profile is built once (bench.machine) and takes each fitted compute_scale as spec_profile would.
     scaled, h100 = dataclasses.replace(eff, compute_scale=1.7, nvlink=0.7), bench.SPECS["h100"]
@@ -131,22 +132,34 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
                                      for p in mb)
     assert not [p.why_not for p in planned if p.why_not and p.why_not.startswith("not built")]
     # MLA's rows (DeepSeek-V3, Kimi K2), named held out before any was predicted: the seven PP 16 ones
-    # moved since, all planned but the six whose table states no precision; DeepSeek-V3 with its multi-
+    # moved since, all planned but two of 25.09's (below); DeepSeek-V3 with its multi-
     # token-prediction layer as one more block (671B and one MoE block's 11.5B) and a second pass through
     # the output head, Kimi K2 without (1.03T, 32.9B active); their pipelines as their recipes' layout
     # strings place the blocks where those have the row's stages.
     # EP's all-to-alls overlapped with another microbatch's compute where the recipe sets it and its
     # dispatch never waits for the host (the step one CUDA graph: v0.5.0's 26.06 tables on), not
-    # where it sets it with a dropless dispatch (12 rows of earlier tables)
+    # where it sets it with a dropless dispatch (13 rows of earlier tables, 25.09's H100 DeepSeek-V3 among them)
     pairing = [p for p in planned if p.job is not None
                and (bench.recipe(p.row) or {}).get("moe_a2a_overlap", "").startswith("true")]
     overlapped = {p.row.table.split()[0] for p in pairing if bench.ep_overlapped(p.row)}
-    assert len(pairing) == 38 and overlapped == {"26.06", "26.06.01", "26.08"}
+    assert len(pairing) == 39 and overlapped == {"26.06", "26.06.01", "26.08"}
     assert sum(map(bench.ep_overlapped, (p.row for p in pairing))) == 26
     mla = [p for p in planned if p.row["model"] in bench.MLA_MODELS]
     assert len(mla) == 39 and sum(pp16(p.row) for p in mla if bench.moved(p.row) and p.job is not None) == 7
     assert (megatron.output_heads("deepseek_v3"), megatron.output_heads("kimi_k2")) == (2, 1)
-    assert sorted(str(p.why_not) for p in mla if p.job is None) == ["precision not stated"] * 6
+    # Megatron-Bridge's 25.09 rows, whose tables print no precision: planned since 2026-12-03 at what their
+    # recipes ran, torchao's tensorwise float8 for the values as printed (per-tensor FP8), MXFP8 for those in
+    # parentheses (the footnote's 32 x 32 blocks); held out: none fitted on, none moved by an earlier change.
+    # Not planned: DeepSeek-V3's H100 row in parentheses (DeepSeek's blockwise FP8) and its GB200 one (the
+    # printed EP 64 over PP 8's 32 data-parallel ranks, which no layout composes).
+    fresh = [p for p in planned if bench.unstated_precision(p.row)]
+    assert len(fresh) == 28 and not [p for p in fresh if p in bench.fitting_set(planned) or bench.moved(p.row)]
+    assert {(p.row.label.endswith("[parenthesized values]"), p.job.precision.name) for p in fresh if p.job} == {
+        (False, "float8"), (True, "mxfp8")}
+    assert sorted(str(p.why_not)[:55] for p in fresh if p.job is None) == [
+        "float8 recipe fp8_blockwise: not one of torchao's here",
+        "refused: parallelism.expert_parallel_degree = 64: is ca"]
+    assert {p.row.key for p in mla if p.job is None} == {p.row.key for p in fresh if p.job is None}
     shapes = {p.row["model"]: p.job.model for p in mla if p.job is not None}
     assert shapes["deepseek_v3"].mla and shapes["deepseek_v3"].n_layers == 62
     assert shapes["deepseek_v3"].num_params == pytest.approx(671.03e9 + shapes["deepseek_v3"].block_params, rel=1e-3)
@@ -233,6 +246,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     cp = [line for line in out.stdout.splitlines() if "| context parallel |" in line]
     assert len(cp) == 6 and "| Table 2: FSDP 8, CP 1 -> FSDP 4, CP 2 | -35 % |" in cp[0]
     assert "Held-out techniques within 5 points of their published effect: " in out.stdout
+    named = next(line for line in out.stdout.splitlines() if line.startswith("Held-out check of Megatron-Bridge's 25.09"))
+    assert re.search(r": dense 13 rows, median \|error\| \d+ %, worst [+-]\d+ %; MoE 13 rows, ", named)  # 26 planned
     assert "One configuration on two GPUs in a held-out table (gpu_pairs), the first's tokens/s over the second's: " \
         "gb300 over gb200, 8 configurations: published 1.23 (1.15-1.27)" in out.stdout
     assert "predicted 1.01 (1.00-1.02), their recipes differing in cpu_offloading_num_layers 20 vs 40 (4)" in out.stdout

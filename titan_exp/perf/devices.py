@@ -175,10 +175,10 @@ def _collective(op: str, g: int, bandwidth: float, model: NcclModel, nodes: int 
 # published, less 1: below 0, predicted too slow) and their median |error|; and the memory model's
 # (perf.memory, the same for every GPU) on the held-out rows that publish memory: rows, median and
 # worst |error|.
-SPEC_ACCURACY = {"date": "2026-12-02", "rows": 126, "median_abs_error": 0.12, "pairs_ordered": (35, 35),
+SPEC_ACCURACY = {"date": "2026-12-03", "rows": 152, "median_abs_error": 0.12, "pairs_ordered": (41, 44),
                  "memory": (12, 0.03, 0.06),
-                 "by_device": {"gb300": (41, -0.14, 0.14), "gb200": (37, 0.04, 0.07), "h100": (16, 0.06, 0.22),
-                               "h100_500w": (16, 0.01, 0.05), "b200": (8, 0.05, 0.35), "b300": (7, -0.08, 0.08),
+                 "by_device": {"gb200": (48, 0.04, 0.08), "gb300": (41, -0.14, 0.14), "h100": (22, -0.02, 0.16),
+                               "b200": (17, 0.17, 0.17), "h100_500w": (16, 0.01, 0.05), "b300": (7, -0.08, 0.08),
                                "a100": (1, 0.30, 0.30)}}
 
 
