@@ -160,6 +160,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
         "float8 recipe fp8_blockwise: not one of torchao's here",
         "refused: parallelism.expert_parallel_degree = 64: is ca"]
     assert {p.row.key for p in mla if p.job is None} == {p.row.key for p in fresh if p.job is None}
+    unread = bench.Row(fresh[0].row.source, "25.07 a release whose recipes were not read", "a row", fresh[0].row.cells)
+    assert bench.skip_reason(unread) == "precision not stated, and no recipe for it"  # not guessed
     shapes = {p.row["model"]: p.job.model for p in mla if p.job is not None}
     assert shapes["deepseek_v3"].mla and shapes["deepseek_v3"].n_layers == 62
     assert shapes["deepseek_v3"].num_params == pytest.approx(671.03e9 + shapes["deepseek_v3"].block_params, rel=1e-3)
