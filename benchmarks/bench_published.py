@@ -438,12 +438,13 @@ def main(argv: list[str] | None = None) -> int:
                   + recipe_groups([(p, None, e) for p, _, e in listed if p.row["model"] in MLA_MODELS]))
     if listed:
         print(f"Held-out check of {HOST_CHECK} (named 2026-11-28 before measuring): {host_check(listed, fits)}")
-        first = {kind: [e for p, _, e in listed if unstated_precision(p.row) and is_moe(p.row) == (kind == "MoE")]
+        fresh = {kind: [e for p, _, e in listed if unstated_precision(p.row) and is_moe(p.row) == (kind == "MoE")]
                  for kind in ("dense", "MoE")}
-        print("Held-out check of Megatron-Bridge's 25.09 rows, at their recipes' precision (unstated_precision; named "
-              "2026-12-03 before any was predicted): " + "; ".join(
-                  f"{kind} {len(v)} rows, median |error| {100 * median_abs(v):.0f} %, worst {100 * max(v, key=abs):+.0f} %"
-                  for kind, v in first.items() if v))
+        if any(fresh.values()):  # none where Megatron-Bridge is not scored (--source)
+            print("Held-out check of Megatron-Bridge's 25.09 rows, at their recipes' precision (unstated_precision; "
+                  "named 2026-12-03 before any was predicted): " + "; ".join(
+                      f"{kind} {len(v)} rows, median |error| {100 * median_abs(v):.0f} %, "
+                      f"worst {100 * max(v, key=abs):+.0f} %" for kind, v in fresh.items() if v))
         print("By spec sheet (a plan from one quotes its own: perf.devices.SPEC_ACCURACY): " + "; ".join(
             f"{name} {n} row{'s' if n > 1 else ''}, median error {100 * signed:+.0f} %, |error| {100 * size:.0f} %"
             for name, (n, signed, size) in by_device(listed).items()))

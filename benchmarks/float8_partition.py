@@ -24,7 +24,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the checkout's titan_exp, installed or not
-from titan_exp.config.compose import compose_job  # noqa: E402
+from titan_exp.config import compose_job  # noqa: E402
 from titan_exp.models.layers import rope_tables  # noqa: E402
 from titan_exp.models.llama import TransformerBlock  # noqa: E402
 from titan_exp.precision import apply_converter  # noqa: E402

@@ -153,7 +153,8 @@ def test_published_gpu_rows_are_the_jobs_they_describe_and_scored_leave_one_sour
     # Not planned: DeepSeek-V3's H100 row in parentheses (DeepSeek's blockwise FP8) and its GB200 one (the
     # printed EP 64 over PP 8's 32 data-parallel ranks, which no layout composes).
     fresh = [p for p in planned if bench.unstated_precision(p.row)]
-    assert len(fresh) == 28 and not [p for p in fresh if p in bench.fitting_set(planned) or bench.moved(p.row)]
+    fitted = bench.fitting_set(planned)
+    assert len(fresh) == 28 and not [p for p in fresh if p in fitted or bench.moved(p.row)]
     assert {(p.row.label.endswith("[parenthesized values]"), p.job.precision.name) for p in fresh if p.job} == {
         (False, "float8"), (True, "mxfp8")}
     assert sorted(str(p.why_not)[:55] for p in fresh if p.job is None) == [
