@@ -1,6 +1,6 @@
 """Autotune against the exhaustive grid, in one run.
 
-    python benchmarks/bench_autotune.py [--world 4] [--search layout,activation_checkpoint] [--budget 30]
+    python -m benchmarks.bench_autotune [--world 4] [--search layout,activation_checkpoint] [--budget 30]
         [--global-batch 16] [--threshold-mib N]
 
 1. `python launch.py -m +sweep=autotune` on the debug model (global batch x 128 tokens per step)
@@ -24,12 +24,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from conftest import job_config, run_job  # noqa: E402
-
-from titan_exp.perf.autotune import candidates  # noqa: E402
-from titan_exp.perf.profile import this_machine  # noqa: E402
+from benchmarks.common import REPO, run_job
+from titan_exp.config import compose_job
+from titan_exp.perf.autotune import candidates
+from titan_exp.perf.rates.profile import this_machine
 
 BASE = ["model=debugmodel", "training.seq_len=128", "metrics.log_freq=100", "lr_scheduler.warmup_steps=1"]
 GRID_WARMUP, GRID_STEPS = 2, 8
@@ -40,8 +38,10 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4)
     parser.add_argument("--search", default="layout,activation_checkpoint")
     parser.add_argument("--budget", type=float, default=30.0, help="autotune.budget_minutes")
-    parser.add_argument("--global-batch", type=int, default=16, help="sequences per step (also the local batch to start from)")
-    parser.add_argument("--threshold-mib", type=int, default=None, help="cluster.cpu_malloc_mmap_threshold_mib (default: unset)")
+    parser.add_argument("--global-batch", type=int, default=16,
+                        help="sequences per step (also the local batch to start from)")
+    parser.add_argument("--threshold-mib", type=int, default=None,
+                        help="cluster.cpu_malloc_mmap_threshold_mib (default: unset)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     job = [*BASE, f"training.global_batch_size={args.global_batch}", f"training.local_batch_size={args.global_batch}",
@@ -50,20 +50,20 @@ def main() -> None:
 
     # This machine's profile for the model (kept if there is one): what autotune predicts from.
     compile_ = ["--compile"] if "compile" in args.search.split(",") else []
-    subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *job, "--world", str(args.world), *compile_], cwd=ROOT,
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *job, "--world", str(args.world), *compile_],
+                   cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory() as tmp:
         sweep = Path(tmp) / "autotune"
         start = time.perf_counter()
         subprocess.run([sys.executable, "launch.py", "-m", "+sweep=autotune", *base, f"hydra.sweep.dir={sweep}",
-                        f"autotune.budget_minutes={args.budget}"], cwd=ROOT, check=True,
+                        f"autotune.budget_minutes={args.budget}"], cwd=REPO, check=True,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         autotune_s = time.perf_counter() - start
         record = json.loads((sweep / "autotune.json").read_text())
         report = (sweep / "autotune.md").read_text()
     print(report)
 
-    grid = candidates(job_config(base), args.world, cuda=False, profile=this_machine(args.world), memory_gib=1e9)
+    grid = candidates(compose_job(base), args.world, cuda=False, profile=this_machine(args.world), memory_gib=1e9)
     measured, walls, grid_s = {}, {}, 0.0
     for c in grid:
         with tempfile.TemporaryDirectory() as run_dir:
@@ -83,8 +83,9 @@ def main() -> None:
     print(f"machine time: autotune {record['spent_s']:.0f} s measuring ({autotune_s:.0f} s wall with its planning), "
           f"grid {grid_s:.0f} s -> {autotune_s / grid_s:.0%}; {len(grid)} candidates")
     if args.out:
-        args.out.write_text(json.dumps({"record": record, "grid": measured, "grid_wall_s": walls, "grid_s": grid_s, "autotune_s": autotune_s,
-                                        "best": best, "winner_vs_best": ratio}, indent=1, default=str))
+        args.out.write_text(json.dumps({"record": record, "grid": measured, "grid_wall_s": walls, "grid_s": grid_s,
+                                        "autotune_s": autotune_s, "best": best, "winner_vs_best": ratio},
+                                       indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Autotune as a user runs it (issue 41), against the exhaustive grid, on shapes this project never
 calibrated or measured anywhere else.
 
-    python benchmarks/bench_autotune_user.py [--shape user-a] [--out autotune_user.json]
+    python -m benchmarks.bench_autotune_user [--shape user-a] [--out autotune_user.json]
 
 For each shape (SHAPES, named here before they were first measured; by default the held-out
 ones), with a fresh cache, so no machine profile exists:
@@ -32,8 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from benchmarks.common import REPO
 
 # Widths, depths and head counts no test, benchmark or profile of this project uses. World 4,
 # global batch 8 x 128 tokens, configured local batch 2 (at which pp4 has too few microbatches: a
@@ -65,7 +64,13 @@ GRID_WARMUP, GRID_STEPS, RERUNS, TOP = 2, 8, 2, 3
 def grid_jobs(job):
     """Every (layout, split) of the grid, as (name, overrides)."""
     from titan_exp.config import layout_label
-    from titan_exp.perf.planner import batch_splits, factorizations, global_batch_of, layout_overrides, split_label
+    from titan_exp.perf.search.layouts import (
+        batch_splits,
+        factorizations,
+        global_batch_of,
+        layout_overrides,
+        split_label,
+    )
 
     out = []
     for degrees in factorizations(WORLD, job.model.n_experts):
@@ -76,7 +81,7 @@ def grid_jobs(job):
 
 
 def run_member(base: list[str], overrides: list[str]) -> tuple[float | None, float]:
-    from conftest import run_job
+    from benchmarks.common import run_job
 
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
@@ -87,7 +92,7 @@ def run_member(base: list[str], overrides: list[str]) -> tuple[float | None, flo
 
 
 def errors(predicted: dict[str, float], measured: dict[str, float]) -> dict:
-    from titan_exp.perf.fit import median_abs, relative_errors, spearman
+    from titan_exp.perf.calibration.fit import median_abs, relative_errors, spearman
 
     names = [n for n in measured if n in predicted]
     e = relative_errors([predicted[n] for n in names], [measured[n] for n in names])
@@ -97,20 +102,21 @@ def errors(predicted: dict[str, float], measured: dict[str, float]) -> dict:
 
 def bench(shape: str, cache: Path) -> dict:
     os.environ["TITAN_EXP_CACHE"] = str(cache)  # this shape's own, empty: as a new user's
-    from conftest import job_config
-    from titan_exp.perf.profile import model_shape, this_machine
-    from titan_exp.perf.step import predict_step
+    from titan_exp.config import compose_job
+    from titan_exp.perf.model.step import predict_step
+    from titan_exp.perf.rates.profile import model_shape, this_machine
 
     base = [*COMMON, *SHAPES[shape]]
     sweep = cache.parent / f"{shape}-autotune"
     start = time.perf_counter()
     subprocess.run([sys.executable, "launch.py", "-m", "+sweep=autotune", *base, f"cluster.nproc_per_node={WORLD}",
-                    f"hydra.sweep.dir={sweep}"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    f"hydra.sweep.dir={sweep}"], cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     autotune_s = time.perf_counter() - start
     record = json.loads((sweep / "autotune.json").read_text())
     print((sweep / "autotune.md").read_text(), flush=True)
 
-    job = job_config(base)
+    job = compose_job(base)
     calibrated = this_machine(WORLD)
     members = grid_jobs(job)
     measured, walls = {}, {}
@@ -134,19 +140,22 @@ def bench(shape: str, cache: Path) -> dict:
     best = max(median, key=median.get)
 
     predicted = {name: predict_step(j, calibrated).tokens_per_s_per_device for name, j, _ in members}
-    no_block = dataclasses.replace(calibrated, blocks={k: v for k, v in calibrated.blocks.items() if k != model_shape(job)})
+    no_block = dataclasses.replace(calibrated,
+                                   blocks={k: v for k, v in calibrated.blocks.items() if k != model_shape(job)})
     estimated = {name: predict_step(j, no_block).tokens_per_s_per_device for name, j, _ in members}
     result = {
         "shape": shape, "overrides": base, "grid_members": len(members), "grid_s": grid_s, "grid": measured,
         "grid_wall_s": walls, "reruns": runs, "best": best, "best_tokens_per_s": median[best],
-        "winner": winner, "winner_tokens_per_s": median.get(winner), "winner_vs_best": median.get(winner, 0) / median[best],
+        "winner": winner, "winner_tokens_per_s": median.get(winner),
+        "winner_vs_best": median.get(winner, 0) / median[best],
         "autotune_s": autotune_s, "autotune_vs_grid": autotune_s / grid_s, "record": record,
         "calibrated_predictions": errors(predicted, ok), "flops_estimates": errors(estimated, ok),
     }
     print(f"{shape}: winner {winner} at {result['winner_vs_best']:.1%} of the grid's best ({best}); machine time "
           f"{autotune_s:.0f} s vs the grid's {grid_s:.0f} s ({result['autotune_vs_grid']:.0%}), calibration "
           f"{record['calibration']['seconds']:.0f} s; predictions: calibrated median |error| "
-          f"{result['calibrated_predictions']['median_abs_error']:.1%} (Spearman {result['calibrated_predictions']['spearman']:.2f}), "
+          f"{result['calibrated_predictions']['median_abs_error']:.1%} "
+          f"(Spearman {result['calibrated_predictions']['spearman']:.2f}), "
           f"FLOPs estimates {result['flops_estimates']['median_abs_error']:.1%}", flush=True)
     return result
 

@@ -1,6 +1,6 @@
 """Checkpoint cost on this machine, in one run.
 
-    python benchmarks/bench_checkpoint.py [--model llama3_100m]
+    python -m benchmarks.bench_checkpoint [--model llama3_100m]
 
 1. HSDP 2x2 save policies: `checkpoint.hsdp_save_replicas=all` (every rank writes; DCP spreads
    the de-duplicated replicated shards over them) vs `first` (only the first replica group
@@ -12,14 +12,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
-from conftest import run_job  # noqa: E402
-
-from titan_exp.checkpoint import complete_steps  # noqa: E402
+from benchmarks.common import run_job
+from titan_exp.checkpoint import complete_steps
 
 
 def job(model: str, steps: int, *extra: str) -> list[str]:
@@ -42,7 +39,8 @@ def main() -> None:
             assert code == 0, s
             marker = complete_steps(Path(run_dir) / "checkpoints")[1]
         sizes = [size for size, _ in marker["files"].values()]
-        print(f"| {policy} | {len(sizes)} | {sum(sizes) / 2**20:.1f} | {max(sizes) / 2**20:.1f} | {marker['save_s']:.2f} |")
+        print(f"| {policy} | {len(sizes)} | {sum(sizes) / 2**20:.1f} | {max(sizes) / 2**20:.1f} "
+              f"| {marker['save_s']:.2f} |")
 
     print("\n| async_mode | saves | training waited per save, s | train time s |\n|---|---|---|---|")
     for mode in ("disabled", "async"):

@@ -1,7 +1,7 @@
 """Cold and warm compile time of a 4-layout sweep, from an empty cache: what sharing inductor's
 kernels across configs (parallel/compile.py) saves.
 
-    python benchmarks/bench_compile_cache.py [--repo CHECKOUT] [--steps 3]
+    python -m benchmarks.bench_compile_cache [--repo CHECKOUT] [--steps 3]
 
 Runs each layout with compile.enable=true twice over, one after the other as a multirun would:
 the first pass starts from an empty $TITAN_EXP_CACHE, the second finds what the first left. Each
@@ -48,7 +48,8 @@ def main() -> None:
         cache = Path(tmp) / "cache"
         for sweep in ("cold", "warm"):
             for name, layout in LAYOUTS.items():
-                summary = run(args.repo, [*BASE, f"training.steps={args.steps}", *layout], Path(tmp) / sweep / name, cache)
+                summary = run(args.repo, [*BASE, f"training.steps={args.steps}", *layout], Path(tmp) / sweep / name,
+                              cache)
                 rows.append((sweep, name, summary))
     print(f"commit {commit}, {args.steps} steps per member\n")
     print("| sweep | layout | status | compile s | FX graph hits / misses |")

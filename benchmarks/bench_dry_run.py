@@ -1,7 +1,7 @@
 """One rank of 64- to 512-GPU layouts of the Llama 3.1 8B and 70B shapes, built and stepped alone on
 this machine (cluster.dry_run), against the planner's memory model (issue 19).
 
-    python benchmarks/bench_dry_run.py [--seq-len 256]
+    python -m benchmarks.bench_dry_run [--seq-len 256]
 
 The full models do not fit this machine's memory or time (one step of two 8B blocks and the
 output layer at 2048 tokens took over 4 minutes on 2 cores), so each case keeps the model's
@@ -21,14 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from conftest import job_config, run_job  # noqa: E402
+from benchmarks.common import run_job
+from titan_exp.config import compose_job
 
 CASES = [  # (name, model, layers built, full depth, world as nodes x 8, layout overrides, rank)
     ("8B FSDP 64", "llama3_8b", 2, 32, 8, ["parallelism.data_parallel_shard_degree=64"], 0),
@@ -55,7 +53,7 @@ def overrides_for(model: str, layers: int, nodes: int, layout: list[str], rank: 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from titan_exp.perf.memory import predict_memory, tensor_gib
+    from titan_exp.perf.model.memory import predict_memory, tensor_gib
     from titan_exp.validation import resolve
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -77,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         report = summary["dry_run"]
         m, p = report["measured"], report["predicted"]
-        full = resolve(job_config([o for o in overrides if not o.startswith("model.n_layers")]))
+        full = resolve(compose_job([o for o in overrides if not o.startswith("model.n_layers")]))
         pp_rank = rank // (full.world_size // full.parallelism.pipeline_parallel_degree)
         at_depth = predict_memory(full, pp_rank=pp_rank)["total"]
         tensors = tensor_gib(p)

@@ -1,6 +1,6 @@
 """Every layout of the debug model at world size 1, 2, 4 and 8, measured in one run.
 
-    python benchmarks/bench_layouts.py [--steps 10] [--out layouts.md]
+    python -m benchmarks.bench_layouts [--steps 10] [--out layouts.md]
 
 Each layout runs through the launcher with local processes (gloo on CPU), the same global batch
 (16 x 128 tokens) and seed. Prints a markdown table: steady-state tokens/s per device, peak
@@ -13,12 +13,10 @@ world size for that reason alone; compare layouts at equal world size.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import run_job  # noqa: E402
+from benchmarks.common import run_job
 
 # name: degrees (pp, dp_replicate, dp_shard, cp, tp; 1 if absent) and pipeline schedule if any.
 LAYOUTS = {

@@ -2,8 +2,8 @@
 (every rank tokenizes the whole global batch, so the global batch is the same in every layout)
 and the token store (every rank reads its own rows of the same global batch).
 
-    python benchmarks/bench_loader.py [--global-batch 64] [--seq-len 1024] [--steps 6]
-    python benchmarks/bench_loader.py --mixture [--global-batch 8] [--seq-len 256] [--steps 30]
+    python -m benchmarks.bench_loader [--global-batch 64] [--seq-len 1024] [--steps 6]
+    python -m benchmarks.bench_loader --mixture [--global-batch 8] [--seq-len 256] [--steps 30]
 
 One rank of each degree is simulated in this process (rank 0 of dp = 1..64; the others do the
 same work); the bundled corpus, its BPE, prefetch off so the work is timed, not hidden.
@@ -27,11 +27,11 @@ from pathlib import Path
 
 os.environ.setdefault("TITAN_EXP_CACHE", tempfile.mkdtemp(prefix="bench_loader_cache_"))
 
-from titan_exp.config import DataConfig  # noqa: E402
-from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer  # noqa: E402
-from titan_exp.data.loader import PackedLoader  # noqa: E402
-from titan_exp.data.sources import open_dataset  # noqa: E402
-from titan_exp.data.tokens import TokenLoader, prepare  # noqa: E402
+from titan_exp.config import DataConfig
+from titan_exp.data.corpus import Tokenizer, default_corpus, trained_tokenizer
+from titan_exp.data.loader import PackedLoader
+from titan_exp.data.sources import open_dataset
+from titan_exp.data.tokens import TokenLoader, prepare
 
 
 def per_step_ms(make, steps: int) -> float:
@@ -86,8 +86,9 @@ def mixture_table(args, store, source: DataConfig, tokenizer) -> None:
         extra[name] = mixed - one
         print(f"| {name} | {one:.3f} | {mixed:.3f} | {mixed - one:+.3f} |")
     step = model_step_ms(args.global_batch, args.seq_len, 5)
-    print(f"\ndebug-model step at {args.global_batch} x {args.seq_len} (fp32, {torch_threads()} threads): {step:.1f} ms; "
-          f"the mixture's extra cost from token stores: {100 * extra['token stores'] / step:.3f} % of it (target <= 1 %)")
+    print(f"\ndebug-model step at {args.global_batch} x {args.seq_len} (fp32, {torch_threads()} threads): "
+          f"{step:.1f} ms; the mixture's extra cost from token stores: "
+          f"{100 * extra['token stores'] / step:.3f} % of it (target <= 1 %)")
 
 
 def torch_threads() -> int:
@@ -122,8 +123,8 @@ def main() -> None:
         print("| dp | rows per rank | streaming ms/step | token store ms/step | streaming / store |")
         print("|---|---|---|---|---|")
         for dp in (1, 2, 4, 8, 16, 32, 64):
-            common = dict(seq_len=args.seq_len, global_batch_size=args.global_batch, local_batch_size=args.global_batch // dp,
-                          dp_rank=0, dp_degree=dp)
+            common = dict(seq_len=args.seq_len, global_batch_size=args.global_batch,
+                          local_batch_size=args.global_batch // dp, dp_rank=0, dp_degree=dp)
             streaming = per_step_ms(lambda: PackedLoader(open_dataset(source), tokenizer, text_field="text",
                                                          prefetch=False, **common), args.steps)
             stored = per_step_ms(lambda: TokenLoader(store, **common), args.steps)

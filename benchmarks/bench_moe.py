@@ -2,7 +2,7 @@
 parameters, on 4 local ranks under FSDP, and under FSDP 2 x TP 2 with and without EP, measured
 in one run (issues 18 and 36).
 
-    python benchmarks/bench_moe.py [--steps 12] [--seq-len 256] [--repeats 2]
+    python -m benchmarks.bench_moe [--steps 12] [--seq-len 256] [--repeats 2]
 
 moe_debug and debugmodel share attention, vocabulary and depth; a token goes through a SwiGLU of
 width 768 in both (2 routed experts + 1 shared expert of 256 in moe_debug's MoE layers), so the
@@ -21,9 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
-from conftest import job_config, run_job  # noqa: E402
+from benchmarks.common import run_job
+from titan_exp.config import compose_job
 
 TP2 = ["parallelism.data_parallel_shard_degree=2", "parallelism.tensor_parallel_degree=2",
        "training.local_batch_size=4"]  # the same global batch of 8, no accumulation
@@ -39,9 +38,9 @@ ROWS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.profile import this_machine
-    from titan_exp.perf.step import predict_step
+    from titan_exp.perf.model.memory import predict_memory
+    from titan_exp.perf.model.step import predict_step
+    from titan_exp.perf.rates.profile import this_machine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=12)
@@ -67,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     dense = None
     for name, overrides in ROWS.items():
         runs = results[name]
-        job = job_config([*common, *overrides])
+        job = compose_job([*common, *overrides])
         tps = statistics.median(s["tokens_per_second_per_device"] for s in runs)
         dense = dense or tps
         peak = statistics.median(s["peak_memory_gib"] for s in runs)

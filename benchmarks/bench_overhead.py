@@ -1,7 +1,7 @@
 """titan_exp vs a bare PyTorch loop: same model, batch, steps, threads and process.
 
-    python benchmarks/bench_overhead.py [--flavor llama3_100m] [--steps 8] [--rounds 2] [titan_exp overrides]
-    python benchmarks/bench_overhead.py --flavor debugmodel data.pretokenize=true   # the token store's loader
+    python -m benchmarks.bench_overhead [--flavor llama3_100m] [--steps 8] [--rounds 2] [titan_exp overrides]
+    python -m benchmarks.bench_overhead --flavor debugmodel data.pretokenize=true   # the token store's loader
 
 The bare loop is what a user would write by hand: the same Transformer, AdamW, clipping, a
 fixed batch of token ids, nothing else. titan_exp runs the same job through the launcher with
@@ -14,7 +14,6 @@ and MFU against the measured fp32 matmul peak.
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -22,15 +21,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import job_config, run_job  # noqa: E402  (compose exactly as launch.py does)
-
-from titan_exp.metrics import measure_cpu_peak_tflops  # noqa: E402
-from titan_exp.models.llama import Transformer, flops_per_token  # noqa: E402
+from benchmarks.common import run_job
+from titan_exp.config import compose_job
+from titan_exp.metrics import measure_cpu_peak_tflops
+from titan_exp.models.llama import Transformer, flops_per_token
 
 
 def bare_loop(overrides: list[str], steps: int, warmup: int) -> float:
-    job = job_config(overrides)
+    job = compose_job(overrides)
     t = job.training
     torch.manual_seed(0)
     model = Transformer(job.model)
@@ -71,21 +69,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("overrides", nargs="*", help="more overrides for the titan_exp runs (e.g. data.pretokenize=true)")
+    parser.add_argument("overrides", nargs="*",
+                        help="more overrides for the titan_exp runs (e.g. data.pretokenize=true)")
     args = parser.parse_args()
     overrides = [f"model={args.flavor}", f"training.local_batch_size={args.batch}", f"training.seq_len={args.seq_len}"]
     bare, ours = [], []
     for _ in range(args.rounds):
         bare.append(bare_loop(overrides, args.steps, args.warmup))
         ours.append(titan_exp([*overrides, *args.overrides], args.steps, args.warmup))
-    job = job_config(overrides)
+    job = compose_job(overrides)
     fpt = flops_per_token(job.model, args.seq_len)
     peak = measure_cpu_peak_tflops(torch.float32) * 1e12
     b, o = max(bare), max(ours)
-    print(f"{args.flavor} {' '.join(args.overrides)}, batch {args.batch} x {args.seq_len}, {torch.get_num_threads()} threads, "
-          f"{args.steps} steps ({args.warmup} warm-up), best of {args.rounds} alternating rounds")
-    print(f"bare PyTorch loop : {b:10.1f} tokens/s   MFU {100 * b * fpt / peak:5.1f}%   rounds {[round(x) for x in bare]}")
-    print(f"titan_exp         : {o:10.1f} tokens/s   MFU {100 * o * fpt / peak:5.1f}%   rounds {[round(x) for x in ours]}")
+    print(f"{args.flavor} {' '.join(args.overrides)}, batch {args.batch} x {args.seq_len}, "
+          f"{torch.get_num_threads()} threads, {args.steps} steps ({args.warmup} warm-up), "
+          f"best of {args.rounds} alternating rounds")
+    print(f"bare PyTorch loop : {b:10.1f} tokens/s   MFU {100 * b * fpt / peak:5.1f}%   "
+          f"rounds {[round(x) for x in bare]}")
+    print(f"titan_exp         : {o:10.1f} tokens/s   MFU {100 * o * fpt / peak:5.1f}%   "
+          f"rounds {[round(x) for x in ours]}")
     print(f"ratio titan_exp / bare = {o / b:.3f}   (fp32 matmul peak {peak / 1e12:.3f} TFLOP/s)")
 
 

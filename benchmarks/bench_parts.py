@@ -1,8 +1,8 @@
 """The GPU model's parts against XLA's published microbenchmarks (issue 36): GEMMs by shape and
 NCCL's collectives by size and group, as a spec sheet's plan prices them, beside what XLA measured.
 
-    python benchmarks/bench_parts.py
-    python benchmarks/bench_parts.py --from-xla MATMUL_HEADER COLLECTIVE_HEADER   # rewrite the data
+    python -m benchmarks.bench_parts
+    python -m benchmarks.bench_parts --from-xla MATMUL_HEADER COLLECTIVE_HEADER   # rewrite the data
 
 The measurements are XLA's performance tables (openxla/xla, xla/service/gpu/model/
 matmul_interpolator_data.h and collective_interpolator_data.h, at e97611c4c41c, 2026-02-13), which
@@ -14,10 +14,10 @@ of 2-8, 1 KiB to 2 GiB) and on GB200 NVL72 ("sm_100_GB200") and GB300 NVL72 ("sm
 output, the reduce-scatter's input: collective_perf_table_gen.cc). benchmarks/data/xla_gemm.csv and
 xla_collectives.csv hold them (`--from-xla` writes them from the two headers).
 
-A part is priced as a spec sheet's plan prices it: a GEMM by perf.gpu.gemm_s (the best shape at
+A part is priced as a spec sheet's plan prices it: a GEMM by perf.model.block.gemm_s (the best shape at
 [mamf]'s share of the peak, its wave utilization, or its bytes at HBM speed), b batched GEMMs as
 one of b x m rows (the table's 4 x 1,024 and 1 x 4,096 agree within 2 %); a collective by the spec
-profile's line for it (perf.devices: NVLink's bandwidth at the share NCCL's topology model gives a
+profile's line for it (perf.rates.devices: NVLink's bandwidth at the share NCCL's topology model gives a
 link, NCCL's latency model). Errors are predicted rate over measured, less 1: above 0, the part is priced too fast.
 Nothing here is fitted; no part was changed for these numbers (XLA's GEMM table in place of the wave
 model and its NVLink bus shares in place of NCCL's 0.8, tried on 2026-11-29, were not kept:
@@ -35,12 +35,10 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from titan_exp.perf.devices import SPECS, spec_profile  # noqa: E402
-from titan_exp.perf.gpu import gemm_s  # noqa: E402
-from titan_exp.perf.kernel_rates import spec_kernels  # noqa: E402
+from benchmarks.common import REPO
+from titan_exp.perf.model.block import gemm_s
+from titan_exp.perf.rates.devices import SPECS, spec_profile
+from titan_exp.perf.rates.kernels import spec_kernels
 
 DATA = REPO / "benchmarks" / "data"
 GEMMS, COLLECTIVES = DATA / "xla_gemm.csv", DATA / "xla_collectives.csv"
@@ -144,7 +142,8 @@ def collective_errors(collectives: list[dict[str, str]]) -> dict[tuple[str, str,
 
 
 def summary(errors: list[float]) -> str:
-    return (f"{len(errors)} | {100 * statistics.median(errors):+.0f} % | {100 * statistics.median(map(abs, errors)):.0f} % "
+    return (f"{len(errors)} | {100 * statistics.median(errors):+.0f} % | "
+            f"{100 * statistics.median(map(abs, errors)):.0f} % "
             f"| {100 * min(errors):+.0f} % to {100 * max(errors):+.0f} %")
 
 
@@ -180,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {spec} | {op} | {band} | {summary(errors)} |")
     print(f"\nparts against XLA's tables: {bands(gemms, BIG_BAND, 'GEMMs of 64 GFLOP or more')}; "
           f"{bands(collectives, SIZE_BANDS[-1][1], 'collectives of 64 MiB or more')}; "
-          f"{bands(gemms, 'every shape', 'every GEMM')}; {bands(collectives, SIZE_BANDS[0][1], 'collectives under 1 MiB')}")
+          f"{bands(gemms, 'every shape', 'every GEMM')}; "
+          f"{bands(collectives, SIZE_BANDS[0][1], 'collectives under 1 MiB')}")
     return 0
 
 

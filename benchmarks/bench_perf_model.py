@@ -1,12 +1,12 @@
 """The performance and memory models against measurements: every valid layout, predicted vs
 measured tokens/s per device and peak memory, in one run.
 
-    python benchmarks/bench_perf_model.py                    # the four cases of issue 13
-    python benchmarks/bench_perf_model.py --case debug:4     # one case
-    python benchmarks/bench_perf_model.py --held-out         # the memory model's held-out cases
-    python benchmarks/bench_perf_model.py --case dim512-L12:2 # one of them (memory only)
-    python benchmarks/bench_perf_model.py --threshold-mib 1  # peak RSS close to memory in use
-    python benchmarks/bench_perf_model.py --rescore          # memory model vs the recorded GiB, no runs
+    python -m benchmarks.bench_perf_model                    # the four cases of issue 13
+    python -m benchmarks.bench_perf_model --case debug:4     # one case
+    python -m benchmarks.bench_perf_model --held-out         # the memory model's held-out cases
+    python -m benchmarks.bench_perf_model --case dim512-L12:2 # one of them (memory only)
+    python -m benchmarks.bench_perf_model --threshold-mib 1  # peak RSS close to memory in use
+    python -m benchmarks.bench_perf_model --rescore          # memory model vs the recorded GiB, no runs
 
 For each (model, world) it calibrates the machine (reusing the cached profile unless --refresh;
 not for a held-out case, whose memory prediction reads no profile),
@@ -28,13 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from conftest import job_config, run_job  # noqa: E402
-
-from titan_exp.perf.fit import median_abs, relative_errors, spearman  # noqa: E402
-from titan_exp.perf.profile import this_machine  # noqa: E402
-from titan_exp.perf.planner import plan  # noqa: E402
+from benchmarks.common import REPO, run_job
+from titan_exp.config import compose_job
+from titan_exp.perf.calibration.fit import median_abs, relative_errors, spearman
+from titan_exp.perf.rates.profile import this_machine
+from titan_exp.perf.search.planner import plan
 
 # By default the runs are measured as a user runs them: cluster.cpu_malloc_mmap_threshold_mib at its
 # default (16 MiB). --threshold-mib 1 makes the peak RSS track memory in use (glibc's heap keeps the
@@ -73,12 +71,12 @@ HELD_OUT = {
                      "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
                      "training.steps=3", "metrics.warmup_steps=1"], 4),
     # Named 2026-11-23 (issue 13), after the heap term became every block's flat buffers plus one
-    # block's weights (perf.memory.heap_slack) and before this shape was measured: 12 blocks whose
+    # block's weights (perf.model.memory.heap_slack) and before this shape was measured: 12 blocks whose
     # flat buffers (13 MiB) are all under 16 MiB, so the heap holds 0.41 GiB of its FSDP layouts' 1.85.
     "dim512-L12:2": (["model=debugmodel", "model.dim=512", "model.n_layers=12", "model.n_heads=8", "model.n_kv_heads=8",
                       "training.seq_len=256", "training.global_batch_size=8", "training.local_batch_size=8",
                       "training.steps=3", "metrics.warmup_steps=1"], 2),
-    # Named 2026-11-24 (issue 13), after the TP heap term (perf.memory.sp_heap_slack) was fitted on
+    # Named 2026-11-24 (issue 13), after the TP heap term (perf.model.memory.sp_heap_slack) was fitted on
     # dry runs of six shapes at tp 2 and 4 and before this shape was measured: a new dim, depth and
     # sequence length, and a world size (3) no case has used, so TP runs at a degree (3) outside the fit.
     "dim576-L9:3": (["model=debugmodel", "model.dim=576", "model.n_layers=9", "model.n_heads=9", "model.n_kv_heads=3",
@@ -88,8 +86,9 @@ HELD_OUT = {
 
 
 def calibrate(overrides: list[str], world: int, refresh: bool) -> None:
-    cmd = [sys.executable, "-m", "titan_exp.perf.calibrate", *overrides, "--world", str(world)] + (["--refresh"] if refresh else [])
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cmd = ([sys.executable, "-m", "titan_exp.perf.calibrate", *overrides, "--world", str(world)]
+           + (["--refresh"] if refresh else []))
+    subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def measure(base: list[str], pl, world: int) -> dict:
@@ -104,11 +103,12 @@ def measure(base: list[str], pl, world: int) -> dict:
 
 def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_only: bool = False,
              threshold_mib: int | None = None, rounds: int = 1) -> dict:
-    base = [*overrides, *COMMON] + ([] if threshold_mib is None else [f"cluster.cpu_malloc_mmap_threshold_mib={threshold_mib}"])
+    base = [*overrides, *COMMON] + ([] if threshold_mib is None
+                                    else [f"cluster.cpu_malloc_mmap_threshold_mib={threshold_mib}"])
     if not memory_only:  # the memory model reads no profile
         calibrate(base, world, refresh)
     profile = this_machine(world)
-    plans = plan(job_config(base), world, device_memory_gib=1e9, profile=profile)
+    plans = plan(compose_job(base), world, device_memory_gib=1e9, profile=profile)
     runs: dict[str, list[dict]] = {pl.name: [] for pl in plans}
     for r in range(rounds):
         for pl in plans:
@@ -116,7 +116,8 @@ def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_
             runs[pl.name].append(run)
             shown = f"{run['tps']:.0f}" if run["tps"] else run["status"]
             print(f"  {name} {pl.name}{f' (round {r + 1})' if rounds > 1 else ''}: predicted {pl.tokens_per_s:.0f}, "
-                  f"measured {shown} tokens/s/device; memory {pl.memory_gib:.2f} vs {run['gib'] or float('nan'):.2f} GiB",
+                  f"measured {shown} tokens/s/device; memory {pl.memory_gib:.2f} vs "
+                  f"{run['gib'] or float('nan'):.2f} GiB",
                   flush=True)
     rows = []
     for pl in plans:
@@ -124,8 +125,10 @@ def run_case(name: str, overrides: list[str], world: int, refresh: bool, memory_
         rows.append({"layout": pl.name, "local_batch": pl.local_batch_size, "predicted_tps": pl.tokens_per_s,
                      "measured_tps": statistics.median(run["tps"] for run in done) if done else None,
                      "predicted_gib": pl.memory_gib,
-                     "measured_gib": statistics.median(run["gib"] for run in done) if done else runs[pl.name][-1]["gib"],
-                     "wall_s": sum(run["wall_s"] for run in runs[pl.name]), "runs_tps": [run["tps"] for run in runs[pl.name]],
+                     "measured_gib": (statistics.median(run["gib"] for run in done) if done
+                                      else runs[pl.name][-1]["gib"]),
+                     "wall_s": sum(run["wall_s"] for run in runs[pl.name]),
+                     "runs_tps": [run["tps"] for run in runs[pl.name]],
                      "breakdown": pl.step.breakdown(), "status": runs[pl.name][-1]["status"]})
     ok = [r for r in rows if r["measured_tps"]]
     # The profile itself goes with the results, so a later change to the model can be re-scored on
@@ -169,7 +172,8 @@ def markdown(result: dict, memory_only: bool = False) -> str:
     if not mem:
         lines.append("no layout ran: the rows' status says why")
     elif not memory_only:
-        lines.append(f"Spearman {result['spearman']:.2f}; median |tokens/s error| {median_abs(result['tps_errors']):.1%}; "
+        lines.append(f"Spearman {result['spearman']:.2f}; "
+                     f"median |tokens/s error| {median_abs(result['tps_errors']):.1%}; "
                      f"memory: median |error| {median_abs(mem):.1%}, worst {max(mem, key=abs):+.1%}")
     else:
         lines.append(f"memory: median |error| {median_abs(mem):.1%}, worst {max(mem, key=abs):+.1%}")
@@ -190,12 +194,12 @@ def rescore(names: list[str]) -> None:
     run's rows without running them again."""
     import csv
 
-    with (ROOT / "benchmarks" / "data" / "perf_model_cpu.csv").open(newline="") as f:
+    with (REPO / "benchmarks" / "data" / "perf_model_cpu.csv").open(newline="") as f:
         recorded = list(csv.DictReader(f))
     for name in names:
         overrides, world = (CASES | HELD_OUT)[name]
         measured = recorded_memory(name, recorded)
-        plans = plan(job_config([*overrides, *COMMON]), world, device_memory_gib=1e9)
+        plans = plan(compose_job([*overrides, *COMMON]), world, device_memory_gib=1e9)
         errors = {pl.name: pl.memory_gib / measured[pl.name] - 1 for pl in plans if pl.name in measured}
         worst = max(errors, key=lambda k: abs(errors[k]))
         print(f"{name}: {len(errors)} rows, {sum(abs(e) <= 0.1 for e in errors.values())} within 10 %, "
@@ -222,8 +226,8 @@ def main() -> None:
     results = []
     for name, (overrides, world) in chosen.items():
         memory_only = name in HELD_OUT
-        result = run_case(name, overrides, world, args.refresh, memory_only=memory_only, threshold_mib=args.threshold_mib,
-                          rounds=args.rounds or ROUNDS.get(name, 1))
+        result = run_case(name, overrides, world, args.refresh, memory_only=memory_only,
+                          threshold_mib=args.threshold_mib, rounds=args.rounds or ROUNDS.get(name, 1))
         results.append(result)
         print(markdown(result, memory_only=memory_only), flush=True)
     if args.out:

@@ -1,6 +1,6 @@
 """The planner's memory model against measured peak memory, on this machine.
 
-    python benchmarks/bench_plan.py [--world 4] [overrides ...]
+    python -m benchmarks.bench_plan [--world 4] [overrides ...]
 
 Runs every layout `titan_exp.perf.plan` finds valid for the model (default: llama3_100m, batch 4 x 256
 tokens, 3 steps), plus AC variants of FSDP, and prints predicted vs measured peak memory per device
@@ -10,15 +10,13 @@ tokens, 3 steps), plus AC variants of FSDP, and prints predicted vs measured pea
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from conftest import job_config, run_job  # noqa: E402
-
-from titan_exp.perf.planner import layout_overrides, predict_memory, valid_layouts  # noqa: E402
+from benchmarks.common import run_job
+from titan_exp.config import compose_job
+from titan_exp.perf.model.memory import predict_memory
+from titan_exp.perf.search.layouts import layout_overrides, valid_layouts
 
 BASE = ["model=llama3_100m", "training.seq_len=256", "training.local_batch_size=2", "training.global_batch_size=4",
         "training.steps=3", "metrics.log_freq=3", "lr_scheduler.warmup_steps=1",
@@ -34,7 +32,7 @@ def main() -> None:
     args = parser.parse_args()
     base = [*BASE, *args.overrides]
     cases = [[*layout_overrides(job), f"cluster.nproc_per_node={args.world}"]
-             for job in valid_layouts(job_config(base), args.world)]
+             for job in valid_layouts(compose_job(base), args.world)]
     fsdp = [c for c in cases if f"parallelism.data_parallel_shard_degree={args.world}" in c]
     cases += [[*fsdp[0], *extra] for extra in EXTRA] if fsdp else []
     cases.append(["cluster.nproc_per_node=1", "parallelism.data_parallel_shard_degree=1"])
@@ -42,7 +40,7 @@ def main() -> None:
     errors = []
     for case in cases:
         overrides = [*base, *case]
-        predicted = predict_memory(job_config(overrides))["total"]
+        predicted = predict_memory(compose_job(overrides))["total"]
         with tempfile.TemporaryDirectory() as run_dir:
             code, s = run_job(overrides, Path(run_dir))
         name = " ".join(o.split(".")[-1] for o in case if not o.endswith("=1") and "nproc" not in o) or "single"

@@ -1,6 +1,6 @@
 """The speed ladder's rungs on this machine: eager vs compile, fp32 vs bf16, AC modes.
 
-    python benchmarks/bench_speed.py [--flavors debugmodel llama3_100m] [--steps 8]
+    python -m benchmarks.bench_speed [--flavors debugmodel llama3_100m] [--steps 8]
 
 One process (all cores) per configuration, a fresh one each time so that peak memory (RSS on
 CPU) belongs to that configuration alone; compile runs once to warm its cache, then is
@@ -12,12 +12,10 @@ different peaks, and the ratio column already compares the runs.)
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import run_job  # noqa: E402
+from benchmarks.common import run_job
 
 CONFIGS = {
     "eager fp32": [],

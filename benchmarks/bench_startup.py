@@ -1,9 +1,9 @@
 """How long a local launch takes with its ranks forked from the forkserver against fresh processes.
 
-    python benchmarks/bench_startup.py [--ranks 1 2 4] [--rounds 3] [titan_exp overrides]
+    python -m benchmarks.bench_startup [--ranks 1 2 4] [--rounds 3] [titan_exp overrides]
 
 Every launch runs in this one process, as the members of a sweep, autotune's trials or a test
-session do: the debug model, 2 steps of SMALL (tests/conftest.py) under FSDP over the ranks, with
+session do: the debug model, 2 steps of SMALL (8 x 64 tokens, fp32) under FSDP over the ranks, with
 `cluster.fork_ranks` true (forked from the server, titan_exp.cluster.forkserver) and false (each rank
 a fresh `python -m titan_exp.train.rank` process), in turn, so the machine's drift falls on both.
 The server's own start (its imports, once a process) is timed apart: it is the first launch's.
@@ -20,16 +20,20 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from conftest import SMALL, run_job  # noqa: E402  (compose exactly as launch.py does)
+from benchmarks.common import run_job
+
+# The tests' smallest job that still trains: 8 x 64 tokens a step, fp32, deterministic.
+SMALL = ["training.seq_len=64", "training.global_batch_size=8", "training.deterministic=true", "metrics.log_freq=1"]
 
 
 def launch(ranks: int, fork: bool, extra: list[str]) -> tuple[float, float]:
     """(wall seconds, rank 0's peak RSS in GiB) of one launch."""
-    layout = ["parallelism=fsdp", f"cluster.nproc_per_node={ranks}", f"training.local_batch_size={8 // ranks}"] if ranks > 1 else []
+    layout = (["parallelism=fsdp", f"cluster.nproc_per_node={ranks}", f"training.local_batch_size={8 // ranks}"]
+              if ranks > 1 else [])
     with tempfile.TemporaryDirectory() as run_dir:
         start = time.perf_counter()
-        code, summary = run_job([*SMALL, "training.steps=2", *layout, f"cluster.fork_ranks={str(fork).lower()}", *extra], Path(run_dir))
+        code, summary = run_job([*SMALL, "training.steps=2", *layout, f"cluster.fork_ranks={str(fork).lower()}",
+                                 *extra], Path(run_dir))
         seconds = time.perf_counter() - start
     if code != 0:
         raise SystemExit(f"the launch with {ranks} rank(s), fork_ranks={fork}, failed (exit {code})")
@@ -43,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     first, _ = launch(args.ranks[0], True, extra)
     print(f"first launch, {args.ranks[0]} rank(s), forked (the server's imports included): {first:.1f} s")
-    print("| ranks | fresh processes, s a launch | forked, s a launch | fresh / forked | rank 0's peak RSS GiB, fresh | forked |")
+    print("| ranks | fresh processes, s a launch | forked, s a launch | fresh / forked "
+          "| rank 0's peak RSS GiB, fresh | forked |")
     print("|---|---|---|---|---|---|")
     for ranks in args.ranks:
         runs: dict[bool, list[tuple[float, float]]] = {True: [], False: []}

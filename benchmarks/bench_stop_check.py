@@ -1,7 +1,7 @@
 """What the per-step stop check (titan_exp.signals.stop_requested: one all-reduce of 3 int64
 over the world) costs, next to a step of the debug model, on N local gloo ranks.
 
-    python benchmarks/bench_stop_check.py [--ranks 2] [--calls 2000]
+    python -m benchmarks.bench_stop_check [--ranks 2] [--calls 2000]
 
 Every rank times `calls` stop checks back to back; the launcher then runs the default debug job
 on the same ranks and reads its median step time from the summary. Prints both and the ratio.
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.common import REPO
 
 
 def _rank(rank: int, world: int, port: int, calls: int, out: str) -> None:

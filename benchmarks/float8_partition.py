@@ -1,6 +1,6 @@
 """What a compiled float8 block keeps for its backward and what the backward casts again, on CPU:
 
-    python benchmarks/float8_partition.py [--recipe tensorwise|rowwise] [--dim 256] [--tokens 256]
+    python -m benchmarks.float8_partition [--recipe tensorwise|rowwise] [--dim 256] [--tokens 256]
 
 One of this toolkit's Llama blocks (titan_exp.models.llama.TransformerBlock) in bf16, its linears
 converted by titan_exp.precision.apply_converter (torchao; emulated here), split into forward and
@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
-from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # the checkout's titan_exp, installed or not
-from titan_exp.config import compose_job  # noqa: E402
-from titan_exp.models.layers import rope_tables  # noqa: E402
-from titan_exp.models.llama import TransformerBlock  # noqa: E402
-from titan_exp.precision import apply_converter  # noqa: E402
+from titan_exp.config import compose_job
+from titan_exp.models.layers import rope_tables
+from titan_exp.models.llama import TransformerBlock
+from titan_exp.precision import apply_converter
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 

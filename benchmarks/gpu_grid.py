@@ -1,11 +1,11 @@
 """Issue 38 on one GPU: the planner against every single-GPU configuration, and autotune against
 the grid, in one command:
 
-    python benchmarks/gpu_grid.py --model llama3_1b [--autotune] [--out DIR]
-    python benchmarks/gpu_grid.py --model llama3_8b --layers 8 --global-batch 2   # 8B cut to fit
-    python benchmarks/gpu_grid.py --model llama3_1b --budget-minutes 8 --out A   # then, in a second call:
-    python benchmarks/gpu_grid.py --model llama3_1b --resume A/gpu_grid.json --autotune --out B
-    python benchmarks/gpu_grid.py --smoke --autotune --out DIR   # the same code on CPU, tiny (tests, -m slow)
+    python -m benchmarks.gpu_grid --model llama3_1b [--autotune] [--out DIR]
+    python -m benchmarks.gpu_grid --model llama3_8b --layers 8 --global-batch 2   # 8B cut to fit
+    python -m benchmarks.gpu_grid --model llama3_1b --budget-minutes 8 --out A   # then, in a second call:
+    python -m benchmarks.gpu_grid --model llama3_1b --resume A/gpu_grid.json --autotune --out B
+    python -m benchmarks.gpu_grid --smoke --autotune --out DIR   # the same code on CPU, tiny (tests, -m slow)
 
 1. Calibrates the GPU for the model (`python -m titan_exp.perf.calibrate ... --world 1 --compile`),
    unless --no-calibrate (then the profile in TITAN_EXP_CACHE, if any).
@@ -44,15 +44,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "benchmarks")]
-from conftest import job_config, run_job  # noqa: E402
-from gpu_suite import SMOKE_MODEL, calibrate, spec_sheet  # noqa: E402
-
-from titan_exp.perf.autotune import candidates  # noqa: E402
-from titan_exp.perf.fit import spearman  # noqa: E402
-from titan_exp.perf.profile import this_machine  # noqa: E402
-from titan_exp.perf.step import predict_step  # noqa: E402
+from benchmarks.common import REPO, run_job
+from benchmarks.gpu_suite import SMOKE_MODEL, calibrate, spec_sheet
+from titan_exp.config import compose_job
+from titan_exp.perf.autotune import candidates
+from titan_exp.perf.calibration.fit import spearman
+from titan_exp.perf.model.step import predict_step
+from titan_exp.perf.rates.profile import this_machine
 
 SEARCH = "autotune.search=[activation_checkpoint,compile,precision]"
 TARGETS = {"spearman": 0.9, "median_error_pct": 10.0, "memory_error_pct": 10.0, "autotune_of_best": 0.97,
@@ -139,9 +137,17 @@ def scores(rows: list[dict]) -> dict:
     return out
 
 
+def of_grid_best(winner: str | None, grid: list[dict]) -> float | None:
+    """The tokens/s the grid measured for autotune's `winner` over the grid's best (None: no winner)."""
+    measured = {r["name"]: r["tokens_per_second"] for r in grid if r["status"] == "ok" and r["tokens_per_second"]}
+    best = max(measured.values(), default=None)
+    return measured.get(winner, 0.0) / best if best and winner else None
+
+
 def run_autotune(base: list[str], args: argparse.Namespace, sweep: Path, grid: list[dict], grid_s: float) -> dict:
     """The sweep a user runs, over the grid's axes; its winner as the grid measured it."""
-    budget = args.autotune_minutes if args.autotune_minutes is not None else TARGETS["autotune_time_share"] * grid_s / 60
+    budget = (args.autotune_minutes if args.autotune_minutes is not None
+              else TARGETS["autotune_time_share"] * grid_s / 60)
     start = time.perf_counter()
     out = subprocess.run([sys.executable, "launch.py", "-m", "+sweep=autotune", *base, f"hydra.sweep.dir={sweep}",
                           f"autotune.budget_minutes={budget:.3f}"], cwd=REPO, capture_output=True, text=True)
@@ -151,10 +157,7 @@ def run_autotune(base: list[str], args: argparse.Namespace, sweep: Path, grid: l
     record = json.loads((sweep / "autotune.json").read_text())
     (args.out / "autotune.json").write_text(json.dumps(record, indent=1))  # its rounds, kept beside the grid
     winner = record["winner"]["name"] if record.get("winner") else None
-    measured = {r["name"]: r["tokens_per_second"] for r in grid if r["status"] == "ok" and r["tokens_per_second"]}
-    best = max(measured.values(), default=None)
-    of_best = measured.get(winner, 0.0) / best if best and winner else None
-    return {"status": "ok", "winner": winner, "winner_of_grid_best": of_best, "wall_s": wall,
+    return {"status": "ok", "winner": winner, "winner_of_grid_best": of_grid_best(winner, grid), "wall_s": wall,
             "time_share": wall / grid_s if grid_s else None, "spent_s": record.get("spent_s"), "budget_minutes": budget}
 
 
@@ -163,12 +166,15 @@ def checks(results: dict) -> list[str]:
     if "calibrated" in s:
         c = s["calibrated"]
         lines.append(f"calibrated: Spearman {c['spearman']:.2f} (>= {TARGETS['spearman']}), median |error| "
-                     f"{c['median_error_pct']:.0f} % (<= {TARGETS['median_error_pct']:g} %), worst {c['worst_error_pct']:.0f} %")
+                     f"{c['median_error_pct']:.0f} % (<= {TARGETS['median_error_pct']:g} %), "
+                     f"worst {c['worst_error_pct']:.0f} %")
     if "spec" in s:
-        lines.append(f"spec sheet: Spearman {s['spec']['spearman']:.2f}, median |error| {s['spec']['median_error_pct']:.0f} %, "
+        lines.append(f"spec sheet: Spearman {s['spec']['spearman']:.2f}, "
+                     f"median |error| {s['spec']['median_error_pct']:.0f} %, "
                      f"worst {s['spec']['worst_error_pct']:.0f} %")
     if "memory" in s:
-        lines.append(f"memory: worst |error| {s['memory']['worst_error_pct']:.0f} % (<= {TARGETS['memory_error_pct']:g} %)")
+        lines.append(f"memory: worst |error| {s['memory']['worst_error_pct']:.0f} % "
+                     f"(<= {TARGETS['memory_error_pct']:g} %)")
     lines.append(f"grid: {s['measured']} of {s['members']} members measured in {s['grid_s']:.0f} s")
     a = results.get("autotune")
     if a and a["status"] == "ok":
@@ -227,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                "calibration": "not calibrated (--no-calibrate)" if args.no_calibrate else
                calibrate([o for o in base if not o.startswith("autotune.")], args.smoke, args.out / "calibrate.log")}
     memory = torch.cuda.get_device_properties(0).total_memory / 2**30 if cuda else 1e9
-    grid = candidates(job_config(base), 1, cuda=cuda, profile=this_machine(1, cuda=cuda), memory_gib=memory)
+    grid = candidates(compose_job(base), 1, cuda=cuda, profile=this_machine(1, cuda=cuda), memory_gib=memory)
     # Eager members first (seconds each), then compiled ones (a cold compile each), each group
     # fastest predicted first: a call cut by --budget-minutes measures the most members.
     grid = sorted(grid, key=lambda c: c.job.compile.enable)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What the 3B holds at its allocated peak on one GPU, for the grid's members whose peak the
-# memory account misses (issue 38): a few steps with the allocator's history recorded, then
-# titan_exp.perf.snapshot's reading of it ($OUT/<name>.json; the pickle is not kept).
+# memory account misses: a few steps with the allocator's history recorded, then
+# titan_exp.train.snapshot's reading of it ($OUT/<name>.json; the pickle is not kept).
 #     bash benchmarks/gpu_memory_peak.sh ["NAME:OVERRIDES" ...]
 set -u
 out=${OUT:-/tmp/gpu_memory_peak}
@@ -18,7 +18,7 @@ for m in "${members[@]}"; do
       training.local_batch_size=1 training.steps=3 lr_scheduler.warmup_steps=1 cluster.nproc_per_node=1 \
       profiling.enable_memory_snapshot=true $overrides hydra.run.dir=/tmp/peak_$name > "$out/$name.log" 2>&1
   echo "$name: launch rc=$? in $((SECONDS - start)) s"; tail -2 "$out/$name.log"
-  python3 -m titan_exp.perf.snapshot /tmp/peak_$name/memory_snapshot/rank0_memory_snapshot.pickle --top 25 \
+  python3 -m titan_exp.train.snapshot /tmp/peak_$name/memory_snapshot/rank0_memory_snapshot.pickle --top 25 \
       > "$out/$name.json" 2>> "$out/$name.log"
   echo "$name: read rc=$? in $((SECONDS - start)) s"; head -c 3000 "$out/$name.json"; echo
 done

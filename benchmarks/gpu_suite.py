@@ -1,23 +1,23 @@
 """Everything that needs CUDA, for one H100/H200 (a model's rows take 8-12 min there; --configs and
 --budget-minutes cut a call to a time slot):
 
-    python benchmarks/gpu_suite.py [--models llama3_1b llama3_3b] [--out DIR]
-    python benchmarks/gpu_suite.py --models llama3_3b --configs "bf16 + compile" --budget-minutes 8
-    python benchmarks/gpu_suite.py --smoke --out DIR     # the same code on CPU, a tiny model (tests, -m slow)
+    python -m benchmarks.gpu_suite [--models llama3_1b llama3_3b] [--out DIR]
+    python -m benchmarks.gpu_suite --models llama3_3b --configs "bf16 + compile" --budget-minutes 8
+    python -m benchmarks.gpu_suite --smoke --out DIR     # the same code on CPU, a tiny model (tests, -m slow)
 
 1. the CUDA-only tests (`pytest -m cuda`);
 2. per model: tokens/s, MFU and peak memory for bf16 eager and + compile, float8 tensorwise and
    rowwise (+ compile), activation checkpointing none / selective / full, and MXFP8 where the
    device has MX matmuls (compute capability >= 10.0; on Hopper the row says why it is skipped);
 3. the planner's predicted peak memory and step time next to each measurement
-   (`titan_exp.perf.memory.predict_memory`, `titan_exp.perf.step.predict_step` on a profile the
+   (`titan_exp.perf.model.memory.predict_memory`, `titan_exp.perf.model.step.predict_step` on a profile the
    suite calibrates first: `python -m titan_exp.perf.calibrate <model> --world 1 --compile`);
 4. compile cold vs warm: the bf16 + compile run again, on the cache the first one filled;
 5. what reading losses from the device every step costs: bf16 + compile with metrics.log_freq=1
    (a host read, hence a device sync, every step) against the default, which reads only on log
    steps (`titan_exp.metrics.StepHistory`);
 6. bf16 and float8 + compile with one step traced by torch.profiler: where the GPU waited, its
-   kernels and the longest ones (`titan_exp.perf.trace.gpu_summary`); the traces are kept
+   kernels and the longest ones (`titan_exp.train.trace.gpu_summary`); the traces are kept
    gzipped beside the table;
 7. float8 and bf16 + compile under Inductor settings (INDUCTOR_ENV, environment variables the
    rank processes read), for the kernel that keeps float8 short of issue 37's 1.25x.
@@ -49,11 +49,9 @@ import time
 from pathlib import Path
 from unittest import mock
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]  # the checkout's titan_exp, installed or not
-from conftest import job_config, run_job  # noqa: E402
-
-from titan_exp.perf.trace import latest_trace  # noqa: E402
+from benchmarks.common import REPO, run_job
+from titan_exp.config import compose_job
+from titan_exp.train.trace import latest_trace
 
 COMPILE = ["compile.enable=true"]
 # Most telling first: with --budget-minutes the suite stops before a row it could not finish.
@@ -66,7 +64,7 @@ CONFIGS = {
     "float8 rowwise": ["precision=float8_rowwise"],
     "bf16 + compile, AC selective": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=selective"],
     "bf16 + compile, AC full": ["precision=bf16", *COMPILE, "activation_checkpoint.mode=full"],
-    # Eager full AC: its loss (7 bf16 logits' worth, perf.memory_gpu.LOSS_UNITS) and the block it
+    # Eager full AC: its loss (7 bf16 logits' worth, perf.model.memory_gpu.LOSS_UNITS) and the block it
     # recomputes, alive at once or not (BENCHMARKS.md, the planner against TorchTitan: tried, not
     # kept 2026-12-02): the allocated peak differs by the block, about 4 % on the 1B.
     "bf16 eager, AC full": ["precision=bf16", "activation_checkpoint.mode=full"],
@@ -75,7 +73,7 @@ CONFIGS = {
     "MoE 8 experts top-2, bf16 + compile": ["precision=bf16", *COMPILE, "model.n_experts=8", "model.top_k=2",
                                             "model.moe_hidden_dim=1024"],
     "mxfp8": ["precision=mxfp8", "precision.mx_recipe=mxfp8_rceil"],
-    # A torch.profiler trace of one step (titan_exp.perf.trace.gpu_summary): where the GPU waited.
+    # A torch.profiler trace of one step (titan_exp.train.trace.gpu_summary): where the GPU waited.
     "bf16 + compile, traced": ["precision=bf16", *COMPILE, "profiling.enable_profiling=true"],
     "float8 tensorwise + compile, traced": ["precision=float8", *COMPILE, "profiling.enable_profiling=true"],
     # What the 1B's grid on the H200 (2026-11-27) measured furthest from its prediction: eager
@@ -147,18 +145,18 @@ def calibrate(base: list[str], smoke: bool, log: Path) -> str:
     out = subprocess.run([sys.executable, "-m", "titan_exp.perf.calibrate", *overrides, "--world", "1",
                           *(["--tiny"] if smoke else ["--compile"])], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
-    log.write_text(out.stdout + out.stderr)  # each part's time (titan_exp.perf.measure)
+    log.write_text(out.stdout + out.stderr)  # each part's time (titan_exp.perf.calibration.measure)
     if out.returncode:
         return f"calibration failed: {(out.stdout + out.stderr)[-1500:]}"
     return f"calibrated in {time.perf_counter() - start:.0f} s"
 
 
 def spec_sheet(cuda: bool):
-    """The spec-sheet profile of this GPU (titan_exp.perf.devices), or None for a CPU or an
+    """The spec-sheet profile of this GPU (titan_exp.perf.rates.devices), or None for a CPU or an
     unlisted GPU: the prediction a user gets before calibrating, shown beside the calibrated one."""
     import torch
 
-    from titan_exp.perf.devices import SPECS, spec_profile
+    from titan_exp.perf.rates.devices import SPECS, spec_profile
 
     name = torch.cuda.get_device_name() if cuda else ""
     spec = next((s for s in SPECS.values() if any(n in name for n in s.cuda_names)), None)
@@ -168,12 +166,12 @@ def spec_sheet(cuda: bool):
 def predictions(overrides: list[str], cuda: bool) -> dict:
     """The planner's memory and step time for a configuration: from this machine's profile
     (calibrated above) and from the GPU's spec sheet."""
-    from titan_exp.perf.memory import predict_memory
-    from titan_exp.perf.profile import this_machine
-    from titan_exp.perf.step import gpu_work_by_kind, predict_step
+    from titan_exp.perf.model.memory import predict_memory
+    from titan_exp.perf.model.step import gpu_work_by_kind, predict_step
+    from titan_exp.perf.rates.profile import this_machine
     from titan_exp.validation import resolve
 
-    job = resolve(job_config(overrides))
+    job = resolve(compose_job(overrides))
     profile, spec = this_machine(1, cuda=cuda), spec_sheet(cuda)
     gpu_profile = profile if profile.kernels and profile.kernels.architecture != "cpu" else spec
     return {"tokens_per_step": job.training.global_batch_size * job.training.seq_len,
@@ -189,7 +187,7 @@ def measure(name: str, overrides: list[str], run_dir: Path, cuda: bool) -> dict:
     """One configuration: its summary's numbers, and the planner's predictions beside them."""
     import torch
 
-    from titan_exp.perf.trace import gpu_summary, latest_trace
+    from titan_exp.train.trace import gpu_summary, latest_trace
 
     if reason := skip_reason(name, cuda):
         return {"config": name, "status": "skipped", "reason": reason}
@@ -248,7 +246,8 @@ def checks(rows: list[dict], cuda: bool) -> list[str]:
     if "float8 tensorwise + compile" in by and "bf16 + compile" in by:
         ratio = by["float8 tensorwise + compile"]["tokens_per_second"] / by["bf16 + compile"]["tokens_per_second"]
         lines.append(f"float8 tensorwise + compile / bf16 + compile tokens/s = {ratio:.2f} "
-                     f"(target >= {TARGETS['float8_speedup']}): {'met' if ratio >= TARGETS['float8_speedup'] else 'missed'}")
+                     f"(target >= {TARGETS['float8_speedup']}): "
+                     f"{'met' if ratio >= TARGETS['float8_speedup'] else 'missed'}")
     if "bf16 + compile, read every step" in by and "bf16 + compile" in by:
         ratio = by["bf16 + compile"]["tokens_per_second"] / by["bf16 + compile, read every step"]["tokens_per_second"]
         lines.append(f"reading the loss only on log steps / every step: tokens/s x {ratio:.3f}")
@@ -263,7 +262,8 @@ def checks(rows: list[dict], cuda: bool) -> list[str]:
     if errors:
         worst = max(errors)
         lines.append(f"planner memory: worst |error| {worst:.1f} % over {len(errors)} runs (target <= "
-                     f"{TARGETS['memory_error_pct']:g} %): {'met' if worst <= TARGETS['memory_error_pct'] else 'missed'}")
+                     f"{TARGETS['memory_error_pct']:g} %): "
+                     f"{'met' if worst <= TARGETS['memory_error_pct'] else 'missed'}")
     if not cuda:
         lines.append("(smoke run on CPU: the numbers only show the suite computes them; targets are for a GPU)")
     return lines
@@ -278,13 +278,14 @@ def to_markdown(results: dict) -> str:
              f"{results['date']}", "", f"CUDA-only tests: {results['cuda_tests']['summary']}", ""]
     for model, rows in results["models"].items():
         lines += [f"### {model}", "",
-                  "| config | status | tokens/s | MFU % | reserved GiB | allocated GiB | predicted GiB | error % | step s "
-                  "| predicted s | spec-sheet s | compile s | reason |",
+                  "| config | status | tokens/s | MFU % | reserved GiB | allocated GiB | predicted GiB | error % "
+                  "| step s | predicted s | spec-sheet s | compile s | reason |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             lines.append("| " + " | ".join([
                 r["config"], r["status"], fmt(r.get("tokens_per_second")), fmt(r.get("mfu")),
-                fmt(r.get("peak_memory_gib"), 2), fmt(r.get("peak_allocated_gib"), 2), fmt(r.get("predicted_memory_gib"), 2),
+                fmt(r.get("peak_memory_gib"), 2), fmt(r.get("peak_allocated_gib"), 2),
+                fmt(r.get("predicted_memory_gib"), 2),
                 fmt(r.get("memory_error_pct")), fmt(r.get("step_s"), 3), fmt(r.get("predicted_step_s"), 3),
                 fmt(r.get("spec_step_s"), 3), fmt(r.get("compile_s")),
                 (r.get("reason") or r.get("prediction_error") or "").replace("|", "/")]) + " |")

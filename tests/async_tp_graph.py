@@ -1,5 +1,5 @@
 """What torch's async TP pass sees in titan_exp's TP block, for the GPU model's pricing of it
-(titan_exp/perf/overlap.py, async_tp_exposed).
+(titan_exp/perf/model/overlap.py, async_tp_exposed).
 
 A block of the debug model is parallelized as titan_exp does (parallel/tensor.py: TP 2, sequence
 parallel) over torch's fake process group in this one process, compiled, and run forward and

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from titan_exp.config import compose, compose_job
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The smallest job that still trains for real: debug model, 5 steps of 8 x 64 tokens, fp32,
@@ -41,22 +43,9 @@ def rank_forkserver(titan_cache):
     forkserver.ready()
 
 
-def compose(overrides: list[str], *, with_hydra: bool = False):
-    """The config `python launch.py <overrides>` would get (with Hydra's own node if asked)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from titan_exp.config import CONF, register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
-
-
 def job_config(overrides: list[str]):
-    from titan_exp.config import to_job_config
-
-    return to_job_config(compose(overrides))
+    """The JobConfig `python launch.py <overrides>` would run."""
+    return compose_job(overrides)
 
 
 def as_ran(data: dict) -> list[str]:
@@ -73,7 +62,7 @@ def errors(predicted: list[float], measured: list[float]) -> list[float]:
 
 def rank_correlation(predicted_s: list[float], measured_s: list[float]) -> float:
     """Spearman's rank correlation of tokens/s, predicted against measured, from step seconds."""
-    from titan_exp.perf.fit import spearman
+    from titan_exp.perf.calibration.fit import spearman
 
     return spearman([1 / p for p in predicted_s], [1 / m for m in measured_s])
 

@@ -12,13 +12,15 @@ import torch
 
 class Mallinfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]
 
 
 def mmaps(size: int) -> bool:
     """Whether glibc's malloc serves `size` bytes with its own mmap, just after freeing a larger
     mmapped block: under glibc's dynamic threshold that free raised the threshold above `size`
-    (so no), under a fixed one below `size` (MALLOC_MMAP_THRESHOLD_, cluster.cpu_malloc_mmap_threshold_mib) it did not."""
+    (so no), under a fixed one below `size` (MALLOC_MMAP_THRESHOLD_, cluster.cpu_malloc_mmap_threshold_mib) it
+    did not."""
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
     libc.free.argtypes = [ctypes.c_void_p]
@@ -37,7 +39,8 @@ if __name__ == "__main__":
     preloaded = [name for name in RANK_LIBRARIES if name in sys.modules]  # before this rank imports any
     import datasets.config
 
-    keys = ("RANK", "WORLD_SIZE", "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "PYTHONPATH", "TITAN_EXP_PROBE", "PYTORCH_TITAN_EXP_PROBE")
+    keys = ("RANK", "WORLD_SIZE", "OMP_NUM_THREADS", "MALLOC_MMAP_THRESHOLD_", "PYTHONPATH", "TITAN_EXP_PROBE",
+            "PYTORCH_TITAN_EXP_PROBE")
     record = {"argv": sys.argv[1:], "threads": torch.get_num_threads(), "parent": os.getppid(),
               "name": Path("/proc/self/comm").read_text().strip(), "preloaded": preloaded,
               "hf_datasets_cache": str(datasets.config.HF_DATASETS_CACHE),  # as datasets read it on import

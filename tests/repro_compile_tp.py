@@ -11,7 +11,7 @@ redistribute hands the block a plain tensor and trains. aot_eager is enough to s
     python tests/repro_compile_tp.py async|sync    # prints "rank R: forward and backward ran" per rank
 
 Success is what the ranks print, not the exit code: gloo processes sometimes abort at exit ("terminate
-called without an active exception") after their work is done (FACTS.md, process hygiene).
+called without an active exception") after their work is done.
 """
 
 import os
@@ -23,8 +23,13 @@ import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel, SequenceParallel,
-                                               parallelize_module)
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 class SyncRowwise(RowwiseParallel):

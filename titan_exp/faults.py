@@ -42,7 +42,8 @@ def inject(point: str, step: int) -> bool:
         return False
     if point == "nan":
         return True
-    logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"], "hanging" if point == "hang" else "ending this rank")
+    logger.warning("TITAN_EXP_FAULT=%s: %s", os.environ["TITAN_EXP_FAULT"],
+                   "hanging" if point == "hang" else "ending this rank")
     for handler in logging.getLogger().handlers:
         handler.flush()
     if point == "hang":

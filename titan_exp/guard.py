@@ -103,7 +103,8 @@ def target_errors(node: Any, where: str, extra: list[str] = ()) -> list[str]:
     """Each `_target_` in `node` (found at `where`) outside the allow-list and the user's `extra`."""
     allowed = (*ALLOWED_TARGETS, *extra)
     return [f"{place}: _target_ {value!r} is not allowed; a config may only instantiate "
-            f"{', '.join(p + '.*' for p in allowed)}; add your own module with allowed_targets=[{str(value).split('.')[0]}]"
+            f"{', '.join(p + '.*' for p in allowed)}; "
+            f"add your own module with allowed_targets=[{str(value).split('.')[0]}]"
             for place, value in _targets(node, where) if not any(targets.allowed(str(value), [p]) for p in allowed)]
 
 
@@ -130,7 +131,8 @@ def allowed_prefixes(files: list[tuple[Path, Any]], overrides: list[Any]) -> tup
     return [p for p in added if not targets.prefix_problem(p)], errors
 
 
-def config_file_errors(folders: list[Path], extra: list[str] = (), files: list[tuple[Path, Any]] | None = None) -> list[str]:
+def config_file_errors(folders: list[Path], extra: list[str] = (),
+                       files: list[tuple[Path, Any]] | None = None) -> list[str]:
     files = list(_config_files(folders)) if files is None else files
     return [f"{path}: {e}" for path, node in files for e in target_errors(node, "", extra)]
 
@@ -169,7 +171,8 @@ def check_argv(argv: list[str]) -> list[str]:
                 errors += key_errors(o.key_or_group, value, is_add=o.is_add() or o.is_force_add(), folders=folders)
         if o.key_or_group in ("hydra.run.dir", "hydra.sweep.dir") and isinstance(o.value(), str):
             if (problem := unwritable(Path(o.value()))) is not None:
-                errors.append(f"{o.key_or_group} = {o.value()!r}: cannot write there ({problem}); choose a writable directory")
+                errors.append(f"{o.key_or_group} = {o.value()!r}: cannot write there ({problem}); "
+                              "choose a writable directory")
         if o.key_or_group == "hydra/launcher" and str(o.value()).startswith("submitit"):
             errors.append(f"hydra/launcher={o.value()}: Hydra's submitit launcher would start each member as one "
                           "process, not as this toolkit's ranks; use cluster=slurm (a multirun's members go out as "

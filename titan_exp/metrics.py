@@ -104,7 +104,7 @@ def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tup
 
 def peak_memory_gib(device: torch.device) -> float:
     """On a GPU the most the caching allocator held (reserved): what an out-of-memory error is
-    about, what TorchTitan reports, and what the planner predicts (perf.memory.GpuMemory). On a
+    about, what TorchTitan reports, and what the planner predicts (perf.model.memory.GpuMemory). On a
     CPU the process's peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device) / 2**30
@@ -183,7 +183,8 @@ class StepHistory:
         """(step, loss, grad norm, seconds) of each step added since the last read: one host read."""
         if not self._pending:
             return []
-        values = torch.stack([torch.stack([loss.float(), norm.float()]) for _, loss, norm, _, _ in self._pending]).tolist()
+        values = torch.stack([torch.stack([loss.float(), norm.float()])
+                              for _, loss, norm, _, _ in self._pending]).tolist()
         out = []
         for (step, _, _, start, end), (loss, norm) in zip(self._pending, values):
             seconds = start.elapsed_time(end) / 1e3 if self.cuda else end - start
@@ -323,7 +324,8 @@ class MetricSinks:
             "step %4d | loss %.4f | grad_norm %.3f | lr %.2e | tps/device %8.1f | mfu %5.1f%% | mem %.2f GiB%s",
             step, metrics["loss"], metrics["grad_norm"], metrics["lr"],
             metrics["tps_per_device"], metrics["mfu"], metrics["peak_memory_gib"],
-            f" | val_loss {metrics['val_loss']:.4f} | val_ppl {metrics['val_perplexity']:.1f}" if "val_loss" in metrics else "",
+            f" | val_loss {metrics['val_loss']:.4f} | val_ppl {metrics['val_perplexity']:.1f}"
+            if "val_loss" in metrics else "",
         )
 
     def log_eval(self, step: int, results: dict[str, dict[str, float]]) -> None:
@@ -339,7 +341,8 @@ class MetricSinks:
             for key, value in flat.items():
                 self.tb.add_scalar(key, value, step)
         self._wandb("log", {**flat, "eval/step": step}, step=max(step, self.step))
-        logger.info("step %4d | eval %s", step, " | ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in flat.items()))
+        logger.info("step %4d | eval %s", step,
+                    " | ".join(f"{k.removeprefix('eval/')} {v:.4f}" for k, v in flat.items()))
 
     def close(self) -> None:
         if self.jsonl is not None:

@@ -22,7 +22,16 @@ import logging
 import torch
 from torch import nn
 
-from titan_exp.config import AUTO_FILTER, Converter, DType, Float8Recipe, JobConfig, ModelConfig, PrecisionConfig, problem
+from titan_exp.config import (
+    AUTO_FILTER,
+    Converter,
+    DType,
+    Float8Recipe,
+    JobConfig,
+    ModelConfig,
+    PrecisionConfig,
+    problem,
+)
 
 logger = logging.getLogger("titan_exp")
 
@@ -37,7 +46,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     e: list[str] = []
     pr, m = job.precision, job.model
     if pr.full_bf16 and pr.param_dtype != DType.bfloat16:
-        e.append(problem("precision.full_bf16", True, "stores parameters in bf16, so precision.param_dtype must be bfloat16"))
+        e.append(problem("precision.full_bf16", True,
+                         "stores parameters in bf16, so precision.param_dtype must be bfloat16"))
     if pr.converter != Converter.none:
         align = ALIGNMENT[pr.converter]
         tp = max(1, job.parallelism.tensor_parallel_degree)
@@ -45,13 +55,15 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
             per = align * (tp if split else 1)
             if width % per:
                 e.append(problem("precision.converter", pr.converter,
-                                 f"{field} = {width} is not divisible by {align}{f' x tp = {per}' if per > align else ''}; "
+                                 f"{field} = {width} is not divisible by "
+                                 f"{align}{f' x tp = {per}' if per > align else ''}; "
                                  f"{pr.converter} matmuls need multiples of {align} per rank (or use precision=bf16)"))
                 break
     if (pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather
             and pr.float8_recipe != Float8Recipe.tensorwise):
         e.append(problem("precision.float8_enable_fsdp_all_gather", True,
-                         f"works with the tensorwise recipe only, not {pr.float8_recipe}; turn it off or use tensorwise"))
+                         f"works with the tensorwise recipe only, not {pr.float8_recipe}; "
+                         "turn it off or use tensorwise"))
     if AUTO_FILTER in pr.filter_fqns and pr.converter == Converter.mxfp8:
         e.append(problem("precision.filter_fqns", list(pr.filter_fqns),
                          f"'{AUTO_FILTER}' is torchao's float8 shape filter; MXFP8 has none: remove it, or use float8"))
@@ -62,7 +74,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     if pr.float8_precompute_dynamic_scale_for_fsdp and not (
             pr.converter == Converter.float8 and pr.float8_enable_fsdp_all_gather):
         e.append(problem("precision.float8_precompute_dynamic_scale_for_fsdp", True,
-                         "precomputes scales for float8 all-gather; needs converter=float8 and float8_enable_fsdp_all_gather=true"))
+                         "precomputes scales for float8 all-gather; "
+                         "needs converter=float8 and float8_enable_fsdp_all_gather=true"))
     return e
 
 
@@ -126,7 +139,7 @@ def converts(p: PrecisionConfig, fqn: str, in_features: int, out_features: int) 
     default), an MoE router (its scores decide the routing; TorchTitan keeps it high precision too)
     and linears whose shapes the low-precision kernels cannot take stay in high precision, and,
     with AUTO_FILTER among the names, those torchao's float8 shape filter keeps. (Routed experts
-    are not linears: they stay in the parameters' dtype.) The planner asks it too (perf.shapes)."""
+    are not linears: they stay in the parameters' dtype.) The planner asks it too (perf.model.shapes)."""
     if p.converter == Converter.none:
         return False
     align = ALIGNMENT[p.converter]
@@ -170,7 +183,8 @@ def apply_converter(model: nn.Module, p: PrecisionConfig) -> None:
     converted = sum(1 for fqn, m in model.named_modules() if isinstance(m, nn.Linear) and convert(m, fqn))
     logger.info(
         "%s: %d linears converted%s", p.converter if p.converter == Converter.mxfp8 else f"float8 {p.float8_recipe}",
-        converted, " (emulated: this device has no such matmuls; numerics as on hardware, speed not)" if emulate else "",
+        converted,
+        " (emulated: this device has no such matmuls; numerics as on hardware, speed not)" if emulate else "",
     )
 
 
@@ -179,9 +193,9 @@ def compile_rounds_as_eager(p: PrecisionConfig) -> bool:
     (Inductor's `emulate_precision_casts`). Inductor keeps a fused kernel's intermediates in fp32
     where eager rounds them, so what a block computes depends on how it was fused, which activation
     checkpointing changes, and its recompute need not match its forward. Under float8 with rowwise
-    scales (each from its row's amax) losses went non-finite that way (pytorch/pytorch issue 150859, for
-    which TorchTitan sets it under rowwise), as Llama 3.1 8B's width with selective AC did at its
-    second step on this project's H200 (2026-11-28; not rerun there since). Rounded as eager,
+    scales (each from its row's amax) losses went non-finite that way (pytorch/pytorch#150859, for which
+    TorchTitan sets it under rowwise), as Llama 3.1 8B's width with selective AC did at its
+    second step on an H200. Rounded as eager,
     selective AC gives the losses of no AC to the bit (tests/test_precision.py)."""
     rowwise = (Float8Recipe.rowwise, Float8Recipe.rowwise_with_gw_hp)
     return p.converter == Converter.float8 and p.float8_recipe in rowwise

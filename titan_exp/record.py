@@ -79,7 +79,8 @@ class RunSummary:
     losses: Optional[list[float]] = None
     final_val_loss: Optional[float] = None  # validation.enable: the held-out loss at the last validation
     val_losses: Optional[dict[str, float]] = None  # step (as JSON spells it) -> held-out loss
-    val_loss_per_source: Optional[dict[str, float]] = None  # data.mixture: each source's held-out loss at the last validation
+    # data.mixture: each source's held-out loss at the last validation
+    val_loss_per_source: Optional[dict[str, float]] = None
     tokens_per_source: Optional[dict[str, int]] = None  # data.mixture: tokens trained on from each source
     grad_norms: Optional[list[float]] = None
     # eval.enable: the last step's evaluation ({task: {metric: value}}; the earlier ones are in
@@ -87,7 +88,8 @@ class RunSummary:
     eval: Optional[dict[str, dict[str, float]]] = None
     eval_errors: Optional[dict[str, str]] = None
     eval_skipped_steps: Optional[list[int]] = None
-    expert_load: Optional[dict[str, float]] = None  # MoE: the last step's max/min tokens per expert over the mean, largest bias
+    # MoE: the last step's max/min tokens per expert over the mean, largest bias
+    expert_load: Optional[dict[str, float]] = None
     skipped_steps: Optional[list[int]] = None
     tokens_per_second_per_device: Optional[float] = None
     mfu: Optional[float] = None
@@ -185,7 +187,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         import difflib
 
         close = difflib.get_close_matches(objective, objectives(), n=2)
-        hint = f"did you mean {' or '.join(close)}?" if close else f"choose from {', '.join(objectives())}, {EVAL_OBJECTIVE}"
+        hint = (f"did you mean {' or '.join(close)}?" if close
+                else f"choose from {', '.join(objectives())}, {EVAL_OBJECTIVE}")
         return [problem("sweep.objective", objective, f"not a number summary.json records; {hint}")]
     return []
 
@@ -245,7 +248,9 @@ class RunDir:
 def sweep_members(sweep: Path) -> list[RunDir]:
     """The member run dirs of a sweep dir: the subdirectories Hydra gave a job number, in order."""
     found = (RunDir(d) for d in Path(sweep).iterdir() if (d / ".hydra" / "overrides.yaml").exists())
-    return sorted(found, key=lambda r: (not r.path.name.isdigit(), int(r.path.name) if r.path.name.isdigit() else r.path.name))
+    return sorted(found, key=lambda r: (not r.path.name.isdigit(),
+                                        int(r.path.name) if r.path.name.isdigit() else r.path.name))
 
 
-__all__ = ["FINAL", "LayoutSpan", "RunDir", "RunSummary", "Status", "check", "objective_value", "objectives", "sweep_members"]
+__all__ = ["FINAL", "LayoutSpan", "RunDir", "RunSummary", "Status", "check", "objective_value", "objectives",
+           "sweep_members"]

@@ -31,7 +31,8 @@ from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 logger = logging.getLogger("titan_exp.report")
 
 COLUMNS = ("member", "overrides", "layout", "ep", "expert_load", "precision", "compile", "activation_checkpoint",
-           "world_size", "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss", "status", "reason",
+           "world_size", "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss",
+           "status", "reason",
            "predicted_tokens_per_second_per_device", "prediction_error", "prediction_source", "compute_share",
            "exposed_comm_share",
            "bubble_share", "recompute_share", "breakdown_source")
@@ -91,7 +92,8 @@ def per_source(summary: RunSummary) -> dict[str, Any]:
 
 def eval_columns(summary: RunSummary) -> dict[str, float]:
     """The member's evaluation (eval.enable) as one column per number: `eval/<task>/<metric>`."""
-    return {f"eval/{task}/{metric}": value for task, row in (summary.eval or {}).items() for metric, value in row.items()}
+    return {f"eval/{task}/{metric}": value for task, row in (summary.eval or {}).items()
+            for metric, value in row.items()}
 
 
 def _eval_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -105,7 +107,7 @@ def _eval_cell(r: dict[str, Any]) -> str:
 
 @functools.lru_cache(maxsize=None)
 def _profile(world: int, cuda: bool, nodes: int):
-    from titan_exp.perf.profile import this_machine
+    from titan_exp.perf.rates.profile import this_machine
 
     return this_machine(world, cuda=cuda, nodes=nodes)
 
@@ -117,8 +119,8 @@ def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
     if not run_dir.config.exists():
         return {}
     from titan_exp.config import load_job_config
-    from titan_exp.perf.step import predict_step
-    from titan_exp.perf.trace import latest_trace, step_breakdown
+    from titan_exp.perf.model.step import predict_step
+    from titan_exp.train.trace import latest_trace, step_breakdown
     from titan_exp.validation import ranks_have_gpus
 
     job = load_job_config(run_dir.config)
@@ -187,10 +189,11 @@ def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
             rank, r["member"], r["overrides"], r["layout"], _fmt(r["ep"]), _fmt(r["expert_load"], 2), r["precision"],
             _fmt(r["compile"]),
             _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
-            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4), _eval_cell(r), r["status"],
+            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4),
+            _eval_cell(r), r["status"],
             r["reason"].replace("|", "/"), _predicted(r), _shares(r),
         ]) + " |")
-    lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.step with this "
+    lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.model.step with this "
               "machine's profile, each marked with where its costs came from: [measured profile] (`python -m "
               "titan_exp.perf.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
               "other column is measured."]
@@ -300,7 +303,8 @@ class ReportCallback(Callback):
             return
         rows = write_report(sweep)
         ok = counts(rows).get("ok", 0)
-        logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally(rows), sweep / "report.md")
+        logger.info("sweep %s: %d of %d members ok (%s); report %s", sweep, ok, len(rows), tally(rows),
+                    sweep / "report.md")
 
 
 def main(argv: list[str] | None = None) -> int:

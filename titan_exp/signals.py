@@ -4,8 +4,8 @@ boundary, after which the trainer writes a checkpoint (when enabled) and the sum
 
 A handler only records the signal (it does not even log: a handler that writes to a stream the
 interrupted code is writing to can fail with a reentrant-call error); the training loop asks
-`stop_requested()` once per step, and the ranks agree through one all-reduce, because a signal reaches each rank at a slightly
-different moment (SLURM signals every task; Ctrl-C the whole process group; `kill` one rank).
+`stop_requested()` once per step, and the ranks agree through one all-reduce, because a signal reaches each rank at a
+slightly different moment (SLURM signals every task; Ctrl-C the whole process group; `kill` one rank).
 Before the first step there is no step boundary to stop at while a rank waits at the rendezvous
 for the others (one lost before it joined, a node slow to start): `stoppable` ends that wait when
 a stop signal arrives, with `Stopped`, instead of after comm.init_timeout_seconds or the

@@ -58,7 +58,8 @@ def prefix_problem(prefix: str) -> str | None:
         return "an empty prefix would allow everything; name your module, e.g. allowed_targets=[mylab]"
     bad = [r for r in REFUSED_PREFIXES if _under(r, p) or _under(p, r)]
     if bad:
-        return f"would allow {bad[0]}.*, which runs code or touches files whatever the config says; name only your own module"
+        return (f"would allow {bad[0]}.*, which runs code or touches files whatever the config says; "
+                "name only your own module")
     return None
 
 
@@ -70,8 +71,9 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         target = getattr(job, name)._target_
         field = f"{name}._target_"
         if not allowed(target, extra):
-            errors.append(problem(field, target, f"is not under an allowed prefix ({', '.join(BUILTIN_PREFIXES + tuple(extra))}); "
-                                                 f"if it is your own code, add its module: allowed_targets=[{target.split('.')[0]}]"))
+            errors.append(problem(field, target,
+                                  f"is not under an allowed prefix ({', '.join(BUILTIN_PREFIXES + tuple(extra))}); "
+                                  f"if it is your own code, add its module: allowed_targets=[{target.split('.')[0]}]"))
             continue
         try:
             obj, takes = _located(target)
@@ -122,7 +124,8 @@ def _parameters(target: Any) -> list[str] | None:
         return None
     if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
         return None
-    return [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
+    return [p.name for p in params
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)]
 
 
 def _accepted(target: Any, offered: dict[str, Any]) -> dict[str, Any]:

@@ -105,3 +105,9 @@ def resolve(job: JobConfig) -> JobConfig:
                                         data_parallel_shard_degree=job.parallelism.dp_shard_at(world)),
         training=dataclasses.replace(job.training, global_batch_size=job.global_batch_at(world)),
     )
+
+
+def resolved(job: JobConfig) -> JobConfig:
+    """`job` as resolve fills it, unless it already is (its data-parallel shard degree is a number):
+    what the cost model takes, from a plan's resolved candidates or a user's config as composed."""
+    return resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job

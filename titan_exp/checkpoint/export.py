@@ -70,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Export a checkpoint's model as one file or a Hugging Face directory.")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write a checkpoint's model as one safetensors / torch file")
-    ex.add_argument("checkpoint", type=Path, help="a step-N dir, or a run dir / folder (its latest complete checkpoint)")
+    ex.add_argument("checkpoint", type=Path,
+                    help="a step-N dir, or a run dir / folder (its latest complete checkpoint)")
     ex.add_argument("--out", type=Path, help="output file (default: <checkpoint>/../../export/model.<format>)")
     ex.add_argument("--dtype", choices=list(EXPORT_DTYPES), default="float32")
     ex.add_argument("--format", choices=list(EXPORT_FORMATS), default="safetensors",
                     help="hf: a Hugging Face Llama directory (config.json + model.safetensors) for transformers")
-    ex.add_argument("--config", type=Path, help="hf: the run's config.yaml (default: the nearest one above the checkpoint)")
+    ex.add_argument("--config", type=Path,
+                    help="hf: the run's config.yaml (default: the nearest one above the checkpoint)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     path = args.checkpoint
@@ -88,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or path.parent.parent / "export" / EXPORT_FORMATS[args.format]
     model = None
     if args.format == "hf":
-        config = args.config or next((d / "config.yaml" for d in path.resolve().parents if (d / "config.yaml").is_file()), None)
+        config = args.config or next((d / "config.yaml" for d in path.resolve().parents
+                                      if (d / "config.yaml").is_file()), None)
         if config is None:
             parser.error(f"no config.yaml above {path}: give the run's with --config, for the model's shapes")
         model = load_job_config(config).model

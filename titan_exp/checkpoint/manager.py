@@ -67,7 +67,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
                 e.append(problem(f"checkpoint.{name}", getattr(k, name),
                                  "needs checkpoint.enable=true (or checkpoint=default)"))
     if k.initial_load_in_hf and not k.initial_load_path:
-        e.append(problem("checkpoint.initial_load_in_hf", True, "needs checkpoint.initial_load_path=<a Hugging Face model directory>"))
+        e.append(problem("checkpoint.initial_load_in_hf", True,
+                         "needs checkpoint.initial_load_path=<a Hugging Face model directory>"))
     elif k.initial_load_in_hf and not k.initial_load_model_only:
         e.append(problem("checkpoint.initial_load_model_only", False,
                          "a Hugging Face directory holds weights only; set it to true (the default)"))
@@ -106,10 +107,12 @@ def load_source(cfg: CheckpointConfig, folder: Path) -> tuple[Path | None, tuple
 
 def from_hf(cfg: CheckpointConfig, path: Path) -> bool:
     """Whether the run starts from `path` as a Hugging Face directory (checkpoint.initial_load_in_hf)."""
-    return cfg.initial_load_in_hf and cfg.initial_load_path is not None and path == Path(cfg.initial_load_path).expanduser()
+    return (cfg.initial_load_in_hf and cfg.initial_load_path is not None
+            and path == Path(cfg.initial_load_path).expanduser())
 
 
-def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size], model_cfg: ModelConfig) -> list[str]:
+def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size],
+              model_cfg: ModelConfig) -> list[str]:
     """What the launcher can know before starting a process: the folder is writable, the
     checkpoint the run would load exists, is whole and fits the model."""
     if not cfg.enable:
@@ -125,13 +128,15 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
         return errors + [str(exc)]
     if path is None:
         return errors
-    field = "checkpoint.initial_load_path" if cfg.initial_load_path and path == Path(cfg.initial_load_path).expanduser() else "checkpoint.folder"
+    field = ("checkpoint.initial_load_path"
+             if cfg.initial_load_path and path == Path(cfg.initial_load_path).expanduser() else "checkpoint.folder")
     if from_hf(cfg, path):
         try:
             wrong = hf.shape_errors(path, model_cfg, model_shapes)
         except (OSError, ValueError) as exc:
             return errors + [f"{field} = {str(path)!r}: not a Hugging Face model directory ({exc})"]
-        return errors + [f"{field}: {w}; the model's shapes must match (model.hf_config={path} takes them from its config.json)"
+        return errors + [f"{field}: {w}; the model's shapes must match "
+                         f"(model.hf_config={path} takes them from its config.json)"
                          for w in wrong[:5]]
     if (problem := verify(path)) is not None:
         return errors + [f"{field}: {problem}; delete that step dir or choose another checkpoint"]
@@ -262,7 +267,8 @@ class Checkpointer:
             stager = DefaultStager(StagingOptions(use_pinned_memory=True, use_shared_memory=False,
                                                   use_async_staging=False, use_non_blocking_copy=False))
         written = dcp.async_save(state, storage_writer=writer, process_group=self.group, async_stager=stager)
-        logger.info("checkpoint step-%d: staged in %.2f s, writing in the background", step, time.perf_counter() - start)
+        logger.info("checkpoint step-%d: staged in %.2f s, writing in the background", step,
+                    time.perf_counter() - start)
         # Marking it complete (checksums, complete.json, purge) happens in the background too.
         finished = self._finisher.submit(self._finish_when_written, written, step, path, model_only, start)
         faults.inject("save", step)
@@ -309,9 +315,10 @@ class Checkpointer:
         its coordinator returns): record the files and mark the checkpoint complete, then purge."""
         if self.rank != 0:
             return
-        files = {f.name: [f.stat().st_size, crc32(f)] for f in sorted(path.iterdir()) if f.is_file() and f.name != MARKER}
-        marker = {"step": step, "model_only": model_only, "time": time.time(), "save_s": round(seconds, 3), "files": files,
-                  "dtype": self.cfg.export_dtype.value if model_only else "as trained"}
+        files = {f.name: [f.stat().st_size, crc32(f)] for f in sorted(path.iterdir())
+                 if f.is_file() and f.name != MARKER}
+        marker = {"step": step, "model_only": model_only, "time": time.time(), "save_s": round(seconds, 3),
+                  "files": files, "dtype": self.cfg.export_dtype.value if model_only else "as trained"}
         atomic_write(path / MARKER, json.dumps(marker, indent=1))
         size = sum(size for size, _ in files.values())
         logger.info("checkpoint step-%d complete: %d files, %.1f MiB, %.2f s", step, len(files), size / 2**20, seconds)

@@ -56,7 +56,8 @@ class OptimizerState:
         self.pairs = list(zip(parts, optimizers))
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for part, opt in self.pairs for k, v in get_optimizer_state_dict(part, opt, options=self.OPTIONS).items()}
+        return {k: v for part, opt in self.pairs
+                for k, v in get_optimizer_state_dict(part, opt, options=self.OPTIONS).items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for part, opt in self.pairs:

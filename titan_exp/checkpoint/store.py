@@ -109,7 +109,8 @@ class _MetadataUnpickler(pickle.Unpickler):
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
         ("torch.serialization", "_get_layout"),  # a layout by name (torch.strided)
         ("torch", "Size"),
-        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+        ("pathlib", "PosixPath"), ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"),
+        ("pathlib", "PureWindowsPath"),
         ("collections", "OrderedDict"),
     }
 
@@ -118,7 +119,8 @@ class _MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
             return getattr(torch, name)
-        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which a DCP checkpoint never holds")
+        raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, "
+                                     "which a DCP checkpoint never holds")
 
 
 class SafeReader(FileSystemReader):

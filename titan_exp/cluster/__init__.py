@@ -6,8 +6,8 @@
 
 Each is called as `executor(job, run_dir, in_sweep=..., entry=...)` and returns None on success
 (or once queued) or the error text of the first failed rank. `entry` is the module every rank runs
-(`main(run_dir)`): the trainer, or the machine calibration (titan_exp.perf.calibrate). `in_sweep`: the run is a member of a multirun;
-SLURM then queues it with the sweep's other members as one job array (see cluster.slurm).
+(`main(run_dir)`): the trainer, or the machine calibration (titan_exp.perf.calibrate). `in_sweep`: the run is a member
+of a multirun; SLURM then queues it with the sweep's other members as one job array (see cluster.slurm).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ records what the rank holds (parameters, gradients, optimizer state: its shards)
 memory during the second step, two ways: the peak bytes of live tensor storage (counted by a
 dispatch mode, so on any device) and the device's own (the caching allocator's reserved peak on
 a GPU, the process's resident high-water mark on a CPU). Beside them are the planner's prediction
-(titan_exp.perf.memory) and, apart, the peak while the model was built and initialised. Values
+(titan_exp.perf.model.memory) and, apart, the peak while the model was built and initialised. Values
 that collectives computed (the loss, the gradient norm) are meaningless under the fake group;
 memory and shapes are not. With cluster.hardware the report adds the layout's predicted step
 time and this rank's predicted memory on the GPUs the file describes, beside its device memory,
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from titan_exp.cluster.env import checkout_path
-from titan_exp.config.cluster import rank_env
 from titan_exp.config import JobConfig, OnNonfinite, layout_label, load_job_config
+from titan_exp.config.cluster import rank_env
 from titan_exp.record import RunDir, RunSummary, Status
 
 logger = logging.getLogger("titan_exp")
@@ -214,8 +214,8 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     from titan_exp import targets
-    from titan_exp.perf.memory import predict_memory
     from titan_exp.metrics import state_bytes_by_kind
+    from titan_exp.perf.model.memory import predict_memory
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
@@ -260,15 +260,16 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
         "predicted": predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank),
     }
     if job.cluster.hardware:  # the step and memory of this rank on the GPUs the file describes
-        from titan_exp.perf import hardware
+        from titan_exp.perf.model.predict import prediction
+        from titan_exp.perf.rates.hardware import read
 
-        report["hardware"] = hardware.prediction(job, hardware.read(job), pp_rank=pp_rank)
+        report["hardware"] = prediction(job, read(job), pp_rank=pp_rank)
     return report
 
 
 def table(report: dict[str, Any]) -> str:
     """The dry run's numbers beside the planner's, as the launcher prints them."""
-    from titan_exp.perf.memory import tensor_gib
+    from titan_exp.perf.model.memory import tensor_gib
 
     m, p = report["measured"], report["predicted"]
     gib = 2**30
@@ -288,7 +289,7 @@ def table(report: dict[str, Any]) -> str:
     if p.get("nccl"):  # a GPU's: allocated by NCCL itself, so in no peak above
         lines.append(f"NCCL's buffers, outside torch's allocator and its peak: {p['nccl']:.4f} GiB predicted")
     if "hardware" in report:
-        from titan_exp.perf.hardware import prediction_line
+        from titan_exp.perf.model.predict import prediction_line
 
         lines += [report["hardware"]["hardware"], prediction_line(report["hardware"])]
     return "\n".join(lines)

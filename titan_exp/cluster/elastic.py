@@ -65,8 +65,9 @@ def replanned(job: JobConfig, run_dir: RunDir, world_field: str) -> tuple[JobCon
     `world_field` names what set the world, for the errors."""
     if not (job.cluster.elastic and job.checkpoint.enable and needs_a_plan(job)):
         return job, []
-    from titan_exp.perf import hardware as hw
-    from titan_exp.perf.planner import device_memory_gib, fastest_fitting, global_batch_of, split_label
+    from titan_exp.perf.rates import hardware as hw
+    from titan_exp.perf.search.layouts import global_batch_of, split_label
+    from titan_exp.perf.search.planner import device_memory_gib, fastest_fitting
     from titan_exp.validation import ranks_have_gpus
 
     world, cuda = job.world_size, ranks_have_gpus(job)

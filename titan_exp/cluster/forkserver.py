@@ -93,7 +93,8 @@ def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
     import torch
 
     libc = ctypes.CDLL(None)
-    libc.prctl(PR_SET_NAME, f"titan-rank-{os.environ['RANK']}".encode()[:15])  # for ps, top, pgrep: its command line is the server's
+    # for ps, top, pgrep: its command line is the server's
+    libc.prctl(PR_SET_NAME, f"titan-rank-{os.environ['RANK']}".encode()[:15])
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
     if "MALLOC_MMAP_THRESHOLD_" in env:
         libc.mallopt(M_MMAP_THRESHOLD, int(env["MALLOC_MMAP_THRESHOLD_"]))

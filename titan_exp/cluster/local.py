@@ -18,11 +18,10 @@ from titan_exp.record import RunDir
 
 
 def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:
+    import torch
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    import torch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
     nproc = job.world_size

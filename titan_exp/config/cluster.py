@@ -17,7 +17,8 @@ from titan_exp.config.schema import ClusterConfig, JobConfig
 # run of letters and digits with no path or space in it).
 SECRET_WORDS = {"KEY", "KEYS", "APIKEY", "TOKEN", "TOKENS", "SECRET", "SECRETS", "PASSWORD", "PASSWD", "CREDENTIAL",
                 "CREDENTIALS"}
-SECRET_VALUE = re.compile(r"^(sk-|hf_|ghp_|gho_|github_pat_|xox[abp]-|AKIA[0-9A-Z]{16})|^(?=.*\d)(?=.*[A-Za-z])[\w\-]{32,}$")
+SECRET_VALUE = re.compile(r"^(sk-|hf_|ghp_|gho_|github_pat_|xox[abp]-|AKIA[0-9A-Z]{16})"
+                          r"|^(?=.*\d)(?=.*[A-Za-z])[\w\-]{32,}$")
 
 
 def looks_secret(name: str, value: object) -> bool:
@@ -34,7 +35,8 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         e.append(problem("cluster.cpu_malloc_mmap_threshold_mib", c.cpu_malloc_mmap_threshold_mib,
                          "glibc accepts 0..32 MiB; or null for its default"))
     if c.nproc_per_node is not None and c.nproc_per_node < 1:
-        e.append(problem("cluster.nproc_per_node", c.nproc_per_node, "must be >= 1, or null to derive it from the degrees"))
+        e.append(problem("cluster.nproc_per_node", c.nproc_per_node,
+                         "must be >= 1, or null to derive it from the degrees"))
         return e + check_slurm(job)
     if c.nproc_per_node is None and job.world_size % c.nnodes:
         e.append(problem("cluster.nnodes", c.nnodes,
@@ -78,7 +80,8 @@ def check_slurm(job: JobConfig) -> list[str]:
         e.append(problem("cluster.min_nodes", c.min_nodes, "a job on fewer nodes needs a layout for them; "
                          "set cluster.elastic=true (the run re-plans on the nodes it gets)"))
     if c.mem_gb is not None and c.mem_gb < 1:
-        e.append(problem("cluster.mem_gb", c.mem_gb, "must be >= 1 (GiB per node), or null for the partition's default"))
+        e.append(problem("cluster.mem_gb", c.mem_gb,
+                         "must be >= 1 (GiB per node), or null for the partition's default"))
     if c.timeout_min >= 1 and c.signal_delay_s >= c.timeout_min * 60:
         e.append(problem("cluster.signal_delay_s", c.signal_delay_s,
              f"the warning signal would come before the job starts (time limit {c.timeout_min} min); lower it"))
@@ -88,14 +91,17 @@ def check_slurm(job: JobConfig) -> list[str]:
     if c.mail_type is not None:
         unknown = [t for t in c.mail_type.split(",") if t.strip().upper() not in MAIL_TYPES]
         if unknown:
-            e.append(problem("cluster.mail_type", c.mail_type, f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}"))
+            e.append(problem("cluster.mail_type", c.mail_type,
+                             f"unknown event(s) {unknown}; choose from {sorted(MAIL_TYPES)}"))
     secrets = [k for k, v in c.env.items() if looks_secret(k, v)]
     if secrets:
-        e.append(problem("cluster.env", secrets, "looks like a secret, and the config is written to the run dir and the job "
-             "script; export it in the shell that runs launch.py instead (sbatch passes that environment on)"))
+        e.append(problem("cluster.env", secrets,
+                         "looks like a secret, and the config is written to the run dir and the job script; export "
+                         "it in the shell that runs launch.py instead (sbatch passes that environment on)"))
     bad_env = [k for k in c.env if not k.isidentifier()]
     if bad_env:
-        e.append(problem("cluster.env", bad_env, "environment variable names are letters, digits and _, not starting with a digit"))
+        e.append(problem("cluster.env", bad_env,
+                         "environment variable names are letters, digits and _, not starting with a digit"))
     return e
 
 
@@ -124,8 +130,8 @@ def rank_env(c: ClusterConfig, *, threads: int, gpu: bool) -> dict[str, str]:
 
 def cuda_alloc_conf(c: ClusterConfig) -> str | None:
     """The caching allocator's settings for a GPU rank, unless the user set their own: with
-    cluster.cuda_expandable_segments, segments that grow in place. On one H200 (2026-11-27) the
-    default allocator reserved 0.3-6.6 GiB beyond its allocated peak, up to 18 % of the reserved
+    cluster.cuda_expandable_segments, segments that grow in place. On one H200 the default allocator
+    reserved 0.3-6.6 GiB beyond its allocated peak, up to 18 % of the reserved
     peak under eager activation checkpointing (BENCHMARKS.md), which the memory model does not
     price."""
     if c.cuda_expandable_segments and CUDA_ALLOC_CONF not in os.environ:

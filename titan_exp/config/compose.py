@@ -57,14 +57,21 @@ def to_job_config(cfg: DictConfig | dict) -> JobConfig:
     return dataclasses.replace(job, model=with_hf_config(job.model))
 
 
-def compose_job(overrides: list[str]) -> JobConfig:
-    """The JobConfig `python launch.py OVERRIDES` would run: for the tools beside the launcher
-    (plan, calibrate)."""
-    from hydra import compose, initialize_config_dir
+def compose(overrides: list[str], *, with_hydra: bool = False) -> DictConfig:
+    """The config `python launch.py OVERRIDES` composes (with Hydra's own node if asked), for the
+    tools beside the launcher and scripts that call titan_exp.launch.launch."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return to_job_config(compose(config_name="config", overrides=overrides))
+        return hydra_compose(config_name="config", overrides=overrides, return_hydra_config=with_hydra)
+
+
+def compose_job(overrides: list[str]) -> JobConfig:
+    """The JobConfig `python launch.py OVERRIDES` would run: for the tools beside the launcher
+    (plan, calibrate)."""
+    return to_job_config(compose(overrides))
 
 
 def to_plain(job: JobConfig) -> dict:
@@ -138,4 +145,5 @@ def register_configs() -> None:
         "== Fields (default, doc) ==\n" + help_text().replace("$", "$$") + "\n\n"
         "Hydra's own options: python launch.py --hydra-help\n"
     )
-    cs.store(group="hydra/help", name="titan_exp", node={"app_name": "titan_exp", "header": "", "footer": "", "template": template})
+    cs.store(group="hydra/help", name="titan_exp",
+             node={"app_name": "titan_exp", "header": "", "footer": "", "template": template})

@@ -85,7 +85,8 @@ def config_errors(model: ModelConfig) -> list[str]:
         return []
     path = config_file(model.hf_config)
     if not path.is_file():
-        return [problem("model.hf_config", model.hf_config, f"no {CONFIG} there; give a Hugging Face model directory or its config.json")]
+        return [problem("model.hf_config", model.hf_config,
+                        f"no {CONFIG} there; give a Hugging Face model directory or its config.json")]
     try:
         model_fields(json.loads(path.read_text()))
     except json.JSONDecodeError as exc:

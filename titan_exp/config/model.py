@@ -29,7 +29,8 @@ class ModelConfig:
     kv_lora_rank: int = doc(0, "MLA: width of the latent keys and values come up from; 0 = grouped-query attention",
                             min=0)
     q_lora_rank: int = doc(0, "MLA: width of the latent queries come up from; 0 = from the hidden state", min=0)
-    qk_nope_head_dim: Optional[int] = doc(None, "MLA: the part of a query/key head RoPE leaves alone (DeepSeek-V3: 128)")
+    qk_nope_head_dim: Optional[int] = doc(None, "MLA: the part of a query/key head RoPE leaves alone "
+                                                "(DeepSeek-V3: 128)")
     qk_rope_head_dim: Optional[int] = doc(None, "MLA: the part of a query/key head RoPE rotates, one key part shared "
                                                 "by all heads (DeepSeek-V3: 64)")
     v_head_dim: Optional[int] = doc(None, "MLA: width of one value head (DeepSeek-V3: 128)")
@@ -51,7 +52,8 @@ class ModelConfig:
     n_shared_experts: int = doc(0, "experts every token goes through besides its routed ones", min=0)
     moe_hidden_dim: Optional[int] = doc(None, "SwiGLU width of one expert; null = the dense width (ffn hidden size)")
     n_dense_layers: int = doc(0, "leading blocks that keep a dense SwiGLU (DeepSeek-V3: 3)", min=0)
-    score_func: ScoreFunc = doc(ScoreFunc.softmax, "router scores: softmax over experts, or an independent sigmoid each")
+    score_func: ScoreFunc = doc(ScoreFunc.softmax, "router scores: softmax over experts, "
+                                                   "or an independent sigmoid each")
     route_norm: bool = doc(False, "renormalize each token's top-k scores to sum to 1")
     route_scale: float = doc(1.0, "scales the routed experts' combined output")
     load_balance_coeff: Optional[float] = doc(1e-3, "step of DeepSeek-V3's auxiliary-loss-free bias update; null = off")
@@ -114,11 +116,6 @@ class ModelConfig:
     def expert_params(self) -> int:
         """One routed expert (a SwiGLU of width expert_hidden_dim)."""
         return 3 * self.dim * self.expert_hidden_dim
-
-    @property
-    def routed_expert_params(self) -> int:
-        """The routed experts of every MoE layer: what expert parallel shards."""
-        return self.n_moe_layers * self.n_experts * self.expert_params
 
     def _ffn_params(self, active: bool) -> int:
         """The SwiGLU parameters of all blocks (of those a token uses, when `active`)."""
@@ -183,7 +180,7 @@ class ModelConfig:
         projections whole, the rest split by tp,
         the routed experts it goes to too (every TP layout splits their work: expert parallel by
         tokens, ParallelismConfig.dispatch_split, or without it by width, expert_width_split),
-        unless `experts_whole`, as calibration's block holds them (measure_compute.sharded_block)."""
+        unless `experts_whole`, as calibration's block holds them (perf.calibration.compute.sharded_block)."""
         experts = self.n_moe_layers * self.top_k * self.expert_params / self.n_layers
         whole = self.router_params_per_block + self.latent_params
         return (self.active_block_params - experts - whole) / tp + whole + experts / (1 if experts_whole else tp)
@@ -198,7 +195,7 @@ class ModelConfig:
 
     def measured_block_share(self, tp: int) -> float:
         """A TP rank's block FLOPs over those of the block calibration measures for it, whose
-        routed experts are whole (measure_compute.sharded_block): under 1 for an MoE model at
+        routed experts are whole (perf.calibration.compute.sharded_block): under 1 for an MoE model at
         tp > 1, else 1. The step model and calibration's TP cost both take the block at it."""
         return self.block_matmul_params(tp) / self.block_matmul_params(tp, experts_whole=True)
 

@@ -20,9 +20,28 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from titan_exp.config.fields import (
-    DEGREE_FIELDS, ACMode, AsyncMode, AutotuneAxis, CheckpointPart, CompileBackend, Converter, DecayType, DType,
-    Executor, ExportDType, ExportFormat, Float8Recipe, MXRecipe, OnNonfinite, OptimizerImpl, PipelineSchedule,
-    SaveReplicas, WandbMode, doc, target, target_kwargs,
+    DEGREE_FIELDS,
+    ACMode,
+    AsyncMode,
+    AutotuneAxis,
+    CheckpointPart,
+    CompileBackend,
+    Converter,
+    DecayType,
+    DType,
+    Executor,
+    ExportDType,
+    ExportFormat,
+    Float8Recipe,
+    MXRecipe,
+    OnNonfinite,
+    OptimizerImpl,
+    PipelineSchedule,
+    SaveReplicas,
+    WandbMode,
+    doc,
+    target,
+    target_kwargs,
 )
 from titan_exp.config.model import ModelConfig
 
@@ -35,7 +54,8 @@ class ParallelismConfig:
     data_parallel_shard_degree: int = doc(-1, "FSDP shards; -1 = the rest of the world size")
     tensor_parallel_degree: int = doc(1, "tensor parallel degree (with sequence parallel)", min=1)
     pipeline_parallel_degree: int = doc(1, "pipeline stages across ranks", min=1)
-    pipeline_parallel_schedule: PipelineSchedule = doc(PipelineSchedule["1F1B"], "torch.distributed.pipelining schedule")
+    pipeline_parallel_schedule: PipelineSchedule = doc(PipelineSchedule["1F1B"],
+                                                       "torch.distributed.pipelining schedule")
     pipeline_parallel_microbatch_size: int = doc(1, "sequences per pipeline microbatch", min=1)
     pipeline_parallel_stages_per_rank: Optional[int] = doc(
         None, "stages each pipeline rank holds; null = from layers_per_stage, else 1 (2 for looped/V schedules)"
@@ -155,11 +175,13 @@ class CheckpointConfig:
     enable: bool = doc(False, "save checkpoints; a relaunch with the same run dir resumes from the latest")
     folder: str = doc("checkpoints", "checkpoint folder; a relative path is inside the run dir")
     interval: int = doc(500, "save every this many steps, and at the last step")
-    async_mode: AsyncMode = doc(AsyncMode.disabled, "async: written by a background thread; async_with_pinned_mem: CUDA")
+    async_mode: AsyncMode = doc(AsyncMode.disabled, "async: written by a background thread; "
+                                                    "async_with_pinned_mem: CUDA")
     keep_latest_k: int = doc(0, "keep only the k newest complete checkpoints; 0 = keep all")
     load_step: int = doc(-1, "step to resume from; -1 = the latest complete checkpoint")
     exclude_from_loading: List[CheckpointPart] = doc([], "parts not restored")
-    initial_load_path: Optional[str] = doc(None, "a step-N checkpoint to start from when the run dir has none of its own")
+    initial_load_path: Optional[str] = doc(None, "a step-N checkpoint to start from "
+                                                 "when the run dir has none of its own")
     initial_load_model_only: bool = doc(True, "take only the model weights from initial_load_path")
     initial_load_in_hf: bool = doc(False, "initial_load_path is a Hugging Face Llama directory (config.json and "
                                           "safetensors, sharded or not): its weights, into any layout")
@@ -167,10 +189,12 @@ class CheckpointConfig:
                                        "directory that transformers loads (in export_dtype)")
     last_save_model_only: bool = doc(False, "the checkpoint at the last step holds the model alone, in export_dtype")
     export_dtype: ExportDType = doc(ExportDType.float32, "dtype of model-only checkpoints and exports")
-    export_format: Optional[ExportFormat] = doc(None, "after training, write <run dir>/export/model.<ext>; null = no export")
+    export_format: Optional[ExportFormat] = doc(None, "after training, write <run dir>/export/model.<ext>; "
+                                                      "null = no export")
     create_seed_checkpoint: bool = doc(False, "write the initial weights as step-0 (model only) and stop")
     hsdp_save_replicas: SaveReplicas = doc(
-        SaveReplicas.all, "with data-parallel replicas: all (every rank writes, DCP de-duplicates) or first (only the first replica writes)"
+        SaveReplicas.all, "with data-parallel replicas: all (every rank writes, DCP de-duplicates) "
+        "or first (only the first replica writes)"
     )
 
 
@@ -179,9 +203,11 @@ class ClusterConfig:
     """Where the ranks run. The SLURM fields (cluster=slurm) take the names and meanings of
     hydra-submitit-launcher's, which map onto sbatch options."""
 
-    executor: Executor = doc(Executor.local, "local (processes on this machine), slurm (a job through submitit) or debug (one rank in-process)")
+    executor: Executor = doc(Executor.local, "local (processes on this machine), slurm (a job through submitit) or "
+                                             "debug (one rank in-process)")
     nnodes: int = doc(1, "nodes; local runs put every node's ranks on this machine", min=1)
-    nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need (slurm: gpus_per_node when set)")
+    nproc_per_node: Optional[int] = doc(None, "ranks per node; null = what the parallelism degrees need "
+                                              "(slurm: gpus_per_node when set)")
     cpu_malloc_mmap_threshold_mib: Optional[int] = doc(
         16, "CPU ranks: glibc serves allocations >= this from mmap, so freed buffers go back to the OS "
         "(null = glibc's default, whose heap grows ~2x under FSDP); see BENCHMARKS.md"
@@ -191,20 +217,21 @@ class ClusterConfig:
         "expandable_segments:True, as TorchTitan's launcher sets), so what it reserves stays near what is "
         "allocated; false = PyTorch's default; a PYTORCH_CUDA_ALLOC_CONF of the user's own wins"
     )
-    fork_ranks: bool = doc(True, "local CPU ranks fork from a server that imported them once (titan_exp.cluster.forkserver: "
-                                 "a launch's ranks start at once, a sweep's later members import nothing); "
-                                 "false = each rank a fresh `python -m` process, as GPU ranks always are")
+    fork_ranks: bool = doc(True, "local CPU ranks fork from a server that imported them once "
+                                 "(titan_exp.cluster.forkserver: a launch's ranks start at once, a sweep's later "
+                                 "members import nothing); false = each rank a fresh `python -m` process, as GPU ranks "
+                                 "always are")
     elastic: bool = doc(False, "a run resumed on a world size its layout cannot use continues in the planner's "
                                "fastest layout for that world (same global batch), from its checkpoint")
     hardware: Optional[str] = doc(None, "a YAML file describing the GPUs the ranks run on (device: a spec name or its "
-                                        "numbers, gpus_per_node: the most ranks a node holds, nvlink_gb_s, network_gb_s, "
-                                        "nvlink_bus_gb_s, network_bus_gb_s, latency_nvlink_us, latency_network_us, "
-                                        "power_limit_w, host_cpu): every prediction for this job uses it "
-                                        "(autotune, the dry run, cluster.elastic, the launch's predicted step); "
-                                        "null = this machine's profile")
+                                        "numbers, gpus_per_node: the most ranks a node holds, nvlink_gb_s, "
+                                        "network_gb_s, nvlink_bus_gb_s, network_bus_gb_s, latency_nvlink_us, "
+                                        "latency_network_us, power_limit_w, host_cpu): every prediction for this job "
+                                        "uses it (autotune, the dry run, cluster.elastic, the launch's predicted "
+                                        "step); null = this machine's profile")
     # SLURM (cluster=slurm): one task per rank, nnodes x nproc_per_node tasks.
-    min_nodes: Optional[int] = doc(None, "slurm: the job may start on as few as this many nodes (--nodes=min_nodes-nnodes; "
-                                         "needs cluster.elastic=true); null = exactly nnodes")
+    min_nodes: Optional[int] = doc(None, "slurm: the job may start on as few as this many nodes (--nodes="
+                                         "min_nodes-nnodes; needs cluster.elastic=true); null = exactly nnodes")
     gpus_per_node: int = doc(0, "slurm: GPUs per node (--gpus-per-node), one rank per GPU; 0 = CPU nodes (gloo)")
     partition: Optional[str] = doc(None, "slurm: partition (-p); null = the cluster's default partition")
     account: Optional[str] = doc(None, "slurm: account to charge (-A)")
@@ -217,13 +244,16 @@ class ClusterConfig:
     mail_user: Optional[str] = doc(None, "slurm: address for job mail (--mail-user)")
     mail_type: Optional[str] = doc(None, "slurm: events to mail about, e.g. END,FAIL (--mail-type)")
     name: str = doc("titan_exp", "slurm: job name (-J)")
-    additional_parameters: Dict[str, Any] = doc({}, "slurm: any other sbatch option, e.g. +cluster.additional_parameters.reservation=x")
+    additional_parameters: Dict[str, Any] = doc({}, "slurm: any other sbatch option, "
+                                                    "e.g. +cluster.additional_parameters.reservation=x")
     setup: List[str] = doc([], "slurm: shell lines run before the ranks start (module load, conda activate, ...)")
-    env: Dict[str, str] = doc({}, "slurm: environment of the ranks, e.g. +cluster.env.HF_HOME=/scratch/hf; keep secrets in the submitting shell's environment (sbatch passes it on), not here")
+    env: Dict[str, str] = doc({}, "slurm: environment of the ranks, e.g. +cluster.env.HF_HOME=/scratch/hf; keep "
+                                  "secrets in the submitting shell's environment (sbatch passes it on), not here")
     srun_args: List[str] = doc([], "slurm: extra srun arguments, e.g. [--cpu-bind=none]; --kill-on-bad-exit=1 (a "
                                "task that dies ends the others) unless one is given")
     signal_delay_s: int = doc(120, "slurm: SIGUSR2 this many seconds before the time limit: checkpoint and requeue")
-    max_num_timeout: int = doc(3, "slurm: requeues after a time limit before the job gives up (preemptions do not count)")
+    max_num_timeout: int = doc(3, "slurm: requeues after a time limit before the job gives up "
+                                  "(preemptions do not count)")
     array_parallelism: int = doc(256, "slurm: members of a multirun job array that may run at once")
     wait: bool = doc(False, "slurm: wait for the job and return its result, instead of returning once it is queued")
     dry_run: bool = doc(False, "build rank dry_run_rank of this layout alone, here, on torch's fake process group "
@@ -256,7 +286,8 @@ class SourceConfig:
 
 @dataclass
 class DataConfig:
-    _target_: str = target("titan_exp.data.loader.build_loader", "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
+    _target_: str = target("titan_exp.data.loader.build_loader",
+                           "(dataset, tokenizer, seq_len=, global_batch_size=, ...)")
     kwargs: Dict[str, Any] = target_kwargs()
     dataset: str = doc("pydoc_topics", "pydoc_topics (bundled) | json | text | parquet | csv | arrow (local files, "
                                        "through datasets) | tokens (a store made by python -m titan_exp.data.prepare) "
@@ -268,9 +299,9 @@ class DataConfig:
     pretokenize: bool = doc(False, "tokenize the data once into a token store in the cache (keyed by data and "
                                    "tokenizer) and train from it: each rank reads only its own rows")
     text_field: str = doc("text", "field holding the document text (the text builder's is always text)")
-    tokenizer_path: Optional[str] = doc(None, "a tokenizer.json, or a directory holding one (the Hugging Face / Llama 3 "
-                                              "layout, whose tokenizer_config.json names BOS/EOS); null = BPE trained "
-                                              "on the default corpus")
+    tokenizer_path: Optional[str] = doc(None, "a tokenizer.json, or a directory holding one (the Hugging Face / "
+                                              "Llama 3 layout, whose tokenizer_config.json names BOS/EOS); null = BPE "
+                                              "trained on the default corpus")
     tokenizer_vocab_size: int = doc(2048, "vocabulary of the trained BPE when tokenizer_path is null")
     mixture: List[SourceConfig] = doc([], "train on several sources, each global batch's rows drawn by weight with a "
                                           "seeded generator (titan_exp.data.mixture), instead of dataset/path/name/"
@@ -289,7 +320,8 @@ class ValidationConfig:
     path: Optional[str] = doc(None, "held-out files (a file, glob or directory); null = data.path, whose directory "
                                     "(or hub data set) then needs this split")
     name: Optional[str] = doc(None, "null = data.name")
-    split: str = doc("validation", "the held-out split (of a directory or a hub data set; files given in path are read whole)")
+    split: str = doc("validation", "the held-out split (of a directory or a hub data set; "
+                                   "files given in path are read whole)")
 
 
 @dataclass
@@ -299,7 +331,8 @@ class EvalConfig:
     in a separate process while training goes on (titan_exp.eval)."""
 
     enable: bool = doc(False, "evaluate every freq steps and at the last step, in a process of its own")
-    freq: int = doc(100, "steps between evaluations; one still running at the next is skipped (the last is awaited)", min=1)
+    freq: int = doc(100, "steps between evaluations; one still running at the next is skipped (the last is awaited)",
+                    min=1)
     tasks: List[str] = doc([], "lm-eval task names, e.g. [hellaswag] or your own from include_path")
     include_path: Optional[str] = doc(None, "a directory of your own lm-eval task YAMLs (their relative data_files "
                                             "are read from it)")
@@ -330,7 +363,8 @@ class CommConfig:
     """Collective timeouts (TorchTitan's names): a rank that dies or hangs ends the run instead
     of leaving the others waiting forever."""
 
-    init_timeout_seconds: int = doc(300, "timeout of every collective until the first step is done (compile, first gathers)")
+    init_timeout_seconds: int = doc(300, "timeout of every collective until the first step is done "
+                                         "(compile, first gathers)")
     train_timeout_seconds: int = doc(600, "timeout of every collective after the first step; a step running 5 s "
                                      "longer than this ends the rank with its stack in its log (watchdog)")
 
@@ -341,9 +375,9 @@ class OptimizerConfig:
                                                 "takes them")
     kwargs: Dict[str, Any] = target_kwargs()
     implementation: OptimizerImpl = doc(OptimizerImpl.auto, "the update's kernels (TorchTitan's field): fused = one "
-                                        "kernel a parameter group; foreach = a kernel an op over every tensor; for-loop "
-                                        "= per tensor; auto = fused on GPUs (one 3B AdamW step 126 ms foreach, 2026-11-25), "
-                                        "foreach on CPUs")
+                                                            "kernel a parameter group; foreach = a kernel an op over "
+                                                            "every tensor; for-loop = per tensor; auto = fused on "
+                                                            "GPUs, foreach on CPUs")
     lr: float = doc(8e-4, "peak learning rate")
     beta1: float = doc(0.9, "Adam beta1")
     beta2: float = doc(0.95, "Adam beta2")
@@ -356,7 +390,8 @@ class LRSchedulerConfig:
     """Warmup-stable-decay: linear warmup, flat, then decay over the last decay_ratio of steps
     (the lr_lambda offered to _target_; another scheduler takes its own kwargs)."""
 
-    _target_: str = target("torch.optim.lr_scheduler.LambdaLR", "(optimizer, lr_lambda=, total_steps=) where it takes them")
+    _target_: str = target("torch.optim.lr_scheduler.LambdaLR",
+                           "(optimizer, lr_lambda=, total_steps=) where it takes them")
     kwargs: Dict[str, Any] = target_kwargs()
 
     warmup_steps: int = doc(2, "linear warmup steps")
@@ -380,7 +415,8 @@ class MetricsConfig:
     wandb_mode: Optional[WandbMode] = doc(None, "online, offline or disabled; null = WANDB_MODE, else online when "
                                                 "logged in (WANDB_API_KEY or ~/.netrc), else offline")
     peak_tflops: Optional[float] = doc(
-        None, "per-device peak for MFU; null = looked up by GPU name, or on CPU measured at launch and shared by the ranks"
+        None, "per-device peak for MFU; null = looked up by GPU name, "
+        "or on CPU measured at launch and shared by the ranks"
     )
     warmup_steps: int = doc(2, "steps left out of the summary's steady-state throughput")
 
@@ -404,7 +440,8 @@ class AutotuneConfig:
     """`python launch.py -m +sweep=autotune`: predict every candidate, measure those that may be the
     fastest, round after round until one is (titan_exp.perf.autotune)."""
 
-    search: List[AutotuneAxis] = doc([AutotuneAxis.layout], "the axes to search, a list: autotune.search=[layout,compile]")
+    search: List[AutotuneAxis] = doc([AutotuneAxis.layout],
+                                     "the axes to search, a list: autotune.search=[layout,compile]")
     top_k: Optional[int] = doc(None, "at most this many candidates in the first round; null = every one whose "
                                "predicted interval reaches the best one's")
     calibrate: bool = doc(True, "autotune and `python -m titan_exp.perf.plan` first measure what the machine profile "
@@ -416,8 +453,8 @@ class AutotuneConfig:
     drop_slower_than: float = doc(0.5, "a member measured below this share of the round's fastest is dropped at once")
     tolerance: float = doc(0.02, "a candidate that cannot be more than this share faster than the fastest measured is "
                                  "as good as tied: no more rounds are spent telling them apart")
-    device_memory_gib: Optional[float] = doc(None, "memory per device for pruning (and cluster.elastic's re-plan); null = "
-                                                     "cluster.hardware's GPU's, else this GPU's, or RAM / world")
+    device_memory_gib: Optional[float] = doc(None, "memory per device for pruning (and cluster.elastic's re-plan); "
+                                                   "null = cluster.hardware's GPU's, else this GPU's, or RAM / world")
     refit: bool = doc(True, "refit the machine profile's corrections to the measured members")
 
 
@@ -426,9 +463,9 @@ class SweepConfig:
     """What a multirun member tells Hydra's sweeper."""
 
     objective: Optional[str] = doc(None, "a number in summary.json each member returns to the sweeper (e.g. "
-                                         "tokens_per_second_per_device, final_loss, or eval.<task>.<metric> of eval.enable) for optimising sweepers like "
-                                         "hydra/sweeper=optuna, whose own config sets the direction; NaN when the "
-                                         "member failed; null = the exit code")
+                                         "tokens_per_second_per_device, final_loss, or eval.<task>.<metric> of "
+                                         "eval.enable) for optimising sweepers like hydra/sweeper=optuna, whose own "
+                                         "config sets the direction; NaN when the member failed; null = the exit code")
 
 
 @dataclass

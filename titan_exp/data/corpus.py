@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 from pathlib import Path
+
 from titan_exp.cache import cache_dir
 from titan_exp.config import DataConfig
 from titan_exp.files import atomic_write
@@ -69,7 +70,8 @@ def default_corpus() -> Path:
     validation = "".join(json.dumps(d) + "\n" for d in _held_out_docs())
     folder = cache_dir() / f"{BUNDLED_PREFIX}{_digest(train + validation)}"
     folder.mkdir(parents=True, exist_ok=True)
-    for name, payload in (("validation.jsonl", validation), ("train.jsonl", train)):  # train last: it marks the folder done
+    # train last: it marks the folder done
+    for name, payload in (("validation.jsonl", validation), ("train.jsonl", train)):
         if not (folder / name).exists():
             atomic_write(folder / name, payload)
     return folder / "train.jsonl"
@@ -110,7 +112,8 @@ def assets(d: DataConfig) -> tuple[DataConfig, Path]:
     corpus = default_corpus() if bundled or not d.tokenizer_path else None
     if bundled:
         d = dataclasses.replace(d, path=str(corpus.parent))  # its train and validation files
-    return d, tokenizer_file(d.tokenizer_path) if d.tokenizer_path else trained_tokenizer(corpus, d.tokenizer_vocab_size)
+    return d, (tokenizer_file(d.tokenizer_path) if d.tokenizer_path
+               else trained_tokenizer(corpus, d.tokenizer_vocab_size))
 
 
 def tokenizer_file(path: str | Path) -> Path:

@@ -35,7 +35,8 @@ def check_batch(job: JobConfig, dims: ParallelDims, cuda: bool) -> list[str]:
     t = job.training
     gbs = job.global_batch_at(dims.world_size)
     if gbs < 1:
-        return [problem("training.global_batch_size", t.global_batch_size, "must be >= 1, or -1 for local_batch_size x dp")]
+        return [problem("training.global_batch_size", t.global_batch_size,
+                        "must be >= 1, or -1 for local_batch_size x dp")]
     if gbs % (t.local_batch_size * dims.dp):
         return [problem("training.global_batch_size", gbs,
                         f"must be a multiple of local_batch_size x dp = {t.local_batch_size} x {dims.dp}; "
@@ -122,7 +123,8 @@ class PackedLoader:
 
     def _cut(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], dict[str, Any]]:
         """The next batch and the position after it."""
-        mine = self.take(self.global_batch_size, slice(self.dp_rank * self.rows_per_rank, (self.dp_rank + 1) * self.rows_per_rank))
+        mine = self.take(self.global_batch_size,
+                         slice(self.dp_rank * self.rows_per_rank, (self.dp_rank + 1) * self.rows_per_rank))
         return [(mb[:, :-1], mb[:, 1:]) for mb in mine.split(self.local_batch_size)], self._position()
 
     def state_dict(self) -> dict[str, Any]:

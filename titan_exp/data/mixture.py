@@ -73,7 +73,8 @@ def sources(d: DataConfig) -> list[Source]:
 def validation_sources(d: DataConfig, v: ValidationConfig) -> list[Source]:
     """Each source's held-out set: its validation_path with the same builder, else its own
     directory's (or hub data set's) validation.split."""
-    return [dataclasses.replace(src, data=dataclasses.replace(src.data, path=s.validation_path or s.path, split=v.split))
+    return [dataclasses.replace(src, data=dataclasses.replace(src.data, path=s.validation_path or s.path,
+                                                              split=v.split))
             for s, src in zip(d.mixture, sources(d))]
 
 
@@ -111,11 +112,13 @@ def _rules(job: JobConfig, defaults: DataConfig) -> list[str]:
          for f in SINGLE_SOURCE_FIELDS if getattr(d, f) != getattr(defaults, f)]
     for i, s in enumerate(d.mixture):
         if not (math.isfinite(s.weight) and s.weight > 0):
-            e.append(problem(f"data.mixture[{i}].weight", s.weight, "must be a positive number: the source's share of "
-                                                                    "the rows is its weight over the sum of the weights"))
+            e.append(problem(f"data.mixture[{i}].weight", s.weight,
+                             "must be a positive number: the source's share of "
+                             "the rows is its weight over the sum of the weights"))
         if not s.dataset:
-            e.append(problem(f"data.mixture[{i}].dataset", s.dataset, "give the source's builder (json, text, parquet, "
-                                                                      "csv, arrow), tokens (a token store) or a hub id"))
+            e.append(problem(f"data.mixture[{i}].dataset", s.dataset,
+                             "give the source's builder (json, text, parquet, "
+                             "csv, arrow), tokens (a token store) or a hub id"))
         elif s.dataset == "pydoc_topics":
             e.append(problem(f"data.mixture[{i}].dataset", s.dataset, "the bundled corpus is not a mixture source; "
                                                                       "give local files or a hub data set"))
@@ -125,8 +128,9 @@ def _rules(job: JobConfig, defaults: DataConfig) -> list[str]:
             e.append(problem(f"data.mixture[{i}].label", d.mixture[i].label,
                              f"{label!r} names source {labels.index(label)} too; give each source its own label"))
     if job.validation.enable:
-        e += [problem(f"validation.{f}", getattr(job.validation, f), "would be ignored: with data.mixture each source "
-                                                                    "names its held-out files (data.mixture[i].validation_path)")
+        e += [problem(f"validation.{f}", getattr(job.validation, f),
+                      "would be ignored: with data.mixture each source "
+                      "names its held-out files (data.mixture[i].validation_path)")
               for f in SINGLE_VALIDATION_FIELDS if getattr(job.validation, f) is not None]
         e += [problem(f"data.mixture[{i}].validation_path", s.validation_path,
                       "a token store has no splits: give the held-out set's token store here")
@@ -219,8 +223,9 @@ class MixtureLoader:
         return batch
 
     def _position(self) -> dict[str, Any]:
-        return {"batch": self.batch, "sources": {label: {"rows": n, "position": loader.state_dict()}
-                                                 for label, n, loader in zip(self.mixture.labels, self.rows, self.loaders)}}
+        return {"batch": self.batch,
+                "sources": {label: {"rows": n, "position": loader.state_dict()}
+                            for label, n, loader in zip(self.mixture.labels, self.rows, self.loaders)}}
 
     def state_dict(self) -> dict[str, Any]:
         """The position after the last batch returned (not after one being prefetched)."""

@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
                            progress=True, source=describe(d))
     m = store.manifest
     print(f"wrote {args.out}: {m['documents']} documents, {m['tokens']} tokens ({m['dtype']}); train on it with "
-          f"data.dataset=tokens data.path={args.out}" + (f" data.tokenizer_path={tokenizer}" if d.tokenizer_path else ""))
+          f"data.dataset=tokens data.path={args.out}"
+          + (f" data.tokenizer_path={tokenizer}" if d.tokenizer_path else ""))
     return 0
 
 

@@ -25,7 +25,8 @@ from titan_exp.data.corpus import is_bundled
 
 BUILDERS = ("json", "text", "parquet", "csv", "arrow")  # datasets' packaged builders for local files
 TOKENS = "tokens"  # a token store (titan_exp.data.tokens)
-BY_EXTENSION = {".json": "json", ".jsonl": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+BY_EXTENSION = {".json": "json", ".jsonl": "json", ".txt": "text", ".parquet": "parquet", ".csv": "csv",
+                ".arrow": "arrow"}
 LOCAL = ("pydoc_topics", *BUILDERS, TOKENS)
 HUB_ALIASES = {"c4": ("allenai/c4", "en")}
 HUB_HOST = "huggingface.co"
@@ -79,7 +80,8 @@ def local_files(path: str) -> list[str]:
 def describe(d: DataConfig) -> dict:
     """What a token store was made from: the source's fields and, for local files, each file's
     size and time (so changed files make another store)."""
-    files = [(f, os.path.getsize(f), os.path.getmtime(f)) for f in local_files(d.path)] if d.dataset in LOCAL and d.path else []
+    files = ([(f, os.path.getsize(f), os.path.getmtime(f)) for f in local_files(d.path)]
+             if d.dataset in LOCAL and d.path else [])
     return {"dataset": d.dataset, "path": d.path, "name": d.name, "split": d.split, "text_field": d.text_field,
             "files": files}
 
@@ -91,14 +93,18 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
         from titan_exp.data.tokens import problem_with
 
         if not cfg.path or (why := problem_with(cfg.path)):
-            e.append(problem(f"{prefix}.path", cfg.path, f"not a token store: {why if cfg.path else 'give its folder'}"))
+            e.append(problem(f"{prefix}.path", cfg.path,
+                             f"not a token store: {why if cfg.path else 'give its folder'}"))
     if cfg.dataset in BUILDERS and not cfg.path:
-        e.append(problem(f"{prefix}.path", cfg.path, f"{'data' if prefix == 'validation' else prefix}.dataset = {cfg.dataset!r} reads local files; give a file, glob or directory"))
+        e.append(problem(f"{prefix}.path", cfg.path,
+                         f"{'data' if prefix == 'validation' else prefix}.dataset = {cfg.dataset!r} "
+                         "reads local files; give a file, glob or directory"))
     elif cfg.dataset in BUILDERS and next(_files(cfg.path), None) is None:  # every rank: the first file, not a listing
         e.append(problem(f"{prefix}.path", cfg.path, "matches no file; check the path"))
     if cfg.dataset not in LOCAL and cfg.path:
-        e.append(problem(f"{prefix}.path", cfg.path, f"would be ignored: {cfg.dataset!r} is a hub data set, which reads "
-                                                     f"its own files; for local files set data.dataset to one of {', '.join(BUILDERS)}"))
+        e.append(problem(f"{prefix}.path", cfg.path,
+                         f"would be ignored: {cfg.dataset!r} is a hub data set, which reads its own files; "
+                         f"for local files set data.dataset to one of {', '.join(BUILDERS)}"))
     if cfg.dataset == "pydoc_topics" and cfg.path and not is_bundled(cfg.path):
         builder = BY_EXTENSION.get(Path(cfg.path.rstrip("/*")).suffix.lower())
         fix = (f"set data.dataset={builder} to read it (the builder its extension names)" if builder else
@@ -109,7 +115,8 @@ def source_errors(cfg: DataConfig, prefix: str) -> list[str]:
         e.append(problem(f"{prefix}.name", cfg.name, f"would be ignored: local files ({cfg.dataset}) have no subsets; "
                                                      "name is for hub data sets"))
     if cfg.dataset == "text" and cfg.text_field != "text":
-        e.append(problem("data.text_field", cfg.text_field, "would be ignored: the text builder's field is always 'text'"))
+        e.append(problem("data.text_field", cfg.text_field,
+                         "would be ignored: the text builder's field is always 'text'"))
     return e
 
 
@@ -147,7 +154,8 @@ def hub_errors(cfg: DataConfig, prefix: str) -> list[str]:
     if cfg.dataset in LOCAL:
         return []
     hub_id, subset = HUB_ALIASES.get(cfg.dataset, (cfg.dataset, None))
-    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
+    offline = any(os.environ.get(v, "").lower() in ("1", "true", "yes")
+                  for v in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
     if not offline:
         try:
             socket.getaddrinfo(HUB_HOST, 443)
@@ -161,12 +169,15 @@ def hub_errors(cfg: DataConfig, prefix: str) -> list[str]:
     try:
         info = datasets.load_dataset_builder(hub_id, cfg.name or subset).info
     except Exception as exc:  # noqa: BLE001 - the hub's own reason, whatever it is
-        return [problem(f"{prefix}.dataset", cfg.dataset, f"cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]})")]
+        return [problem(f"{prefix}.dataset", cfg.dataset,
+                        f"cannot be opened ({type(exc).__name__}: {str(exc).splitlines()[0]})")]
     e = []
     if info.splits and cfg.split not in info.splits:
-        e.append(problem(f"{prefix}.split", cfg.split, f"is not a split of {hub_id}; choose from {', '.join(info.splits)}"))
+        e.append(problem(f"{prefix}.split", cfg.split,
+                         f"is not a split of {hub_id}; choose from {', '.join(info.splits)}"))
     if info.features and cfg.text_field not in info.features:
-        e.append(problem("data.text_field", cfg.text_field, f"{hub_id} has no such field; choose from {', '.join(info.features)}"))
+        e.append(problem("data.text_field", cfg.text_field,
+                         f"{hub_id} has no such field; choose from {', '.join(info.features)}"))
     return e
 
 
@@ -227,7 +238,8 @@ def store_errors(d: DataConfig, tokenizer: Path, vocab_size: int) -> list[str]:
         e.append(problem("data.tokenizer_path", d.tokenizer_path, f"is not the tokenizer {d.path} was prepared with "
                                                                   f"(sha {manifest['tokenizer_sha']}); give that one"))
     if manifest["vocab_size"] > vocab_size:
-        e.append(problem("model.vocab_size", vocab_size, f"smaller than the token store's vocabulary ({manifest['vocab_size']})"))
+        e.append(problem("model.vocab_size", vocab_size,
+                         f"smaller than the token store's vocabulary ({manifest['vocab_size']})"))
     return e
 
 
@@ -249,8 +261,9 @@ def _first_record_errors(d: DataConfig, prefix: str) -> list[str]:
     except StopIteration:
         return [problem(f"{prefix}.path", d.path, f"holds no records for split {d.split!r}")]
     except Exception as exc:  # noqa: BLE001 - datasets' own reason, whatever the format's reader raised
-        return [problem(f"{prefix}.path", d.path, f"cannot be read as {d.dataset} split {d.split!r} "
-                                                  f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")]
+        return [problem(f"{prefix}.path", d.path,
+                        f"cannot be read as {d.dataset} split {d.split!r} "
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")]
     if not isinstance(record.get(d.text_field), str):
         return [problem("data.text_field", d.text_field, f"the records of {d.path} have no string field "
                                                          f"{d.text_field!r}; choose from {', '.join(record)}")]
@@ -273,7 +286,8 @@ def _text_file_errors(d: DataConfig, prefix: str) -> list[str]:
             text = codecs.getincrementaldecoder("utf-8")().decode(head, final=False)
         except UnicodeDecodeError as exc:
             text = None
-            e.append(problem(f"{prefix}.path", d.path, f"{path} is not UTF-8 text (byte {exc.start}); is it a binary or compressed file?"))
+            e.append(problem(f"{prefix}.path", d.path,
+                             f"{path} is not UTF-8 text (byte {exc.start}); is it a binary or compressed file?"))
         if text is not None and "\x00" in text:
             e.append(problem(f"{prefix}.path", d.path, f"{path} holds NUL bytes: a binary file, not text"))
         elif text is not None and d.dataset == "json":
@@ -283,7 +297,8 @@ def _text_file_errors(d: DataConfig, prefix: str) -> list[str]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    e.append(problem(f"{prefix}.path", d.path, f"{path} line {number} is not JSON ({exc.msg}); json data is one object per line"))
+                    e.append(problem(f"{prefix}.path", d.path,
+                                     f"{path} line {number} is not JSON ({exc.msg}); json data is one object per line"))
                     break
                 if not isinstance(record, dict) or not isinstance(record.get(d.text_field), str):
                     e.append(problem("data.text_field", d.text_field,

@@ -65,13 +65,15 @@ def problem_with(folder: str | Path) -> str | None:
     """Why `folder` is not a complete token store, or None."""
     folder = Path(folder)
     if not (folder / MANIFEST_FILE).is_file():
-        return f"no {MANIFEST_FILE} there (a store being written, or not a store: python -m titan_exp.data.prepare makes one)"
+        return (f"no {MANIFEST_FILE} there (a store being written, or not a store: "
+                "python -m titan_exp.data.prepare makes one)")
     manifest = json.loads((folder / MANIFEST_FILE).read_text())
     if manifest.get("format") != FORMAT:
         return f"its format {manifest.get('format')} is not {FORMAT}; prepare it again"
     size = (folder / TOKENS_FILE).stat().st_size if (folder / TOKENS_FILE).is_file() else -1
     if size != manifest["tokens"] * np.dtype(manifest["dtype"]).itemsize:
-        return f"{TOKENS_FILE} holds {size} bytes, not the {manifest['tokens']} tokens its manifest lists; prepare it again"
+        return (f"{TOKENS_FILE} holds {size} bytes, not the {manifest['tokens']} tokens its manifest lists; "
+                "prepare it again")
     if manifest["tokens"] < 2:
         return "it holds fewer than 2 tokens"
     return None
@@ -123,7 +125,8 @@ def prepare(docs: Iterator[dict], text_field: str, tokenizer_path: str | Path, o
         from tqdm import tqdm
 
         bar = tqdm(unit=" docs", desc=f"tokenizing into {out}")
-    pool = multiprocessing.get_context("fork").Pool(workers, _init_worker, (str(tokenizer_path),)) if workers > 1 else None
+    pool = (multiprocessing.get_context("fork").Pool(workers, _init_worker, (str(tokenizer_path),)) if workers > 1
+            else None)
     if pool is None:
         _init_worker(str(tokenizer_path))
     try:

@@ -79,12 +79,13 @@ def check(p: Pending) -> tuple[Pending, list[str]]:
 def hardware(p: Pending) -> tuple[Pending, list[str]]:
     if p.job.cluster.hardware is None:
         return p, []
-    from titan_exp.perf import hardware as hw
+    from titan_exp.perf.model.predict import prediction, prediction_line
+    from titan_exp.perf.rates.hardware import checked
 
-    described, errors = hw.checked(p.job)
+    described, errors = checked(p.job)
     if errors or p.job.cluster.dry_run:
         return p, errors
-    logger.info("%s\n%s", described.line(), hw.prediction_line(hw.prediction(resolve(p.job), described)))
+    logger.info("%s\n%s", described.line(), prediction_line(prediction(resolve(p.job), described)))
     return p, []
 
 
@@ -97,8 +98,8 @@ def evaluation(p: Pending) -> tuple[Pending, list[str]]:
 
 
 def data(p: Pending) -> tuple[Pending, list[str]]:
-    from titan_exp.data.corpus import Tokenizer, assets
     from titan_exp.data import mixture
+    from titan_exp.data.corpus import Tokenizer, assets
     from titan_exp.data.sources import launch_errors, pretokenized, store_errors, validation_source
     from titan_exp.models.llama import check_vocab
 

@@ -74,7 +74,6 @@ def _pattern(template: str) -> re.Pattern:
 
 
 _TO_HF = [(_pattern(ours), theirs) for ours, theirs in _NAMES.items()]
-_FROM_HF = [(_pattern(theirs), ours) for ours, theirs in _NAMES.items()]
 
 
 def _rename(name: str, table: list[tuple[re.Pattern, str]]) -> str:
@@ -86,10 +85,6 @@ def _rename(name: str, table: list[tuple[re.Pattern, str]]) -> str:
 
 def hf_name(name: str) -> str:
     return _rename(name, _TO_HF)
-
-
-def our_name(name: str) -> str:
-    return _rename(name, _FROM_HF)
 
 
 def _heads(name: str, cfg: ModelConfig) -> int | None:

@@ -88,7 +88,8 @@ class Attention(nn.Module):
         if self.context_parallel is not None:
             out = self.context_parallel.attention(q, k, v, cos, sin, apply_rope)
         else:
-            out = causal_attention(apply_rope(q, cos[:seqlen], sin[:seqlen]), apply_rope(k, cos[:seqlen], sin[:seqlen]), v)
+            out = causal_attention(apply_rope(q, cos[:seqlen], sin[:seqlen]),
+                                   apply_rope(k, cos[:seqlen], sin[:seqlen]), v)
         return self.wo(out.reshape(bsz, seqlen, -1))
 
 
@@ -158,7 +159,7 @@ class Transformer(nn.Module):
         """Deterministic, layout-independent init: each parameter is drawn in full from a generator
         seeded by (seed, its name) and then cut to this rank's shard. A model split by FSDP, TP or
         PP therefore starts from exactly the weights of the single-process model. On a GPU the
-        draws run there (a CPU takes 25 s for a 3B model's, 2026-11-25): the same weights on
+        draws run there (a CPU takes about 25 s for a 3B model's): the same weights on
         every GPU layout, other numbers than a CPU's generator gives."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 

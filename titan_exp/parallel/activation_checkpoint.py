@@ -5,8 +5,8 @@
   attention outputs, reduce-scatters, expert parallel's all-to-alls and copies from a GPU to the
   host are always saved (recomputing them costs the most, or makes the host wait); the rest
   (norms, activations, elementwise, and the all-gathers of tensor and context parallel, whose
-  outputs the recomputed linears and attention read) is recomputed. perf.step_comm prices the
-  collectives each mode runs again; perf.memory.selective_saved counts what it keeps.
+  outputs the recomputed linears and attention read) is recomputed. perf.model.comm prices the
+  collectives each mode runs again; perf.model.memory.selective_saved counts what it keeps.
 - selective, option N: every Nth block is fully checkpointed, the others keep everything.
 """
 
@@ -29,10 +29,10 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
         return [problem("activation_checkpoint.selective_ac_option", option,
                         "'op' for the per-op policy or a positive integer N to checkpoint every Nth block")]
     if ac.mode == ACMode.full and job.compile.enable and job.parallelism.tensor_parallel_degree > 1 and not cuda:
-        # Every such run of the autotune benchmark on CPU over gloo (BENCHMARKS.md, issue 13) failed
+        # Every such run of the autotune benchmark on CPU over gloo (BENCHMARKS.md) failed
         # in backward: AOT autograd's saved-tensor check finds the DTensor's DeviceMesh among the
         # tensors. It is refused where it was seen; TorchTitan trains this combination on GPUs
-        # (its Llama 3.1 70B and 405B tables, issue 36).
+        # (its Llama 3.1 70B and 405B tables).
         return [problem("activation_checkpoint.mode", "full", "fails on CPU with compile.enable=true and tensor "
                         "parallel in torch 2.13 (AOT autograd saves a DeviceMesh for the recompute): use "
                         "activation_checkpoint.mode=selective, or compile.enable=false")]
@@ -55,7 +55,7 @@ SAVE_ALWAYS = {
 # where the recompute runs one more. FSDP's hooks on a unit nested in the block (an MoE layer's
 # experts under EP, parallel/fsdp.py) open profiler ranges a different number of times in the
 # recompute ("profiler._record_function_enter_new invocation index 3 ... not found in storage":
-# pytorch/torchtitan issue 3427, pytorch/pytorch PR 185178). They make no model value, so the
+# pytorch/torchtitan#3427, pytorch/pytorch#185178). They make no model value, so the
 # replay runs them without counting them (torch.utils.checkpoint.SAC_IGNORED_OPS, public).
 PROFILER_OPS = [getattr(packet, overload) for packet in (torch.ops.profiler._record_function_enter,
                                                         torch.ops.profiler._record_function_enter_new,

@@ -39,7 +39,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     seq_len = job.training.seq_len
     if dims.cp > 1 and seq_len % (2 * dims.cp):
         return [problem("parallelism.context_parallel_degree", dims.cp,
-                        f"training.seq_len = {seq_len} must be divisible by 2 x cp = {2 * dims.cp} (load-balanced chunks)")]
+                        f"training.seq_len = {seq_len} must be divisible by 2 x cp = {2 * dims.cp} "
+                        "(load-balanced chunks)")]
     return []
 
 

@@ -92,7 +92,8 @@ class ParallelDims:
 
     def _leaves(self, name: str) -> list[str]:
         """The leaf dims a (possibly flattened) name spans, whatever their degree."""
-        return [name] if name in self.leaves else [leaf for part in FLATTENED.get(name, ()) for leaf in self._leaves(part)]
+        return ([name] if name in self.leaves
+                else [leaf for part in FLATTENED.get(name, ()) for leaf in self._leaves(part)])
 
     @property
     def dp(self) -> int:

@@ -69,7 +69,8 @@ def apply_fsdp(
     # Tied embeddings are one Parameter, which FSDP shards once: in one unit with the output.
     tied = model.tok_embeddings is not None and model.output is not None and model.cfg.tie_word_embeddings
     if model.tok_embeddings is not None and not tied:
-        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, False), **kwargs)
+        fully_shard(model.tok_embeddings, reshard_after_forward=reshard_after_forward(reshard_mode, pp_enabled, False),
+                    **kwargs)
     blocks = list(model.layers.values())
     for i, block in enumerate(blocks):
         last = i == len(blocks) - 1 and model.output is None

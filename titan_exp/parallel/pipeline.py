@@ -19,8 +19,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.distributed.pipelining import PipelineStage
-from torch.distributed.pipelining import schedules
+from torch.distributed.pipelining import PipelineStage, schedules
 
 from titan_exp.config import JobConfig, ParallelismConfig, PipelineSchedule, problem
 
@@ -67,7 +66,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
         spr = p.pipeline_parallel_stages_per_rank
         if spr is not None and spr != n_split // lps // dims.pp:
             return [problem("parallelism.pipeline_parallel_stages_per_rank", spr,
-                            f"contradicts layers_per_stage = {lps} ({n_split // lps // dims.pp} per rank); set only one")]
+                            f"contradicts layers_per_stage = {lps} ({n_split // lps // dims.pp} per rank); "
+                            "set only one")]
     per_rank = stages_per_rank(p, m.n_layers)
     if sched in SINGLE_STAGE and per_rank != 1:
         e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank,
@@ -75,7 +75,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     if sched in V_SHAPED and per_rank != 2:
         e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs exactly 2 (a V)"))
     if sched in LOOPED and per_rank < 2:
-        e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank, f"{sched} needs >= 2 stages per rank"))
+        e.append(problem("parallelism.pipeline_parallel_stages_per_rank", per_rank,
+                         f"{sched} needs >= 2 stages per rank"))
     stages = dims.pp * per_rank
     if stages > n_split:
         fix = ("" if first or last or stages > m.n_layers + 2 else "; or count the embedding and the output as blocks "
@@ -98,8 +99,9 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
         n_mb = t.local_batch_size // mbs
         if sched not in SINGLE_STAGE and n_mb % dims.pp:
             e.append(problem("training.local_batch_size", t.local_batch_size,
-                             f"{sched} needs the microbatch count ({n_mb}) to be a multiple of pipeline_parallel_degree "
-                             f"= {dims.pp}; raise local_batch_size or lower pipeline_parallel_microbatch_size"))
+                             f"{sched} needs the microbatch count ({n_mb}) to be a multiple of "
+                             f"pipeline_parallel_degree = {dims.pp}; raise local_batch_size or lower "
+                             "pipeline_parallel_microbatch_size"))
         elif n_mb < dims.pp:
             e.append(problem("training.local_batch_size", t.local_batch_size,
                              f"gives {n_mb} microbatches for {dims.pp} pipeline ranks; need at least one per rank"))

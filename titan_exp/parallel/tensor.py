@@ -68,7 +68,8 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
     if job.parallelism.enable_async_tensor_parallel:
         why = []
         if not cuda:
-            why.append("needs CUDA (torch skips the fused collective-matmul passes without NCCL, so it would do nothing)")
+            why.append("needs CUDA (torch skips the fused collective-matmul passes without NCCL, "
+                       "so it would do nothing)")
         if not job.compile.enable:
             why.append("needs compile.enable=true (it is a torch.compile pass)")
         if dims.tp == 1:

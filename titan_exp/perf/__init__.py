@@ -1,13 +1,16 @@
-"""Which layout is fastest here: one package for the performance model and what feeds it.
+"""Which layout, how many devices, how long: the performance model and what feeds it.
 
-    plan.py        every valid layout with its predicted step time, tokens/s and memory
-                   (`python -m titan_exp.perf.plan`)
-    step.py        seconds per step by part (step_comm.py: its communication); memory.py peak
-                   memory by part; memory_cpu.py the CPU-only terms (glibc's heap and fresh
-                   pages), which GPU plans never read; shapes.py what they count a model in
-    profile.py     the machine profile file; devices.py GPU spec sheets as profiles
-    calibrate.py   `python -m titan_exp.perf.calibrate`: starts measuring ranks through an executor;
-                   measure.py is what each runs (measure_compute.py, measure_comm.py, timing.py)
-    fit.py trace.py  predictions against runs: rank correlation, refit, a profiler trace's split
-    autotune.py    the search: predict every candidate, measure the best, refit
+The commands (each a module here):
+    plan.py        `python -m titan_exp.perf.plan`: every valid layout ranked by predicted tokens/s,
+                   with memory per device; optionally written out as a sweep
+    calibrate.py   `python -m titan_exp.perf.calibrate`: measure this machine (or a cluster's nodes)
+    autotune.py    `python launch.py -m +sweep=autotune`: predict every candidate, measure the best
+
+The library, by concern, each importing only those below it:
+    search/        the planner: layouts and batch splits, the axes searched, ranking, sweep files
+    calibration/   calibration ranks started through an executor, what they measure, timing, refit
+    model/         the cost model: step time by part, communication, overlap, a GPU block from its
+                   parts, shapes, memory (GPU and CPU terms), placement on nodes, the Engine
+    rates/         what the model reads: machine profiles, GPU spec sheets, hardware files, kernel
+                   rates, float8 casts, per-model op counts, NCCL's latencies, recorded accuracy
 """

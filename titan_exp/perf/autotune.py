@@ -1,20 +1,21 @@
 """Autotune: predict every candidate, measure those that may be the fastest, report the fastest.
 
-    python launch.py -m +sweep=autotune cluster.nproc_per_node=4 [model=...] [autotune.search=[layout,activation_checkpoint]]
+    python launch.py -m +sweep=autotune cluster.nproc_per_node=4 [model=...] \
+        [autotune.search=[layout,activation_checkpoint]]
 
 0. Calibration: what the machine profile lacks for these candidates (the model's block at every
    TP degree, compile when searched, the collectives at the world size) is measured first,
    through the job's executor (titan_exp.perf.calibrate.cover); its time counts in the machine
    time the record reports. With autotune.calibrate=false those parts are FLOPs estimates, and
    the record's first line says so and how far off such estimates were when last checked.
-1. Candidates: every valid layout of the world size (titan_exp.perf.planner), times the values of
+1. Candidates: every valid layout of the world size (titan_exp.perf.search.planner), times the values of
    each other axis in `autotune.search` (AC mode, compile, precision; float8_filter: each float8
    tensorwise or rowwise candidate also with torchao's shape filter), at the job's global batch,
-   each checked by the validator the launcher runs (titan_exp.perf.search: the same candidates
+   each checked by the validator the launcher runs (titan_exp.perf.search.axes: the same candidates
    `python -m titan_exp.perf.plan` ranks), at every split of the global batch that validates
    (local batch and accumulation, PP microbatch): a layout is never dropped for want of a split.
 2. Pruning: the memory model drops what would not fit. Each prediction gets an interval as wide
-   as the predictions' error when last checked (perf.fit.last_check); every candidate whose
+   as the predictions' error when last checked (perf.rates.accuracy.last_check); every candidate whose
    interval reaches the best one's is measured (at most `autotune.top_k`, and as many as
    `autotune.budget_minutes` allows).
 3. Rounds: each runs the survivors for `warmup_steps` + `steps` x 2^round steps as ordinary sweep
@@ -28,7 +29,7 @@
    why, machine time spent, calibration included, vs the whole grid's); report.md includes it.
    The measured members refit the profile.
 
-With cluster.hardware=FILE (titan_exp.perf.hardware) the candidates are predicted for the GPUs the
+With cluster.hardware=FILE (titan_exp.perf.rates.hardware) the candidates are predicted for the GPUs the
 file describes, nothing is calibrated, the memory limit is the file's GPU's (unless
 autotune.device_memory_gib is set), the profile is not refit (it is the file's, not a measured
 one), and the record's first line says which values came from the file.
@@ -50,17 +51,25 @@ from typing import Any, Callable, Optional
 
 from titan_exp.config import AutotuneAxis, Executor, JobConfig, layout_label
 from titan_exp.files import atomic_write
-from titan_exp.perf import hardware as hw
-from titan_exp.perf.calibrate import Coverage, cover
-from titan_exp.perf.fit import BAND, ESTIMATES, Check, estimates_line, last_check, predicted_interval, refit, throughput_interval
-from titan_exp.perf.memory import predict_memory
-from titan_exp.perf.planner import (batch_line, batch_splits, device_memory_gib, factorizations, global_batch_of,
-                                    layout_overrides, split_label)
-from titan_exp.perf.profile import accuracy_kind, record_accuracy, this_machine
-from titan_exp.perf.search import labels, override_key, variants
-from titan_exp.perf.step import predict_step
+from titan_exp.perf.calibration.fit import BAND, predicted_interval, refit, throughput_interval
+from titan_exp.perf.calibration.run import Coverage, cover
+from titan_exp.perf.model.memory import predict_memory
+from titan_exp.perf.model.step import predict_step
+from titan_exp.perf.rates import hardware as hw
+from titan_exp.perf.rates.accuracy import ESTIMATES, Check, accuracy_kind, estimates_line, last_check, record_accuracy
+from titan_exp.perf.rates.profile import this_machine
+from titan_exp.perf.search.axes import labels, override_key, variants
+from titan_exp.perf.search.layouts import (
+    batch_line,
+    batch_splits,
+    factorizations,
+    global_batch_of,
+    layout_overrides,
+    split_label,
+)
+from titan_exp.perf.search.planner import device_memory_gib
 from titan_exp.record import RunDir, Status
-from titan_exp.validation import resolve
+from titan_exp.validation import resolved
 
 logger = logging.getLogger("titan_exp.autotune")
 
@@ -106,9 +115,10 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     split that validates is one (planner.batch_splits), so no layout is lost for want of a split,
     and the split a layout runs best with is a prediction like the rest, measured when it is close."""
     axes = job.autotune.search
-    job = resolve(job) if job.parallelism.data_parallel_shard_degree == -1 else job
+    job = resolved(job)
     global_batch = global_batch_of(job, world)
-    degree_sets = factorizations(world, job.model.n_experts) if AutotuneAxis.layout in axes else [job.parallelism.layout]
+    searched = AutotuneAxis.layout in axes
+    degree_sets = factorizations(world, job.model.n_experts) if searched else [job.parallelism.layout]
     out, seen = [], set()
     for variant, extra in variants(job, axes, cuda=cuda):  # once: a layout changes none of their fields
         for degrees in degree_sets:
@@ -129,7 +139,7 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
 
 def startup_estimate_s(job: JobConfig, cuda: bool) -> float:
     """Seconds a member takes beyond its steps before any was measured: process start and imports
-    (about 5 s for 2 ranks to 20 s for 8 on a 2-core CPU, FACTS.md), and a cold compile."""
+    (about 5 s for 2 ranks to 20 s for 8 on a 2-core CPU, benchmarks/data/startup_cpu.csv), and a cold compile."""
     base = 20.0 if cuda else 4.0 + 2.0 * job.world_size
     return base + (15.0 if job.compile.enable else 0.0)
 
@@ -217,7 +227,8 @@ class Autotune:
         chosen = [c for c in fitting if predicted_interval(c.predicted_tps, check)[1] >= floor][: a.top_k]
 
         def first_round_s(cs):
-            return sum(startup_estimate_s(c.job, self.cuda) + (a.warmup_steps + a.steps) * c.predicted_step_s for c in cs)
+            return sum(startup_estimate_s(c.job, self.cuda) + (a.warmup_steps + a.steps) * c.predicted_step_s
+                       for c in cs)
 
         while len(chosen) > 1 and self.spent_s + first_round_s(chosen) > budget_s:
             chosen.pop()
@@ -316,14 +327,16 @@ class Autotune:
             alike = [o for compiled, o in overheads if compiled == c.job.compile.enable]
             return statistics.fmean(alike or [o for _, o in overheads]) if overheads else 0.0
 
-        ratio = statistics.median(statistics.fmean(c.members[0].step_times_s) / c.predicted_step_s for c in first) if first else 1.0
+        ratio = (statistics.median(statistics.fmean(c.members[0].step_times_s) / c.predicted_step_s for c in first)
+                 if first else 1.0)
         grid_s = sum(overhead(c) + (a.warmup_steps + a.steps) * c.predicted_step_s * ratio for c in grid)
 
         def entry(c: Candidate) -> dict:
             m = c.measured(self.tokens_per_step, self.world)
             return {"name": c.name, "overrides": c.overrides, "predicted_tokens_per_s": c.predicted_tps,
                     "predicted_step_s": c.predicted_step_s, "predicted_breakdown_s": c.breakdown,
-                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "layout": c.layout, "split": c.split, "pruned": c.pruned,
+                    "predicted_memory_gib": c.memory_gib, "fits": c.fits, "layout": c.layout, "split": c.split,
+                    "pruned": c.pruned,
                     "measured_tokens_per_s": m[0] if m else None, "interval": list(m[1:]) if m else None,
                     "prediction_error": c.predicted_tps / m[0] - 1 if m else None,
                     "members": [m.run_dir for m in c.members]}
@@ -387,17 +400,18 @@ def markdown(record: dict) -> str:
     else:
         lines.append("**No winner**: no measured member finished.")
     g = record["grid"]
-    calibrated = (f" Calibrated first ({'; '.join(cal['measured'])}): {cal['seconds']:.0f} s, counted in the machine time."
-                  if cal.get("measured") else "")
+    calibrated = (f" Calibrated first ({'; '.join(cal['measured'])}): {cal['seconds']:.0f} s, counted in the "
+                  "machine time." if cal.get("measured") else "")
     check = record.get("prediction_check")
     band = (f" Each prediction was given ±{check['band'] * check['median_abs_error']:.0%}: {check['band']:g} x the "
             f"predictions' median error when last checked ({check['when']}, {check['where']})." if check else "")
     batch = f" {g['batch'][0].upper()}{g['batch'][1:]}." if g.get("batch") else ""
-    lines += ["", f"{g['candidates']} candidates (each layout at each split of the global batch) on {record['world']} ranks "
-                  f"(search: {', '.join(record['search'])}).{batch} "
+    lines += ["", f"{g['candidates']} candidates (each layout at each split of the global batch) on "
+                  f"{record['world']} ranks (search: {', '.join(record['search'])}).{batch} "
                   f"{g['fit']} fit in memory; times from {record['profile']}.{calibrated}{band} Machine time: "
-                  f"{record['spent_s']:.0f} s ({record['spent_device_s']:.0f} device-s) vs about {g['estimated_s']:.0f} s "
-                  f"for the whole grid ({record['spent_s'] / g['estimated_s']:.0%}). Stopped: {record['stopped']}.", "",
+                  f"{record['spent_s']:.0f} s ({record['spent_device_s']:.0f} device-s) vs about "
+                  f"{g['estimated_s']:.0f} s for the whole grid ({record['spent_s'] / g['estimated_s']:.0%}). "
+                  f"Stopped: {record['stopped']}.", "",
               "| layout | batch split | predicted tok/s/dev | measured tok/s/dev (95 %) | error | predicted GiB "
               "| model: compute / comm / bubble / recompute s | rounds | outcome |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -416,7 +430,8 @@ def markdown(record: dict) -> str:
              if c["measured_tokens_per_s"] else "")
         err = f"{c['prediction_error']:+.0%}" if c["prediction_error"] is not None else ""
         outcome = "winner" if w and c["name"] == w["name"] else c["pruned"]
-        lines.append(f"| {c['layout']} | {c['split']} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} | {c['predicted_memory_gib']:.2f} "
+        lines.append(f"| {c['layout']} | {c['split']} | {c['predicted_tokens_per_s']:,.0f} | {m} | {err} "
+                     f"| {c['predicted_memory_gib']:.2f} "
                      f"| {b['compute']:.3f} / {b['exposed_comm']:.3f} / {b['bubble']:.3f} / {b['recompute']:.3f} "
                      f"| {len(c['members'])} | {outcome} |")
     if hidden:

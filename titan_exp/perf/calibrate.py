@@ -7,114 +7,31 @@
 Overrides are launch.py's: the model (its GEMM and block shapes are measured), the sequence
 length, and the cluster, whose executor starts the calibration ranks exactly as it would start
 training ranks (`cluster=slurm` measures the cluster's nodes; pass cluster.wait=true to wait for
-the profile). The profile lands in `<cache>/perf/<machine>.json` (titan_exp.perf.profile); a later
+the profile). The profile lands in `<cache>/perf/<machine>.json` (titan_exp.perf.rates.profile); a later
 run for the same machine, world size and model reuses it unless `--refresh`. On a CPU a model not
 measured before on a known machine adds its blocks to the profile; a GPU's profile holds its kernel
-rates, from which every model's blocks are priced (titan_exp.perf.gpu), so one calibration covers
+rates, from which every model's blocks are priced (titan_exp.perf.model.block), so one calibration covers
 every model.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import logging
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
-from titan_exp.config import Executor, JobConfig, compose_job, to_yaml
-from titan_exp.perf.profile import Kernels, MachineProfile, model_shape, this_machine
-from titan_exp.perf.shapes import tp_degrees
-from titan_exp.perf.timing import Options
-from titan_exp.record import RunDir, Status
-from titan_exp.validation import resolve, validate
-
-logger = logging.getLogger("titan_exp.calibrate")
-
-
-def calibration_job(job: JobConfig, world: int | None = None) -> JobConfig:
-    """The job whose ranks calibrate `job`'s model: `world` ranks (default: the job's world size)
-    in one data-parallel group, which every executor and the validator accept."""
-    world = world or job.world_size
-    p = job.parallelism
-    flat = dataclasses.replace(p, data_parallel_shard_degree=world, data_parallel_replicate_degree=1,
-                               tensor_parallel_degree=1, pipeline_parallel_degree=1, context_parallel_degree=1)
-    nnodes = job.cluster.nodes_for(world)
-    job = dataclasses.replace(job, parallelism=flat,
-                              training=dataclasses.replace(job.training, global_batch_size=-1, local_batch_size=1),
-                              cluster=dataclasses.replace(job.cluster, nnodes=nnodes, nproc_per_node=world // nnodes))
-    return resolve(job)
-
-
-def run_calibration(job: JobConfig, options: Options, run_dir: RunDir) -> tuple[MachineProfile | None, str]:
-    """Start `job`'s calibration ranks (a calibration_job) through its executor, each running
-    titan_exp.perf.measure; (the profile they wrote, "") or (None, why not). On SLURM without
-    cluster.wait the job is only queued: (None, "queued")."""
-    from titan_exp.cluster import get_executor
-
-    run_dir.path.mkdir(parents=True, exist_ok=True)
-    run_dir.config.write_text(to_yaml(job))
-    (run_dir.path / "calibrate.json").write_text(json.dumps(dataclasses.asdict(options)))
-    error = get_executor(job.cluster.executor)(job, run_dir, in_sweep=False, entry="titan_exp.perf.measure")
-    summary = run_dir.read_summary()
-    if summary is not None and summary.status == Status.pending:
-        return None, "queued"
-    if error or summary is None or summary.status != Status.ok:
-        return None, error or (summary.error if summary else "no summary written")
-    return MachineProfile.from_dict(json.loads(Path(summary.machine_profile).read_text())), ""
-
-
-def calibrate_missing(job: JobConfig, world: int, missing: list[str], *, compile: bool, run_dir: Path,
-                      folder: Path | None = None, say: Callable[[str], None] = logger.info) -> tuple[MachineProfile, float]:
-    """Measure what a plan or an autotune sweep of `job` on `world` ranks would otherwise estimate
-    (`missing`, from MachineProfile.missing), before it predicts anything: through the job's own
-    executor, as `python -m titan_exp.perf.calibrate` would, but quick (Options.quick: about half
-    its time). On a machine calibrated before, only the new model's blocks (and the compiled
-    speed-up) are measured. The profile and the seconds it took, which the caller counts in the
-    machine time it reports."""
-    cal = calibration_job(job, world)
-    say(f"calibrating first what the machine profile lacks: {'; '.join(missing)} "
-        "(autotune.calibrate=false estimates it from FLOPs instead)")
-    start = time.perf_counter()
-    options = Options(quick=True, compile=compile, profile_dir=str(folder.resolve()) if folder else None)
-    profile, error = run_calibration(cal, options, RunDir(run_dir))
-    seconds = time.perf_counter() - start
-    if profile is None:
-        raise RuntimeError(f"calibrating {'; '.join(missing)} failed ({error}); see {run_dir}; "
-                           "autotune.calibrate=false predicts from FLOPs instead")
-    say(f"calibrated in {seconds:.0f} s: {profile.path(folder)}")
-    return profile, seconds
-
-
-@dataclass
-class Coverage:
-    """A profile after `cover`: what it lacked for the job, what it still lacks (estimated from
-    FLOPs), and the seconds calibrating took (0: nothing was measured)."""
-
-    profile: MachineProfile
-    lacked: list[str]
-    lacks: list[str]
-    seconds: float
-
-
-def cover(job: JobConfig, world: int, profile: MachineProfile, *, compile: bool, folder: Path | None,
-          run_dir: Path, say: Callable[[str], None] = logger.info) -> Coverage:
-    """`profile` with what it lacks for `job` on `world` ranks (MachineProfile.missing: the block at
-    every TP degree, compile, the collectives) calibrated first, unless autotune.calibrate=false."""
-    tps = tp_degrees(job.model, world)
-    lacked = profile.missing(job, tps, compile=compile)
-    if not lacked or not job.autotune.calibrate:
-        return Coverage(profile, lacked, lacked, 0.0)
-    profile, seconds = calibrate_missing(job, world, lacked, compile=compile, run_dir=run_dir, folder=folder, say=say)
-    return Coverage(profile, lacked, profile.missing(job, tps, compile=compile), seconds)
+from titan_exp.config import Executor, compose_job
+from titan_exp.perf.calibration.run import calibration_job, run_calibration
+from titan_exp.perf.calibration.timing import Options
+from titan_exp.perf.model.shapes import tp_degrees
+from titan_exp.perf.rates.profile import Kernels, MachineProfile, model_shape, this_machine
+from titan_exp.record import RunDir
+from titan_exp.validation import validate
 
 
 def kernels_line(k: Kernels) -> str:
-    """The kernel rates a GPU's plan prices blocks it has not measured at (perf.gpu)."""
+    """The kernel rates a GPU's plan prices blocks it has not measured at (perf.model.block)."""
     curve = lambda c: ", ".join(f"{s} {r:.3g}" for s, r in c)  # noqa: E731
     compiled = (f", {k.host_compiled_s * 1e6:.1f} us/compiled kernel" if "host_compiled_s" in k.measured
                 else " (compiled kernel not measured: calibrate --compile)")
@@ -128,7 +45,8 @@ def kernels_line(k: Kernels) -> str:
             f"backward {curve(k.attention_bwd)}; memory-bound {k.memory_tb_s * 1e3:.0f} GB/s"
             + "".join(f", the block's {mode} {r * 1e3:.0f}" for mode, r in k.elementwise_tb_s.items())
             + f"; host {k.host_eager_s * 1e6:.1f} us/op{compiled}{float8}; grouped GEMM {grouped}"
-            + ("; torchao's float8 casts GB/s " + ", ".join(f"{key} {r * 1e3:.0f}" for key, r in k.float8_cast_tb_s.items())
+            + ("; torchao's float8 casts GB/s "
+               + ", ".join(f"{key} {r * 1e3:.0f}" for key, r in k.float8_cast_tb_s.items())
                if k.float8_cast_tb_s else ""))
 
 
@@ -144,8 +62,9 @@ def print_table(profile: MachineProfile, shape: str) -> None:
         print(f"  matmul {dtype}: {rate} + {line.latency_s * 1e6:.0f} us"
               f"{'; largest shapes (TFLOP/s): ' + rates if rates else ''}")
     for tp, cost in sorted(profile.blocks.get(shape, {}).items()):
-        print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} "
-              f"ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), head {cost.head.per_unit_s * 1e3:.2f} ms/seq"
+        print(f"  block tp={tp}: fwd {cost.fwd.per_unit_s * 1e3:.2f} ms/seq, "
+              f"fwd+bwd {cost.fwd_bwd.per_unit_s * 1e3:.2f} ms/seq (+{cost.fwd_bwd.latency_s * 1e3:.2f} ms), "
+              f"head {cost.head.per_unit_s * 1e3:.2f} ms/seq"
               + (f"; optimizer phase {cost.update.per_unit_s * 1e3:.1f} ms/block + {cost.update.latency_s * 1e3:.1f} ms"
                  if cost.update else ""))
     for where, table in (("", profile.collectives), (" across nodes", profile.inter_node)):
@@ -165,12 +84,14 @@ def print_table(profile: MachineProfile, shape: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m titan_exp.perf.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., cluster=...)")
-    parser.add_argument("--world", type=int, default=None, help="ranks to calibrate (default: the overrides' world size)")
+    parser.add_argument("--world", type=int, default=None,
+                        help="ranks to calibrate (default: the overrides' world size)")
     parser.add_argument("--refresh", action="store_true", help="measure again even if a profile exists")
     parser.add_argument("--compile", action="store_true", help="also measure the compiled block's speed-up (slow)")
     parser.add_argument("--tiny", action="store_true", help="smallest sizes and fewest repeats (tests)")
     parser.add_argument("--profile-dir", default=None, help="where profiles live (default: <cache>/perf)")
-    parser.add_argument("--run-dir", default=None, help="the calibration job's run dir (default: under the profile dir)")
+    parser.add_argument("--run-dir", default=None,
+                        help="the calibration job's run dir (default: under the profile dir)")
     args = parser.parse_intermixed_args(argv)  # overrides and flags in any order
     job = calibration_job(compose_job(args.overrides), args.world)
     errors = validate(job)
@@ -186,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reusing {known.path(folder)} (--refresh measures again)")
             print_table(known, shape)
             return 0
-    from titan_exp.perf.profile import profiles_dir
+    from titan_exp.perf.rates.profile import profiles_dir
 
     run_dir = RunDir(args.run_dir or (folder or profiles_dir()) / "runs" / time.strftime("%Y%m%d-%H%M%S"))
     options = Options(refresh=args.refresh, tiny=args.tiny, compile=args.compile,

@@ -81,7 +81,8 @@ def build_optimizers(model_parts: list[torch.nn.Module], job: JobConfig
         for part in model_parts
     ]
     factor = lr_lambda(job.lr_scheduler, steps)
-    return optimizers, [targets.build(job, "lr_scheduler", opt, lr_lambda=factor, total_steps=steps) for opt in optimizers]
+    return optimizers, [targets.build(job, "lr_scheduler", opt, lr_lambda=factor, total_steps=steps)
+                        for opt in optimizers]
 
 
 def kernels(implementation: OptimizerImpl, *, on_gpu: bool) -> dict[str, bool]:

@@ -4,7 +4,7 @@
   `profile_freq` (after one warm-up step) on every rank, and writes
   `<run dir>/<save_traces_folder>/iteration_<step>/rank<r>_trace.json` (Perfetto or
   chrome://tracing opens it). The trainer labels its phases (`forward_backward`, `optimizer`),
-  so the trace and titan_exp.perf.trace can split a step.
+  so the trace and titan_exp.train.trace can split a step.
 - Memory: with `profiling.enable_memory_snapshot`, a CUDA rank records the allocator's history and
   dumps `<save_memory_snapshot_folder>/rank<r>_memory_snapshot.pickle` at the end (open it at
   pytorch.org/memory_viz); a CPU rank has no allocator history, so it writes

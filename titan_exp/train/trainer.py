@@ -24,13 +24,20 @@ from titan_exp.checkpoint import states
 from titan_exp.checkpoint.manager import Checkpointer
 from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
 from titan_exp.config import JobConfig, OnNonfinite
-from titan_exp.data.corpus import Tokenizer
 from titan_exp.data import mixture
+from titan_exp.data.corpus import Tokenizer
 from titan_exp.data.mixture import open_mixture
 from titan_exp.data.sources import open_dataset, validation_source
 from titan_exp.eval.runner import Evaluations
-from titan_exp.metrics import (MetricSinks, StepHistory, Throughput, peak_allocated_gib, peak_memory_gib, peak_tflops,
-                               state_bytes)
+from titan_exp.metrics import (
+    MetricSinks,
+    StepHistory,
+    Throughput,
+    peak_allocated_gib,
+    peak_memory_gib,
+    peak_tflops,
+    state_bytes,
+)
 from titan_exp.models import moe
 from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import compiles_loss, loss_parallel_enabled, parallelize
@@ -113,7 +120,7 @@ class Trainer:
             self._prepare(model)
             self.model_parts = [model]
             # The whole model is on this rank: its parameters (a DTensor counts in full) are the
-            # config's, each once; a tie undone (issue 38: to_empty undid the 1B's and 3B's) is not.
+            # config's, each once; a tie undone (to_empty gives a tied weight a Parameter of its own) is not.
             held = sum(p.numel() for p in model.parameters())
             if held != job.model.num_params:
                 raise RuntimeError(f"the model holds {held:,} parameters where model.* makes {job.model.num_params:,} "
@@ -147,7 +154,8 @@ class Trainer:
                                    else open_dataset(d), d.text_field)
         # Each held-out set (one per mixture source), opened once; every validation rewinds it to its start.
         self.val_sets: list[tuple[mixture.Source, Any, dict[str, Any]]] = []
-        held_out = mixture.validation_sources(d, v) if d.mixture else [mixture.Source("", 1.0, validation_source(self.job))]
+        held_out = (mixture.validation_sources(d, v) if d.mixture
+                    else [mixture.Source("", 1.0, validation_source(self.job))])
         for source in held_out if v.enable else []:
             loader = self._loader(open_dataset(source.data), source.data.text_field, prefetch=False)
             self.val_sets.append((source, loader, loader.state_dict()))
@@ -259,7 +267,8 @@ class Trainer:
                 total += self._global_loss(self._forward_backward(loader.next_batch(), backward=by_step)).item()
         return total / self.job.validation.steps
 
-    def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]], backward: bool = True) -> torch.Tensor:
+    def _forward_backward(self, microbatches: list[tuple[torch.Tensor, torch.Tensor]],
+                          backward: bool = True) -> torch.Tensor:
         """This rank's summed loss over its microbatches; gradients accumulate (unless `backward`
         is off: the forward alone, for validation)."""
         loss = torch.zeros((), device=self.device)
@@ -279,7 +288,7 @@ class Trainer:
                     target = labels if self.has_last else None
                     run = self.schedule.step if backward else self.schedule.eval
                     run(*args, target=target, losses=losses if self.has_last else None)
-                    loss += sum(_plain(l) for l in losses) if self.has_last else 0.0
+                    loss += sum(_plain(part) for part in losses) if self.has_last else 0.0
         return loss
 
     def _global_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -331,7 +340,8 @@ class Trainer:
                     loss, grad_norm = self.train_step(self.loader.next_batch())
                     history.add(step, loss, grad_norm)
                     self.profiler.step(step)
-                    self.train_state.step, self.train_state.tokens_seen = step, self.train_state.tokens_seen + tokens_per_step
+                    self.train_state.step, self.train_state.tokens_seen = (
+                        step, self.train_state.tokens_seen + tokens_per_step)
                     stop = signals.stop_requested()
                     validate = self.job.validation.enable and (step % self.job.validation.freq == 0 or step == t.steps)
                     log = validate or step % self.job.metrics.log_freq == 0 or step == t.steps

@@ -91,7 +91,8 @@ def refresh(run_dir: RunDir) -> Optional[RunSummary]:
     summary = run_dir.read_summary()
     # Final summaries stay as they are, except a failure not yet set beside its job's end (no
     # slurm_state): rank 0 wrote it, and srun may name the ranks the job lost.
-    settled = summary is not None and summary.status in FINAL and (summary.status != Status.failed or summary.slurm_state)
+    settled = (summary is not None and summary.status in FINAL
+               and (summary.status != Status.failed or summary.slurm_state))
     if not run_dir.slurm_job.exists() or settled:
         return summary
     if shutil.which("sacct") is None:  # read on a machine outside the cluster

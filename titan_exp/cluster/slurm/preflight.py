@@ -69,7 +69,8 @@ def preflight(job: JobConfig) -> list[str]:
         e.append(f"cluster.timeout_min = {c.timeout_min}: partition {partition!r} allows at most {max_time:g} "
                  "minutes; lower it (the job checkpoints and requeues itself at the limit)")
     nodes = [Node(n, int(cpus), int(mem), _gpus(gres)) for n, cpus, mem, gres in
-             (line.split("|") for line in _run("sinfo", "-h", "-N", "-p", partition, "-o", "%N|%c|%m|%G").stdout.split())]
+             (line.split("|")
+              for line in _run("sinfo", "-h", "-N", "-p", partition, "-o", "%N|%c|%m|%G").stdout.split())]
     max_nodes = fields.get("MaxNodes", "UNLIMITED")
     if max_nodes.isdigit() and c.nnodes > int(max_nodes):
         e.append(f"cluster.nnodes = {c.nnodes}: partition {partition!r} allows at most {max_nodes} nodes per job")

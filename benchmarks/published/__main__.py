@@ -1,0 +1,5 @@
+"""`python -m benchmarks.published [--rows] [--source S] [--record DATE]` (report.main)."""
+
+from benchmarks.published.report import main
+
+raise SystemExit(main())

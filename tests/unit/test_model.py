@@ -1,0 +1,92 @@
+"""The Llama 3 model: parameter and FLOP counts by hand, RoPE against the complex formulation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import job_config
+
+from titan_exp.models.llama import Transformer, apply_rope, flops_per_token, rope_tables
+
+pytestmark = pytest.mark.quick
+
+
+def test_debugmodel_flops_per_token_by_hand():
+    cfg = job_config(["model=debugmodel"]).model  # dim 256, 6 layers, 16 heads, 8 kv heads, vocab 2048
+    head_dim, hidden = 16, 768  # 2/3 * 4 * 256 = 682 -> rounded up to 768
+    assert cfg.ffn_hidden_dim == hidden
+    per_layer = 256 * 256 * 2 + 256 * 128 * 2 + 3 * 256 * hidden + 2 * 256  # wq wo, wk wv, w1 w2 w3, 2 norms
+    non_embedding = 6 * per_layer + 256 + 2048 * 256  # + final norm + output
+    attention = 6 * 6 * 16 * (2 * head_dim) * 128  # 6 * layers * heads * 2 * head_dim * seq_len
+    assert flops_per_token(cfg, seq_len=128) == 6 * non_embedding + attention == 33_836_544
+
+
+def test_param_count_matches_the_module():
+    for overrides in ([], ["model.tie_word_embeddings=true"], ["model=llama3_100m"]):
+        cfg = job_config(overrides).model
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        assert cfg.num_params == sum(p.numel() for p in model.parameters())
+
+
+def test_rope_matches_the_complex_formulation():
+    x = torch.randn(2, 10, 4, 16)
+    cos, sin = rope_tables(16, 10, 500000.0)
+    freqs = torch.polar(torch.ones_like(cos), torch.atan2(sin, cos))  # e^{i * angle}
+    ref = torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * freqs[None, :, None, :]).flatten(-2)
+    torch.testing.assert_close(apply_rope(x, cos, sin), ref)
+
+
+def test_init_is_deterministic_and_causal():
+    cfg = job_config(["model.n_layers=2"]).model
+    models = []
+    for _ in range(2):
+        with torch.device("meta"):
+            model = Transformer(cfg)
+        model.to_empty(device="cpu")
+        model.init_weights(seed=7)
+        models.append(model)
+    for (name, a), (_, b) in zip(models[0].named_parameters(), models[1].named_parameters()):
+        assert torch.equal(a, b), name
+    tokens = torch.randint(0, cfg.vocab_size, (1, 12))
+    changed = tokens.clone()
+    changed[0, 8] = (changed[0, 8] + 1) % cfg.vocab_size
+    with torch.no_grad():
+        a, b = models[0](tokens), models[0](changed)
+    assert torch.equal(a[0, :8], b[0, :8])  # no position sees the future
+    assert not torch.equal(a[0, 8:], b[0, 8:])
+
+
+def test_context_parallel_chunks_attend_through_torchs_causal_bias_not_a_mask(monkeypatch):
+    """Each of a CP rank's two chunks attends to the keys before its end through torch's
+    lower-right causal bias, which SDPA runs fused on a GPU (a boolean mask over the sequence
+    cannot be, and it is kept for the backward); the result is causal attention over the whole
+    sequence (one CP rank here: its chunks are the two halves)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.nn.attention.bias import CausalBias
+
+    from titan_exp.models.llama import causal_attention
+    from titan_exp.parallel.context import ContextParallel
+
+    seen, dispatch = [], CausalBias._dispatch  # what SDPA calls for a causal bias
+    monkeypatch.setattr(CausalBias, "_dispatch", staticmethod(lambda *a, **k: (
+        seen.append(k["attn_mask"]), dispatch(*a, **k))[1]))
+    q, k, v = (torch.randn(2, 16, 4, 8, requires_grad=True) for _ in range(3))
+    ones, zeros = torch.ones(16, 4), torch.zeros(16, 4)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        cp = init_device_mesh("cpu", (1,), mesh_dim_names=("cp",)).get_group()
+        out = ContextParallel(cp, 0, 1, 16).attention(q, k, v, ones, zeros, lambda x, c, s: x)
+        out.sum().backward()  # the all-gather's backward reduce-scatters over the group
+    finally:
+        dist.destroy_process_group()
+    assert [(type(m), m.seq_len_q, m.seq_len_kv) for m in seen] == [(CausalBias, 8, 8), (CausalBias, 8, 16)]
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    reference = causal_attention(q, k, v)
+    reference.sum().backward()
+    torch.testing.assert_close(out, reference)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, want)

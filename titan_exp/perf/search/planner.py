@@ -1,0 +1,142 @@
+"""The layout planner: every valid layout of a model on N devices (search.layouts), each at every
+combination of the other axes `autotune.search` names (AC mode, compile, precision, float8's shape
+filter: search.axes), with its predicted step time, tokens/s and memory per device (perf.model),
+ranked. Without measuring, this is what autotune predicts; `python -m titan_exp.perf.plan` prints it,
+and cluster.elastic re-plans with `fastest_fitting`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Iterable
+
+from titan_exp.config import MESH_DIMS, AutotuneAxis, JobConfig, layout_label
+from titan_exp.perf.model.memory import predict_memory
+from titan_exp.perf.model.placement import across_nodes
+from titan_exp.perf.model.step import StepPrediction, predict_step
+from titan_exp.perf.rates.profile import MachineProfile, this_machine
+from titan_exp.perf.search.axes import labels, variants
+from titan_exp.perf.search.layouts import (
+    batch_splits,
+    degrees_of,
+    factorizations,
+    global_batch_of,
+    layout_overrides,
+    split_label,
+    valid_layouts,
+)
+
+
+@dataclass
+class Plan:
+    degrees: dict[str, int]
+    local_batch_size: int
+    split: str  # split_label: local batch, accumulation, PP microbatch
+    overrides: list[str]
+    memory_gib: float
+    parts_gib: dict[str, float]
+    step: StepPrediction
+    fits: bool = True
+    across_nodes: tuple[str, ...] = ()  # mesh dims (and "ep") whose groups span nodes (model.placement.across_nodes)
+    nodes: int = 1  # the nodes its ranks span (cluster.nnodes)
+    settings: tuple[str, ...] = ()  # the overrides of the other axes searched (perf.search.axes.variants)
+    configured: bool = True  # those settings are the job's own
+    job: JobConfig | None = None  # the candidate as planned (write_sweep writes its settings from it)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Predicted tokens/s per device."""
+        return self.step.tokens_per_s_per_device
+
+    @property
+    def name(self) -> str:
+        return ", ".join([layout_label(self.degrees), *labels(self.settings)])
+
+
+def fastest(jobs: list[JobConfig], profile: MachineProfile, *, cuda: bool, memory_gib: float) -> JobConfig | None:
+    """The fastest predicted of `jobs` among those that fit in memory, else the fastest."""
+    def key(j: JobConfig) -> tuple[bool, float]:
+        return predict_memory(j, cuda=cuda)["total"] > memory_gib, predict_step(j, profile, cuda=cuda).step_s
+
+    return min(jobs, key=key, default=None)
+
+
+def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, cuda: bool = False,
+                       memory_gib: float = float("inf")) -> list[JobConfig]:
+    """Every layout of `world` devices, each at its fastest predicted split of the job's global
+    batch (batch_splits): a layout is not left out for want of a local batch or microbatch the
+    user did not ask for."""
+    global_batch = global_batch_of(job, world)
+    best = (fastest(batch_splits(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda, memory_gib=memory_gib)
+            for degrees in factorizations(world, job.model.n_experts))
+    return [j for j in best if j is not None]
+
+
+@dataclass
+class Replan:
+    """The planner's answer for an elastic run (fastest_fitting): the job in the chosen layout, or
+    None when no layout fits; and the layout that needs the least memory, for the refusal."""
+
+    job: JobConfig | None
+    least_gib: float = float("inf")
+    least_layout: str = ""
+    valid: int = 0  # layouts that validate (at their fastest split)
+    step_s: float = 0.0  # the chosen layout's predicted seconds per step
+    memory_gib: float = 0.0  # and its predicted memory per device
+
+
+def fastest_fitting(job: JobConfig, world: int, *, cuda: bool, memory_gib: float,
+                    profile: MachineProfile | None = None) -> Replan:
+    """The fastest predicted layout of `world` devices that fits in `memory_gib` per device, at
+    the job's global batch (each layout at its fastest split, gradient accumulation absorbing
+    what the local batch cannot hold), with the job's model, precision, AC and compile."""
+    profile = profile or this_machine(world, cuda=cuda, nodes=job.cluster.nodes_for(world))
+    layouts = best_split_layouts(job, world, profile, cuda=cuda, memory_gib=memory_gib)
+    if not layouts:
+        return Replan(None)
+    memory = [predict_memory(j, cuda=cuda)["total"] for j in layouts]
+    least = min(range(len(layouts)), key=memory.__getitem__)
+    answer = Replan(None, memory[least], layout_label(degrees_of(layouts[least])), len(layouts))
+    fits = [(predict_step(j, profile, cuda=cuda).step_s, m, j) for j, m in zip(layouts, memory) if m <= memory_gib]
+    if not fits:
+        return answer
+    step_s, gib, best = min(fits, key=lambda f: f[0])
+    return dataclasses.replace(answer, job=best, step_s=step_s, memory_gib=gib)
+
+
+def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
+         profile: MachineProfile | None = None, any_split: bool = False,
+         axes: Iterable[AutotuneAxis] = ()) -> list[Plan]:
+    """Every valid layout, fastest first among those that fit, then those that do not; at the
+    job's local batch, or with `any_split` each at its fastest split of the global batch; each
+    at every combination of the values of the other `axes` searched (perf.search.axes.variants)."""
+    nodes = job.cluster.nodes_for(world)
+    profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
+    plans = []
+    for variant, settings in variants(job, axes, cuda=cuda):
+        own = (variant.activation_checkpoint, variant.compile, variant.precision) == (
+            job.activation_checkpoint, job.compile, job.precision)
+        layouts = (best_split_layouts(variant, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
+                   else valid_layouts(variant, world, cuda=cuda))
+        for candidate in layouts:
+            parts = predict_memory(candidate, cuda=cuda)
+            plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
+                              layout_overrides(candidate),
+                              parts["total"], {k: v for k, v in parts.items() if k != "total"},
+                              predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
+                              across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
+                              nodes=candidate.cluster.nnodes, settings=tuple(settings), configured=own,
+                              job=candidate))
+    return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
+
+
+def device_memory_gib(world: int, cuda: bool) -> float:
+    """Memory per device when not given: this GPU's, or this machine's RAM shared by the ranks."""
+    import os
+
+    import torch
+
+    if cuda and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / world
