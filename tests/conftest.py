@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from titan_exp.config import compose, compose_job
+# What the tests import from here: a job launched as the benchmarks launch one, the composed config.
+from benchmarks.common import run_job  # noqa: F401
+from titan_exp.config import compose, compose_job  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,9 +45,7 @@ def rank_forkserver(titan_cache):
     forkserver.ready()
 
 
-def job_config(overrides: list[str]):
-    """The JobConfig `python launch.py <overrides>` would run."""
-    return compose_job(overrides)
+job_config = compose_job  # the JobConfig `python launch.py <overrides>` would run
 
 
 def as_ran(data: dict) -> list[str]:
@@ -65,14 +65,6 @@ def rank_correlation(predicted_s: list[float], measured_s: list[float]) -> float
     from titan_exp.perf.calibration.fit import spearman
 
     return spearman([1 / p for p in predicted_s], [1 / m for m in measured_s])
-
-
-def run_job(overrides: list[str], run_dir: Path, *, multirun: bool = False) -> tuple[int, dict | None]:
-    """Launch through titan_exp.launch (ranks are real processes); (exit code, summary.json as read)."""
-    from titan_exp.launch import launch
-
-    code = launch(compose(overrides), str(run_dir), multirun=multirun)
-    return code, read_summary(run_dir)
 
 
 def read_summary(run_dir: Path) -> dict | None:

@@ -5,7 +5,7 @@
 
 0. Calibration: what the machine profile lacks for these candidates (the model's block at every
    TP degree, compile when searched, the collectives at the world size) is measured first,
-   through the job's executor (titan_exp.perf.calibrate.cover); its time counts in the machine
+   through the job's executor (titan_exp.perf.calibration.run.cover); its time counts in the machine
    time the record reports. With autotune.calibrate=false those parts are FLOPs estimates, and
    the record's first line says so and how far off such estimates were when last checked.
 1. Candidates: every valid layout of the world size (titan_exp.perf.search.planner), times the values of
@@ -96,7 +96,7 @@ class Candidate:
     memory_gib: float
     fits: bool
     layout: str = ""  # the layout and the other axes' values, without the split
-    split: str = ""  # planner.split_label: the batch split it runs with
+    split: str = ""  # layouts.split_label: the batch split it runs with
     pruned: str = ""  # why it was not measured further; empty for the winner
     members: list[Member] = field(default_factory=list)
 
@@ -112,7 +112,7 @@ class Candidate:
 def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: float) -> list[Candidate]:
     """Every valid candidate, predicted; those that fit first, fastest first. A candidate is a
     layout (with a value of each other axis searched) at one split of the global batch: every
-    split that validates is one (planner.batch_splits), so no layout is lost for want of a split,
+    split that validates is one (layouts.batch_splits), so no layout is lost for want of a split,
     and the split a layout runs best with is a prediction like the rest, measured when it is close."""
     axes = job.autotune.search
     job = resolved(job)

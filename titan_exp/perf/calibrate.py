@@ -25,7 +25,7 @@ from titan_exp.config import Executor, compose_job
 from titan_exp.perf.calibration.run import calibration_job, run_calibration
 from titan_exp.perf.calibration.timing import Options
 from titan_exp.perf.model.shapes import tp_degrees
-from titan_exp.perf.rates.profile import Kernels, MachineProfile, model_shape, this_machine
+from titan_exp.perf.rates.profile import Kernels, MachineProfile, model_shape, profiles_dir, this_machine
 from titan_exp.record import RunDir
 from titan_exp.validation import validate
 
@@ -107,8 +107,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"reusing {known.path(folder)} (--refresh measures again)")
             print_table(known, shape)
             return 0
-    from titan_exp.perf.rates.profile import profiles_dir
-
     run_dir = RunDir(args.run_dir or (folder or profiles_dir()) / "runs" / time.strftime("%Y%m%d-%H%M%S"))
     options = Options(refresh=args.refresh, tiny=args.tiny, compile=args.compile,
                       profile_dir=str(folder.resolve()) if folder else None)

@@ -22,8 +22,8 @@ numbers, GPUs per node, NVLink and network bandwidth, latencies; the plan's firs
 values came from the file. The override `cluster.hardware=FILE` (or a cluster preset that sets it)
 names the same file: the flag is its shortcut, and giving both is refused. On GPUs a line after
 the table says when the fastest layout that fits leaves less memory to spare than the memory
-model's worst error on published runs (planner.margin_line); the last line is the job as
-configured (planner.configured_line).
+model's worst error on published runs (margin_line); the last line is the job as
+configured (configured_line).
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ from titan_exp.perf.model.shapes import (
     block_linears,
     float8_gathered,
     low_precision_linears,
+    mean_ffn_width,
     selective_recomputed,
 )
 from titan_exp.perf.rates.float8_casts import cast_bytes, cast_host_s, cast_rate, recipe_of, torchao_eager
@@ -187,18 +188,11 @@ class _Gemms:
     routed: RoutedTimes
 
 
-def _ffn_width(m: ModelConfig, tp: int) -> float:
-    """The SwiGLU's width on one TP rank, averaged over the blocks (dense blocks' and MoE blocks'
-    shared experts); an MoE layer's routed experts are apart (routed_experts)."""
-    moe = m.n_moe_layers / m.n_layers
-    return (1 - moe) * m.ffn_hidden_dim / tp + moe * m.n_shared_experts * m.expert_hidden_dim / tp
-
-
 def _gemms(b: _Setting) -> _Gemms:
     """The linears of a block, in (in, out) shapes on one TP rank, by the groups async TP fuses:
     attention's q, k, v (MLA's projections to and from its latents) and o (perf.model.shapes); the
     SwiGLU's w1 and w3, and w2; an MoE layer's routed experts added to the feed-forward's groups."""
-    attention, ffn = attention_on_rank(b.job.model, b.tp), _ffn_width(b.job.model, b.tp)
+    attention, ffn = attention_on_rank(b.job.model, b.tp), mean_ffn_width(b.job.model) / b.tp
     up, down = (b.job.model.dim, ffn), (ffn, b.job.model.dim)
     groups = [{name: shape for name, shape in attention.items() if name != "attention.wo"},
               {"attention.wo": attention["attention.wo"]}, {"feed_forward.w1": up, "feed_forward.w3": up},
@@ -242,7 +236,7 @@ def _memory_bound(b: _Setting, routed: RoutedTimes, cast_s: float) -> tuple[floa
     """Memory-bound seconds of the forward and the backward: the model's kernels (Elementwise), the
     float8 casts', and under autocast with fp32 parameters its casts and fp32 residual stream."""
     m, elementwise, compiled = b.job.model, b.engine.elementwise, b.compiled
-    f_units = _ffn_width(m, b.tp) + b.moe * m.top_k * m.expert_hidden_dim
+    f_units = mean_ffn_width(m) / b.tp + b.moe * m.top_k * m.expert_hidden_dim
     rate = b.kern.elementwise_rate(compiled)  # [hbm]
     mem_fwd = elementwise_bytes(m, b.tp, elementwise, compiled, b.tokens, b.act, f_units) / rate
     mem_fwd += b.moe * routed.dispatch_bytes * b.act / 2 / rate

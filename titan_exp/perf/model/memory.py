@@ -67,6 +67,7 @@ from titan_exp.perf.model.shapes import (
     block_matmuls,
     float8_gathered,
     fsdp_rounds,
+    mean_ffn_width,
     selective_saves,
 )
 from titan_exp.validation import resolved
@@ -189,8 +190,7 @@ class _Rank:
 
     @property
     def ffn_width(self) -> float:
-        m = self.job.model
-        return (1 - self.moe_share) * m.ffn_hidden_dim + self.moe_share * m.n_shared_experts * m.expert_hidden_dim
+        return mean_ffn_width(self.job.model)
 
 
 def _rank(job: JobConfig, cuda: bool, pp_rank: int) -> _Rank:

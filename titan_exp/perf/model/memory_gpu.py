@@ -83,7 +83,14 @@ from __future__ import annotations
 import math
 
 from titan_exp.config import ACMode, JobConfig
-from titan_exp.perf.model.shapes import Sizes, attention_on_rank, block_linears, block_tensors, low_precision_linears
+from titan_exp.perf.model.shapes import (
+    Sizes,
+    attention_on_rank,
+    block_linears,
+    block_tensors,
+    low_precision_linears,
+    mean_ffn_width,
+)
 
 MIB = 2**20
 MIN_BLOCK = 512  # [cca] kMinBlockSize
@@ -146,8 +153,7 @@ def float8_tensors(job: JobConfig, tokens: float) -> Sizes:
         return []
     recipe = pr.float8_recipe if pr.converter == "float8" else "mxfp8"
     tp = job.parallelism.tensor_parallel_degree
-    moe = m.n_moe_layers / m.n_layers
-    ffn = (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
+    ffn = mean_ffn_width(m)
     shapes = attention_on_rank(m, tp) | {"feed_forward.w1": (m.dim, ffn / tp), "feed_forward.w3": (m.dim, ffn / tp),
                                          "feed_forward.w2": (ffn / tp, m.dim)}
     low = low_precision_linears(job)

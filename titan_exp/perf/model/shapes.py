@@ -41,6 +41,13 @@ def attention_linears(m: ModelConfig) -> dict[str, tuple[int, int, str]]:
                       "attention.wo": (h * m.v_head_size, m.dim, "in")}
 
 
+def mean_ffn_width(m: ModelConfig) -> float:
+    """The SwiGLU's width averaged over the blocks: the dense blocks' and the MoE blocks' shared
+    experts (an MoE layer's routed experts are counted apart)."""
+    moe = m.n_moe_layers / m.n_layers
+    return (1 - moe) * m.ffn_hidden_dim + moe * m.n_shared_experts * m.expert_hidden_dim
+
+
 def attention_on_rank(m: ModelConfig, tp: int) -> dict[str, tuple[float, float]]:
     """attention_linears' shapes (in, out) on one TP rank of `tp`."""
     split = {"out": lambda k, n: (k, n / tp), "in": lambda k, n: (k / tp, n), "whole": lambda k, n: (k, n)}

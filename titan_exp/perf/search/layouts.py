@@ -56,13 +56,16 @@ def with_layout(job: JobConfig, degrees: dict[str, int], global_batch: int, *, l
     )
 
 
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
 def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
     """Every assignment of degrees to the five mesh dims whose product is `world`; for an MoE
     model (`n_experts` > 0) each also with every expert parallel degree that divides the experts
     and dp_shard x cp x tp (validation decides which of those can be carved)."""
-    divisors = [d for d in range(1, world + 1) if world % d == 0]
     out = []
-    for pp, rep, shard, cp in itertools.product(divisors, repeat=4):
+    for pp, rep, shard, cp in itertools.product(divisors(world), repeat=4):
         rest = pp * rep * shard * cp
         if world % rest == 0:
             degrees = dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest)))
@@ -113,10 +116,6 @@ def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[Job
 # The fields a batch split sets, as validation's messages name them (`field = value: ...`).
 SPLIT_FIELDS = ("training.local_batch_size", "training.global_batch_size",
                 "parallelism.pipeline_parallel_microbatch_size")
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def batch_splits(job: JobConfig, degrees: dict[str, int], global_batch: int, *, cuda: bool = False) -> list[JobConfig]:
