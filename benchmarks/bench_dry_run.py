@@ -46,7 +46,8 @@ CASES = [  # (name, model, layers built, full depth, world as nodes x 8, layout 
 
 def overrides_for(model: str, layers: int, nodes: int, layout: list[str], rank: int, seq: int) -> list[str]:
     pp = next((int(o.split("=")[1]) for o in layout if "pipeline" in o), 1)
-    return [f"model={model}", f"model.n_layers={layers}", f"training.seq_len={seq}", "training.local_batch_size=" +
+    return [f"model={model}", "precision=fp32", "activation_checkpoint.mode=none", f"model.n_layers={layers}",
+            f"training.seq_len={seq}", "training.local_batch_size=" +
             str(pp), "training.global_batch_size=-1", "parallelism.pipeline_parallel_microbatch_size=1",
             f"cluster.nnodes={nodes}", "cluster.nproc_per_node=8", *layout, "cluster.dry_run=true",
             f"cluster.dry_run_rank={rank}"]

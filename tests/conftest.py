@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,17 @@ def logged_steps(run_dir: Path) -> int:
     """Lines in the run's metrics.jsonl so far (one per step with metrics.log_freq=1)."""
     path = run_dir / "metrics.jsonl"
     return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def rank_pids(run_dir: Path) -> list[int]:
+    """The live rank processes of the run in run_dir: each rank log's latest process (its "(pid N)"
+    line; forked from the launcher's forkserver, a rank's command line is the server's)."""
+    pids = []
+    for log in (run_dir / "logs").glob("rank-*.log"):
+        found = re.findall(r"titan_exp from \S+, on host \S+ \(pid (\d+)\)", log.read_text())
+        if found and Path("/proc", found[-1]).exists():
+            pids.append(int(found[-1]))
+    return pids
 
 
 def losses_by_step(run_dir: Path) -> list[float]:

@@ -1,8 +1,9 @@
 """Optional dependencies: which pip extra brings each one, and the message when it is missing.
 
-The core install trains, sweeps and reports; wandb, TensorBoard, the notebook's pandas and lm-eval
-come with `pip install 'titan_exp[wandb]'`, `[tensorboard]`, `[notebooks]`, `[eval]` (or `[all]`). A config that
-asks for one that is not installed fails at validation, before anything starts.
+The core install trains, sweeps and reports; wandb, TensorBoard, the notebook's pandas, lm-eval and
+transformers (which writes a Hugging Face export's tokenizer) come with `pip install 'titan_exp[wandb]'`,
+`[tensorboard]`, `[notebooks]`, `[eval]`, `[hf]` (or `[all]`). A config that asks for one that is not
+installed fails at validation, before anything starts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ import importlib
 import importlib.util
 from types import ModuleType
 
-EXTRA_OF = {"wandb": "wandb", "tensorboard": "tensorboard", "pandas": "notebooks", "lm_eval": "eval"}
+EXTRA_OF = {"wandb": "wandb", "tensorboard": "tensorboard", "pandas": "notebooks", "lm_eval": "eval",
+            "transformers": "hf"}
 
 
 def missing(module: str) -> str | None:

@@ -1,14 +1,17 @@
 """What `launch.py` refuses before Hydra composes anything.
 
-  - A key that no schema has (a typo) gets "did you mean ...?" instead of Hydra's "Key 'x' is
-    not in struct"; so does a preset that is not there (`parallelism=fsdpp`). Presets and groups
-    come from every folder Hydra searches: ours, `--config-dir`, `hydra.searchpath`, so a user's
-    `model=mine` or `+experiment=NAME` goes through.
+  - A key that no schema has (a typo) gets "did you mean ...?" with the whole key to type
+    instead of Hydra's "Key 'x' is not in struct"; so does a preset that is not there
+    (`parallelism=fsdpp`). Presets and groups come from every folder Hydra searches: ours,
+    `--config-dir`, `hydra.searchpath`, so a user's `model=mine` or `+experiment=NAME` goes through.
   - `_target_` may only name an allow-listed callable. Hydra instantiates whatever a `_target_`
     names (its callbacks, for one), so a config or an override must not be able to say
     `_target_: os.system`. Checked in the overrides and in every config file Hydra would read
     (conf/, --config-dir, hydra.searchpath), before Hydra instantiates anything; the user adds
     their own modules with `allowed_targets` (titan_exp.targets says which may not be added).
+  - A value of the wrong type (`training.steps=ten`) or a float that is NaN or +/-inf where its
+    field takes no such value (titan_exp.config.values) gets one line naming the field, the value
+    and what it must be, instead of Hydra's multi-line error.
   - hydra.run.dir / hydra.sweep.dir must be writable (Hydra would fail with a traceback).
   - hydra/launcher=submitit_*: it would start a member as one process; cluster=slurm is the way.
 """
@@ -26,6 +29,7 @@ import yaml
 from titan_exp import targets
 from titan_exp.config import CONF, JobConfig, sweep_groups
 from titan_exp.config.compose import choice_enum
+from titan_exp.config.values import override_errors
 from titan_exp.files import unwritable
 
 # Ours, and Hydra's own callbacks (not hydra.utils, whose call/instantiate would run anything);
@@ -35,11 +39,30 @@ ALLOWED_TARGETS = (*targets.BUILTIN_PREFIXES, "hydra.experimental.callbacks")
 RENAMED = {"optimizer.name": "optimizer._target_ names the class now, e.g. optimizer._target_=torch.optim.Adam"}
 
 
-def _did_you_mean(word: str, choices: list[str], prefix: str = "") -> str:
-    close = difflib.get_close_matches(word, choices, n=3, cutoff=0.6) or [c for c in choices if c in word or word in c]
+def _close(word: str, choices: list[str]) -> list[str]:
+    return difflib.get_close_matches(word, choices, n=3, cutoff=0.6) or [c for c in choices if c in word or word in c]
+
+
+def _did_you_mean(word: str, choices: list[str], prefix: str = "", rest: list[str] = ()) -> str:
+    """The close choices, each as the whole key to type: `prefix`, the choice and, for a mistyped
+    node of a dotted key, the `rest` of the key (its field corrected too)."""
+    close = _close(word, choices)
     if close:
-        return f"did you mean {' or '.join(prefix + c for c in close)}?"
+        return f"did you mean {' or '.join(prefix + _completed(c, list(rest)) for c in close)}?"
     return f"choose from {', '.join(prefix + c for c in sorted(choices))}"
+
+
+def _completed(node: str, rest: list[str]) -> str:
+    """`node` followed by the rest of a key typed under a misspelt node: its field as typed when
+    the schema's node has it, else the closest field it has, else the node alone."""
+    schema = {f.name: f.default_factory for f in dataclasses.fields(JobConfig)}.get(node)
+    if not rest or not dataclasses.is_dataclass(schema):
+        return ".".join([node, *rest])
+    fields = [f.name for f in dataclasses.fields(schema)]
+    if rest[0] in fields:
+        return ".".join([node, *rest])
+    close = difflib.get_close_matches(rest[0], fields, n=1, cutoff=0.6)
+    return f"{node}.{close[0]}" if close else node
 
 
 def _presets(group: str, folders: list[Path]) -> list[str]:
@@ -55,9 +78,10 @@ def _groups(folders: tuple[Path, ...]) -> set[str]:
                                   if d.is_dir() and not d.name.startswith(".") and any(d.glob("*.yaml"))}
 
 
-def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CONF,)) -> list[str]:
-    """A problem with an override's key, or with the preset it selects. A group any config folder
-    has (`+experiment=NAME`, a user's `model=mine` from --config-dir) is Hydra's to compose."""
+def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CONF,), typed: bool = True) -> list[str]:
+    """A problem with an override's key, with the preset it selects or (`typed`: a value to check)
+    with its value's type. A group any config folder has (`+experiment=NAME`, a user's `model=mine`
+    from --config-dir) is Hydra's to compose."""
     parts = key.split(".")
     top = {f.name: f for f in dataclasses.fields(JobConfig)}
     if parts[0].split("/")[0] == "hydra":
@@ -73,19 +97,18 @@ def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CON
     if key in RENAMED:
         return [f"{key}: renamed; {RENAMED[key]}"]
     if parts[0] not in top:
-        return [f"{key}: unknown key; {_did_you_mean(parts[0], sorted(set(top) | groups))}"]
-    if len(parts) == 1 or not dataclasses.is_dataclass(top[parts[0]].default_factory):
-        return []
-    fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
-    if parts[1] not in fields:
-        return [f"{key}: unknown key; {_did_you_mean(parts[1], fields, prefix=parts[0] + '.')}"]
-    enum_type = choice_enum(top[parts[0]].default_factory, parts[1])
-    choices = [m.value for m in enum_type] if enum_type is not None else []
-    values = value if isinstance(value, list) else [value]
-    wrong = [v for v in values if isinstance(v, str) and choices and v not in choices]
-    if wrong:
-        return [f"{key}={wrong[0]}: not a choice; {_did_you_mean(wrong[0], choices)}"]
-    return []
+        return [f"{key}: unknown key; {_did_you_mean(parts[0], sorted(set(top) | groups), rest=parts[1:])}"]
+    if len(parts) > 1 and dataclasses.is_dataclass(top[parts[0]].default_factory):
+        fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
+        if parts[1] not in fields:
+            return [f"{key}: unknown key; {_did_you_mean(parts[1], fields, prefix=parts[0] + '.')}"]
+        enum_type = choice_enum(top[parts[0]].default_factory, parts[1])
+        choices = [m.value for m in enum_type] if enum_type is not None else []
+        values = value if isinstance(value, list) else [value]
+        wrong = [v for v in values if isinstance(v, str) and choices and v not in choices]
+        if wrong:
+            return [f"{key}={wrong[0]}: not a choice; {_did_you_mean(wrong[0], choices)}"]
+    return override_errors(key, value) if typed else []
 
 
 def _targets(node: Any, where: str) -> Iterator[tuple[str, Any]]:
@@ -158,7 +181,8 @@ def check_argv(argv: list[str]) -> list[str]:
         key = o.key_or_group + (f"@{o.package}" if o.package else "")
         if o.is_sweep_override() and not (o.is_discrete_sweep() or o.is_range_sweep()):
             values = []  # interval(a,b) for optimising sweepers: numbers, nothing to look up; the key still is
-            errors += key_errors(o.key_or_group, None, is_add=o.is_add() or o.is_force_add(), folders=folders)
+            errors += key_errors(o.key_or_group, None, is_add=o.is_add() or o.is_force_add(), folders=folders,
+                                 typed=False)
         else:
             values = list(o.sweep_iterator()) if o.is_sweep_override() else [o.value()]
         for value in values:

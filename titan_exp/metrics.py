@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import resource
+import statistics
 import time
 from pathlib import Path
 
@@ -197,8 +198,9 @@ class StepHistory:
 
 
 class Throughput:
-    """Tokens/s per device and MFU over the steps since the last report, and in steady state
-    (every step after `warmup_steps`) for the summary."""
+    """Tokens/s per device and MFU over the steps since the last report, and in steady state for
+    the summary: every step this process trained after its first `warmup_steps` (compile, allocator
+    and cache warm-up; a resumed or elastic segment warms up again)."""
 
     def __init__(self, flops_per_token: int, peak_tflops: float, world_size: int, warmup_steps: int):
         self.flops_per_token = flops_per_token
@@ -207,19 +209,12 @@ class Throughput:
         self.warmup_steps = warmup_steps
         self._window_tokens = 0
         self._window_time = 0.0
-        self._steady_tokens = 0
-        self._steady_time = 0.0
-        self._total_tokens = 0
-        self._total_time = 0.0
+        self._steps: list[tuple[int, float]] = []  # (tokens, seconds) of every step, in order
 
-    def record(self, step: int, tokens: int, seconds: float) -> None:
+    def record(self, tokens: int, seconds: float) -> None:
         self._window_tokens += tokens
         self._window_time += seconds
-        self._total_tokens += tokens
-        self._total_time += seconds
-        if step > self.warmup_steps:
-            self._steady_tokens += tokens
-            self._steady_time += seconds
+        self._steps.append((tokens, seconds))
 
     def _rates(self, tokens: int, seconds: float) -> dict[str, float]:
         tps = tokens / seconds / self.world_size if seconds > 0 else float("nan")
@@ -231,10 +226,14 @@ class Throughput:
         return out
 
     def steady(self) -> dict[str, float]:
-        """Rates after warm-up; for a run too short to have any, the whole run."""
-        if self._steady_time == 0:
-            return self._rates(self._total_tokens, self._total_time)
-        return self._rates(self._steady_tokens, self._steady_time)
+        """The steady steps' rates (for a run too short to have any, every step's): `tps_per_device`
+        and `mfu` of the median step, which one slow step (a checkpoint, validation, a stall) does
+        not move; `tps_per_device_mean` and `mfu_mean`, all their tokens over all their time."""
+        steps = self._steps[self.warmup_steps:] or self._steps
+        rates = [tokens / seconds for tokens, seconds in steps if seconds > 0]
+        median = self._rates(statistics.median(rates), 1.0) if rates else self._rates(0, 0.0)
+        mean = self._rates(sum(t for t, _ in steps), sum(s for _, s in steps))
+        return {**median, "tps_per_device_mean": mean["tps_per_device"], "mfu_mean": mean["mfu"]}
 
 
 def wandb_run_id(run_dir: Path) -> str:

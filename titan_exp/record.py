@@ -91,8 +91,13 @@ class RunSummary:
     # MoE: the last step's max/min tokens per expert over the mean, largest bias
     expert_load: Optional[dict[str, float]] = None
     skipped_steps: Optional[list[int]] = None
+    # Steady state: the steps after this segment's first metrics.warmup_steps (all of them in a run
+    # too short to have any). tokens/s and MFU of the median steady step, which one slow step does
+    # not move; the _mean fields are all steady tokens over all steady time.
     tokens_per_second_per_device: Optional[float] = None
     mfu: Optional[float] = None
+    tokens_per_second_per_device_mean: Optional[float] = None
+    mfu_mean: Optional[float] = None
     peak_memory_gib: Optional[float] = None
     peak_memory_allocated_gib: Optional[float] = None  # GPU: the most tensors held (peak_memory_gib is reserved)
     state_bytes_per_rank: Optional[int] = None

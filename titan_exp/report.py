@@ -19,19 +19,21 @@ import functools
 import io
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 from hydra.experimental.callback import Callback
 
-from titan_exp.config import layout_label
+from titan_exp.config import Converter, JobConfig, PrecisionConfig, layout_label, load_job_config
 from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, RunSummary, Status, sweep_members
 
 logger = logging.getLogger("titan_exp.report")
 
-COLUMNS = ("member", "overrides", "layout", "ep", "expert_load", "precision", "compile", "activation_checkpoint",
-           "world_size", "tokens_per_second_per_device", "mfu", "peak_memory_gib", "final_loss", "final_val_loss",
+# report.csv's columns; a column no member has a value in is left out (KEPT always stays).
+COLUMNS = ("member", "overrides", "layout", "global_batch_size", "seq_len", "precision", "ep", "expert_load",
+           "compile", "activation_checkpoint", "world_size", "tokens_per_second_per_device",
+           "tokens_per_second_per_device_mean", "mfu", "peak_memory_gib", "final_loss", "final_val_loss",
            "status", "reason",
            "predicted_tokens_per_second_per_device", "prediction_error", "prediction_source", "compute_share",
            "exposed_comm_share",
@@ -39,6 +41,7 @@ COLUMNS = ("member", "overrides", "layout", "ep", "expert_load", "precision", "c
 SHARES = ("compute", "exposed_comm", "bubble", "recompute")
 # Where a row's predicted numbers come from (MachineProfile.source); every other number is measured.
 PREDICTION_SOURCES = {"calibrated": "measured profile", "spec": "spec sheet", "defaults": "default costs"}
+KEPT = ("member", "overrides", "status")
 
 
 def members(sweep: Path) -> list[Path]:
@@ -58,19 +61,24 @@ def row(path: Path) -> dict[str, Any]:
     def shown(value: Any) -> Any:
         return "" if value is None else value
 
+    job = load_job_config(run_dir.config) if run_dir.config.exists() else None
     error = summary.error or ""
     return {
         "member": path.name,
         "all_overrides": overrides,
         "layout": layout_label(summary.layout),
+        # Sequences a step takes (an invalid member's -1, "local x dp", was never worked out).
+        "global_batch_size": summary.global_batch_size if (summary.global_batch_size or 0) > 0 else None,
+        "seq_len": summary.seq_len,
         # MoE runs: the expert parallel degree, and the busiest expert's tokens over the mean at the end.
         "ep": (summary.layout or {}).get("ep", 1) if summary.expert_load is not None else "",
         "expert_load": summary.expert_load["max_load"] if summary.expert_load else None,
-        "precision": shown(summary.precision),
+        "precision": precision_label(job.precision) if job else shown(summary.precision),
         "compile": shown(summary.compile),
         "activation_checkpoint": shown(summary.activation_checkpoint),
         "world_size": shown(summary.world_size),
         "tokens_per_second_per_device": summary.tokens_per_second_per_device,
+        "tokens_per_second_per_device_mean": summary.tokens_per_second_per_device_mean,
         "mfu": summary.mfu,
         "peak_memory_gib": summary.peak_memory_gib,
         "final_loss": summary.final_loss,
@@ -80,8 +88,21 @@ def row(path: Path) -> dict[str, Any]:
         "losses": summary.losses or [],
         "per_source": per_source(summary),
         **eval_columns(summary),
-        **prediction(run_dir, summary.tokens_per_second_per_device),
+        **(prediction(run_dir, job, summary.tokens_per_second_per_device) if job else {}),
     }
+
+
+def precision_label(p: PrecisionConfig) -> str:
+    """The preset's name, and the dtypes the run computed and reduced in where the name does not
+    say them: 'fp32', 'bf16 (fp32 reduce)', 'fp32 (bf16 compute, fp32 reduce)' for fp32 with
+    precision.param_dtype=bfloat16 set."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+    compute, reduce = (short.get(d.value, d.value) for d in (p.param_dtype, p.reduce_dtype))
+    parts = [f"{compute} compute"] if compute != p.name.removeprefix("full_") else []
+    parts += [f"{reduce} reduce"] if reduce != compute else []
+    if p.converter != Converter.none and p.converter.value not in p.name:
+        parts.insert(0, f"{p.converter.value} linears")
+    return f"{p.name} ({', '.join(parts)})" if parts else p.name
 
 
 def per_source(summary: RunSummary) -> dict[str, Any]:
@@ -112,18 +133,14 @@ def _profile(world: int, cuda: bool, nodes: int):
     return this_machine(world, cuda=cuda, nodes=nodes)
 
 
-def prediction(run_dir: RunDir, measured: float | None) -> dict[str, Any]:
+def prediction(run_dir: RunDir, job: JobConfig, measured: float | None) -> dict[str, Any]:
     """What the performance model predicted for a member (with this machine's profile) and where
     its step time went: from its profiler trace when profiling was on (rank 0's last traced step;
     recompute from the model, which a trace cannot separate), else from the model."""
-    if not run_dir.config.exists():
-        return {}
-    from titan_exp.config import load_job_config
     from titan_exp.perf.model.step import predict_step
     from titan_exp.train.trace import latest_trace, step_breakdown
     from titan_exp.validation import ranks_have_gpus
 
-    job = load_job_config(run_dir.config)
     cuda = ranks_have_gpus(job)
     profile = _profile(job.world_size, cuda, job.cluster.nnodes)
     step = predict_step(job, profile, cuda=cuda)
@@ -176,23 +193,75 @@ def tally(rows: list[dict[str, Any]]) -> str:
     return ", ".join(f"{n} {status}" for status, n in sorted(counts(rows).items()))
 
 
+# report.md's columns after the rank: (header, the cell of a row).
+MARKDOWN_COLUMNS: tuple[tuple[str, Callable[[dict[str, Any]], str]], ...] = (
+    ("member", lambda r: r["member"]),
+    ("overrides", lambda r: r["overrides"]),
+    ("layout", lambda r: r["layout"]),
+    ("global batch (sequences)", lambda r: _fmt(r["global_batch_size"])),
+    ("seq len", lambda r: _fmt(r["seq_len"])),
+    ("precision", lambda r: r["precision"]),
+    ("EP", lambda r: _fmt(r["ep"])),
+    ("max expert load", lambda r: _fmt(r["expert_load"], 2)),
+    ("compile", lambda r: _fmt(r["compile"])),
+    ("AC", lambda r: _fmt(r["activation_checkpoint"])),
+    ("world", lambda r: _fmt(r["world_size"])),
+    ("tokens/s/device", lambda r: _fmt(r["tokens_per_second_per_device"])),
+    ("MFU %", lambda r: _fmt(r["mfu"])),
+    ("peak GiB/device", lambda r: _fmt(r["peak_memory_gib"], 3)),
+    ("final loss", lambda r: _fmt(r["final_loss"], 4)),
+    ("val loss", lambda r: _fmt(r["final_val_loss"], 4)),
+    ("eval", lambda r: _eval_cell(r)),
+    ("status", lambda r: r["status"]),
+    ("reason", lambda r: r["reason"].replace("|", "/")),
+    ("predicted tokens/s (error)", lambda r: _predicted(r)),
+    ("step: compute / comm / bubble / recompute % (from)", lambda r: _shares(r)),
+)
+
+
+def filled(header: list[str], table: list[list[str]]) -> tuple[list[str], list[list[str]]]:
+    """The columns some row has a value in (and KEPT): a dense sweep has no EP column."""
+    keep = [j for j, name in enumerate(header) if name in KEPT or any(cells[j] != "" for cells in table)]
+    return [header[j] for j in keep], [[cells[j] for j in keep] for cells in table]
+
+
+# What makes a step of one member unlike a step of another: (row key, what, unit, the field that fixes it).
+STEP_SIZE = (("global_batch_size", "global batch", "sequences", "training.global_batch_size"),
+             ("seq_len", "sequence length", "tokens", "training.seq_len"))
+
+
+def differences(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(what differs with its values, the field that fixes it) for each of STEP_SIZE the members
+    differ in: ('global batch 8 / 16 sequences', 'training.global_batch_size')."""
+    out = []
+    for key, what, unit, field in STEP_SIZE:
+        values = sorted({r[key] for r in rows if r.get(key)})
+        if len(values) > 1:
+            out.append((f"{what} {' / '.join(str(v) for v in values)} {unit}", field))
+    return out
+
+
+def comparison_warning(rows: list[dict[str, Any]]) -> str:
+    """One line for a sweep whose members do different work per step; '' when they do not."""
+    diffs = differences(rows)
+    if not diffs:
+        return ""
+    return (f"**Members differ in {' and '.join(d for d, _ in diffs)}**: a step is different work in each, so "
+            "their losses at a step (loss.png, final loss) do not compare, nor do their tokens/s like for like. "
+            f"Set {' and '.join(f'`{f}=`' for _, f in diffs)} in the sweep to compare them at one.")
+
+
 def to_markdown(rows: list[dict[str, Any]], sweep: Path) -> str:
-    lines = [f"# Sweep {sweep}", "", f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device "
-             "(steady state, warm-up steps excluded).", "",
-             "| rank | member | overrides | layout | EP | max expert load | precision | compile | AC | world "
-             "| tokens/s/device | MFU % | peak GiB/device | final loss | val loss | eval | status | reason "
-             "| predicted tokens/s (error) | step: compute / comm / bubble / recompute % (from) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for i, r in enumerate(rows, 1):
-        rank = str(i) if r["status"] == "ok" else ""
-        lines.append("| " + " | ".join([
-            rank, r["member"], r["overrides"], r["layout"], _fmt(r["ep"]), _fmt(r["expert_load"], 2), r["precision"],
-            _fmt(r["compile"]),
-            _fmt(r["activation_checkpoint"]), _fmt(r["world_size"]), _fmt(r["tokens_per_second_per_device"]),
-            _fmt(r["mfu"]), _fmt(r["peak_memory_gib"], 3), _fmt(r["final_loss"], 4), _fmt(r["final_val_loss"], 4),
-            _eval_cell(r), r["status"],
-            r["reason"].replace("|", "/"), _predicted(r), _shares(r),
-        ]) + " |")
+    table = [[str(i) if r["status"] == "ok" else "", *(cell(r) for _, cell in MARKDOWN_COLUMNS)]
+             for i, r in enumerate(rows, 1)]
+    header, table = filled(["rank", *(name for name, _ in MARKDOWN_COLUMNS)], table)
+    warning = comparison_warning(rows)
+    lines = [f"# Sweep {sweep}", "", *([warning, ""] if warning else []),
+             f"{len(rows)} members: {tally(rows)}. Ranked by tokens/s per device of the median steady step (the "
+             "first `metrics.warmup_steps` steps left out; report.csv has the mean as "
+             "tokens_per_second_per_device_mean).", "",
+             "| " + " | ".join(header) + " |", "|---" * len(header) + "|",
+             *("| " + " | ".join(cells) + " |" for cells in table)]
     lines += ["", "Plots: `throughput.png`, `memory.png`, `loss.png`. Predictions: titan_exp.perf.model.step with this "
               "machine's profile, each marked with where its costs came from: [measured profile] (`python -m "
               "titan_exp.perf.calibrate`), [spec sheet] or [default costs]; error = predicted / measured - 1. Every "
@@ -234,10 +303,13 @@ def _shares(r: dict[str, Any]) -> str:
 
 
 def to_csv(rows: list[dict[str, Any]]) -> str:
+    flat = [{**r, **r.get("per_source", {})} for r in rows]
+    columns = [c for c in (*COLUMNS, *source_columns(rows), *_eval_keys(rows))
+               if c in KEPT or any(r.get(c) not in (None, "") for r in flat)]
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=[*COLUMNS, *source_columns(rows), *_eval_keys(rows)], extrasaction="ignore")
+    writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows({**r, **r.get("per_source", {})} for r in rows)
+    writer.writerows(flat)
     return out.getvalue()
 
 
@@ -260,18 +332,34 @@ def plot(rows: list[dict[str, Any]], sweep: Path) -> list[Path]:
         written.append(sweep / f"{name}.png")
         fig.savefig(written[-1], dpi=100)
         plt.close(fig)
+    written.append(plot_losses(ok, sweep / "loss.png"))
+    return written
+
+
+def plot_losses(ok: list[dict[str, Any]], path: Path) -> Path:
+    """The members' loss by step. Where they differ in global batch or sequence length, a step is
+    not the same work: the title says so in red (and the PNG's Title text), and each curve's label
+    names its batch."""
+    import matplotlib.pyplot as plt
+
+    diffs = differences(ok)
+    title = (f"Not comparable step for step: members differ in {' and '.join(d for d, _ in diffs)}" if diffs
+             else "loss by step")
     fig, ax = plt.subplots(figsize=(8, 5))
-    for r, label in zip(ok, labels):
+    for r in ok:
+        label = f"{r['member']}: {r['overrides']}"[:60]
+        if diffs:
+            label += f" (global batch {r['global_batch_size']} x seq {r['seq_len']})"
         ax.plot(range(1, len(r["losses"]) + 1), r["losses"], label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
+    ax.set_title(title, color="tab:red" if diffs else "black", fontsize="medium", wrap=True)
     if ok:
         ax.legend(fontsize="small")
     fig.tight_layout()
-    written.append(sweep / "loss.png")
-    fig.savefig(written[-1], dpi=100)
+    fig.savefig(path, dpi=100, metadata={"Title": title})
     plt.close(fig)
-    return written
+    return path
 
 
 def write_report(sweep: Path, *, plots: bool = True) -> list[dict[str, Any]]:

@@ -16,11 +16,17 @@ process manager's SIGKILL.
              (titan_exp.cluster.slurm). NCCL owns SIGUSR1, so it is not used.
     SIGTERM  scancel, a time limit reached, a process manager stopping the job
     SIGINT   Ctrl-C
+
+A local rank also stops as for SIGTERM when its launcher's process ends, however it ended (kill -9
+included): `stop_with_launcher` watches it, so a rank never outlives its launcher.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import select
 import signal
 import threading
 import time
@@ -28,7 +34,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
+logger = logging.getLogger("titan_exp")
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
+EXIT_INTERRUPTED = 3  # the exit code of a process that stopped for a stop signal (the launcher's too)
+LAUNCHER_PID = "TITAN_EXP_LAUNCHER_PID"  # set by the local executor for its ranks: the process they serve
 
 _received: list[int] = []
 _previous: dict[int, Any] = {}
@@ -59,6 +69,11 @@ def catch_stop_signals() -> Iterator[None]:
 def previous_handler(sig: int) -> Any:
     """The handler that was installed before catch_stop_signals (submitit's, in a SLURM job)."""
     return _previous.get(sig)
+
+
+def received() -> list[str]:
+    """The stop signals recorded since the last catch_stop_signals block began (it may have ended)."""
+    return [signal.Signals(s).name for s in dict.fromkeys(_received)]
 
 
 def wait_for(sig: int, timeout_s: float) -> bool:
@@ -99,7 +114,7 @@ def stoppable(wait: Callable[[], T], what: str, poll_s: float = 0.1) -> T:
     while thread.is_alive():
         thread.join(poll_s)
         if thread.is_alive() and _received:
-            raise Stopped([signal.Signals(s).name for s in dict.fromkeys(_received)], what)
+            raise Stopped(received(), what)
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
@@ -115,3 +130,47 @@ def stop_requested(group=None) -> list[str]:
     if dist.is_initialized():
         dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=group)
     return [sig.name for sig, hit in zip(STOP_SIGNALS, seen.tolist()) if hit]
+
+
+def stop_with_launcher() -> None:
+    """Stop this rank as SIGTERM would when the process named by LAUNCHER_PID ends, whatever ended
+    it: under catch_stop_signals at the next step boundary, with its checkpoint; outside it at
+    once. A daemon thread waits for the launcher, so a rank never outlives it (a forked rank's
+    parent is the forkserver, which itself lives as long as its ranks do). No-op where the variable
+    is not set (SLURM's tasks, the debug executor)."""
+    if LAUNCHER_PID not in os.environ:
+        return
+    pid = int(os.environ[LAUNCHER_PID])
+
+    def watch() -> None:
+        _wait_for_exit(pid)
+        logger.warning("the launcher (pid %d) has exited: this rank stops as for SIGTERM", pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="launcher watch", daemon=True).start()
+
+
+def _wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
+    """Return once process `pid` has exited: at once through a pidfd (Linux), else by polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # not Linux, or a kernel before 5.3
+        while _exists(pid):
+            time.sleep(poll_s)
+        return
+    try:
+        exited = select.poll()
+        exited.register(fd, select.POLLIN)
+        exited.poll()
+    finally:
+        os.close(fd)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:  # gone, or its pid reused by another user's process
+        return False
+    return True

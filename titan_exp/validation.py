@@ -5,7 +5,8 @@ The rules live with the components they configure: each module has a `check` (an
 techniques a `check` that also takes the resolved ParallelDims); those of the parts above this
 module on the launch path (the executors, the autotune search) live beside their schema in
 titan_exp.config, so validation imports nothing above it. This module only gathers them,
-after the schema's own bounds (`doc(..., min=...)`), which the others divide by. Each message
+after the schema's own bounds (`doc(..., min=...)`), which the others divide by, and the rule
+that every float is finite unless its field takes +inf (titan_exp.config.values). Each message
 reads `field = value: what is wrong; how to fix it`, naming the field the user typed. The
 launcher runs this once before anything is spawned or written; every rank runs it again on the
 resolved config it reads.
@@ -21,6 +22,7 @@ from titan_exp import eval as evaluation
 from titan_exp import metrics, precision, record, targets, watchdog
 from titan_exp.checkpoint import manager as checkpoint
 from titan_exp.config import Executor, JobConfig, autotune, cluster, problem
+from titan_exp.config.values import nonfinite_errors
 from titan_exp.data import loader, mixture
 from titan_exp.data import sources as data
 from titan_exp.models import hf, llama
@@ -71,9 +73,9 @@ def ranks_have_gpus(job: JobConfig) -> bool:
 def validate(job: JobConfig, *, cuda: bool | None = None) -> list[str]:
     """Every error in `job`. `cuda`: whether the ranks will have GPUs (default: ranks_have_gpus)."""
     cuda = ranks_have_gpus(job) if cuda is None else cuda
-    errors = bound_errors(job)
+    errors = bound_errors(job) + nonfinite_errors(job)
     if errors:
-        return errors  # the rules below divide by these
+        return errors  # the rules below divide by these, and NaN passes every comparison
     for check in CHECKS:
         errors += check(job, cuda)
     if job.cluster.nproc_per_node is not None and job.cluster.nproc_per_node < 1:

@@ -67,14 +67,16 @@ def test_the_first_round_is_every_candidate_whose_interval_reaches_the_best(tmp_
 
 
 def test_uncalibrated_predictions_say_so_first(tmp_path):
-    """autotune.calibrate=false: the plan's first line says which parts are FLOPs estimates and how
+    """autotune.calibrate=false: the plan's header says which parts are FLOPs estimates and how
     far off such estimates were when last checked; nothing is started."""
     out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *TINY, "autotune.calibrate=false", "--world",
                           "2", "--profile-dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    first = out.stdout.splitlines()[0]
-    assert first.startswith("PREDICTIONS ARE FLOPs ESTIMATES for this machine at world 2 (no profile)")
-    assert "when last checked (2026-11-24" in first and not (tmp_path / "runs").exists()
+    rates, accuracy = out.stdout.splitlines()[3:5]
+    assert rates == ("rates: FLOPs estimates, nothing measured (autotune.calibrate=false), for this machine at world 2 "
+                     "(no profile)")
+    assert accuracy.startswith("accuracy: tokens/s off by ") and "when last checked: " in accuracy
+    assert "2026-11-24" in accuracy and not (tmp_path / "runs").exists()
 
 
 def test_the_sweep_calibrates_what_the_profile_lacks_and_counts_it(tmp_path, monkeypatch):
@@ -135,7 +137,8 @@ def test_a_hardware_file_is_what_the_candidates_are_predicted_for(tmp_path):
     assert {c.fits for c in grids["slow"].values()} == {True, False}  # the file's memory decides
     record = slow._record(list(grids["slow"].values()), None, "not measured", 60.0, Check(0.1, "then", "here"))
     assert record["hardware"] == slow.hardware.line() and slow.hardware.line() in markdown(record)
-    assert " Every layout at a global batch of 8 sequences (training.global_batch_size). " in markdown(record)
+    assert " Global batch: 8 sequences = " in markdown(record)
+    assert " tokens for every layout, from training.global_batch_size. " in markdown(record)
     roomy = Autotune(job_config([*base, gpu("slow", 50.0, 0.03), "autotune.device_memory_gib=5"]), [],
                      launch=lambda batch: [], sweep_dir=tmp_path)
     assert roomy.memory_gib == 5

@@ -175,8 +175,8 @@ def test_the_plan_searches_the_axes_autotune_search_names(tmp_path, monkeypatch)
     sweep.write_sweep(searched, "s2", 3, base)
     register_configs()  # the user's sweeps/, as launch.py finds them
     chosen = [pl for pl in searched if pl.fits][:3]
-    run = sweep.sweep_overrides(chosen, base)  # the command line the sweep runs with: AC and the split are the plans'
-    assert run == [o for o in BASE if not o.startswith("training.local_batch_size")]
+    run = sweep.sweep_overrides(chosen, base)  # the command line the sweep runs with: AC and the batch are the plans'
+    assert run == [o for o in BASE if not o.startswith(("training.local_batch_size", "training.global_batch_size"))]
     assert f"+sweep=s2 {' '.join(run)}\n" in (tmp_path / "s2.yaml").read_text()
     for i, pl in enumerate(chosen):
         ran = job_config([*run, f"+plan_layout=s2_{i}"])
@@ -207,7 +207,8 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
     sequences where TorchTitan ran 512 (issue 36). The job as configured is shown beside the plans:
     its prediction, and where its layout ranks; refused, the refusal; not a layout of the world, the
     field that would make it one."""
-    tp = ["model=llama3_8b", "training.seq_len=2048", "training.local_batch_size=4", "parallelism=fsdp",
+    tp = ["model=llama3_8b", "precision=fp32", "activation_checkpoint.mode=none", "training.seq_len=2048",
+          "training.local_batch_size=4", "parallelism=fsdp",
           "parallelism.tensor_parallel_degree=4", "cluster=slurm", "cluster.nnodes=2", "cluster.nproc_per_node=8"]
     job, profile = job_config(tp), spec_profile(SPECS["h100"], 16, 8)
     assert layouts.global_batch_of(job, 16) == resolve(job).training.global_batch_size == 4 * 4
@@ -241,14 +242,13 @@ def test_the_plan_compares_layouts_at_the_configured_batch_and_places_the_config
                                                "parallelism.data_parallel_shard_degree=8"]), 16, plans, profile,
                                    device_memory_gib=80, cuda=True).startswith("your configuration (dp_shard8 x tp2, "
                                                                                "local batch 4): ")
-    assert layouts.batch_line(other, 16) == ("every layout at a global batch of 64 sequences "
-                                             "(training.local_batch_size 4 on each of the 16 devices: the configured "
-                                             "degrees (tp3) do not multiply to 16)")
+    assert layouts.batch_line(other, 16) == ("global batch: 64 sequences = 131,072 tokens for every layout, from "
+                                             "training.local_batch_size 4 x 16 devices")
     out = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", *tp[:-3], "--device", "h100", "--world", "16"],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert ("every layout at a global batch of 16 sequences (training.local_batch_size 4 x 4 data-parallel ranks of "
-            "the configured layout, dp_shard4 x tp4)") in out.stdout.splitlines()
+    assert ("global batch: 16 sequences = 32,768 tokens for every layout, from training.local_batch_size 4 x 4 "
+            "data-parallel ranks of the configured layout, dp_shard4 x tp4") in out.stdout.splitlines()
     assert out.stdout.splitlines()[-1] == line
 
 
@@ -310,17 +310,22 @@ def test_plan_a_512_gpu_cluster_from_a_spec_sheet():
                           "training.local_batch_size=2", "--device", "h100", "--world", "512", "--gpus-per-node", "8",
                           "--top", "0"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.startswith("times PREDICTED FROM A SPEC SHEET (from the spec sheet of h100")
-    runs, signed, size = published()["by_device"]["h100"]  # its own accuracy on published runs, after the whole's
-    assert (f"on h100's sheet alone ({runs} runs) {size:.0%} at the median, the median run predicted "
-            f"{abs(signed):.0%} too {'slow' if signed < 0 else 'fast'}; calibrate") in out.stdout.splitlines()[0]
+    header = out.stdout.splitlines()[:5]
+    assert header[0] == "plan: llama3_8b (8.0B parameters), bf16, seq 8,192, AC selective, compile off"
+    assert header[2] == "devices: 512 x h100, 79.65 GiB each, 64 nodes of 8"
+    assert header[3].startswith("rates: from the spec sheet of h100") and all(len(line) <= 120 for line in header)
+    runs, _, size = published()["by_device"]["h100"]  # its own accuracy on published runs, then the whole's
+    assert header[4] == (f"accuracy: tokens/s off by {size:.0%} at the median on {runs} published h100 runs "
+                         f"({published()['median_abs_error']:.0%} on all {published()['rows']}); a tie: within "
+                         f"{size:.0%} of the fastest")
     # H100 80GB's memory as its driver shows it (81,559 MiB), not 80e9 bytes (74.5 GiB) [nvml]
     assert "devices (79.65 GiB each)" in out.stdout and "| across nodes |" in out.stdout
-    rows = {line.split(" | ")[1]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
+    rows = {line.split(" | ")[2]: line for line in out.stdout.splitlines() if line.startswith("| ") and " x " in line}
     assert rows["dp_shard256 x tp2"].endswith("| dp_shard |")  # TP's 2 ranks share a node, FSDP's 256 do not
     bad = subprocess.run([sys.executable, "-m", "titan_exp.perf.plan", "--device", "h300", "--world", "8"], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1  # one line, no usage
+    assert "--device 'h300': no spec sheet for it; choose from h100, h100_500w" in bad.stderr
 
 
 @pytest.mark.quick

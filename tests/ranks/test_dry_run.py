@@ -3,8 +3,10 @@ fake process group; what it holds, measured, beside the planner's memory model."
 
 from __future__ import annotations
 
+import re
+
 import pytest
-from conftest import run_job
+from conftest import launch_cli, run_job
 
 from titan_exp.perf.model.memory import tensor_gib
 
@@ -87,6 +89,35 @@ def test_dry_run_at_world_512_shards_by_512(tmp_path):
     report = summary["dry_run"]
     assert report["layout"] == "dp_shard128 x tp4" and report["world"] == 512
     assert report["measured"]["states_gib"] == pytest.approx(report["predicted"]["states"], rel=0.05)
+
+
+# What a dry run prints as it goes, in this order, each part when it ends with its seconds.
+PHASES = ["torch imported, fake process group up: ", "model built on the meta device: ", "parallelized (dp_shard64): ",
+          "weights materialised on cpu and initialised: ", "the rank built (model, optimizer, data): ",
+          "step 1 of 2 (makes AdamW's state, not measured): ", "step 2 of 2 (measured): ", "done: "]
+
+
+@pytest.mark.parametrize("rank", [pytest.param(0, marks=pytest.mark.quick), 5])
+def test_a_dry_run_reports_each_part_as_it_ends_and_its_table_once(tmp_path, rank):
+    """Rank 0 or another: the parts' lines in order, each with its seconds, then the table once
+    (the launcher's, from the summary), and a TFLOP/s line about the one process, not a share of
+    8 ranks per node."""
+    out = launch_cli([*SMALL_MODEL, *WORLD_64, *LAYOUTS["fsdp"][0], "cluster.dry_run=true",
+                      f"cluster.dry_run_rank={rank}", f"hydra.run.dir={tmp_path}"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = out.stdout + out.stderr
+    at = [text.find(phase) for phase in PHASES]
+    assert -1 not in at and at == sorted(at), [p for p, i in zip(PHASES, at) if i == -1] or at
+    for phase in PHASES:
+        assert re.search(re.escape(phase) + r"\d+\.\d s", text), phase
+    assert text.count(f"rank {rank} of 64 (dp_shard64) on cpu, one step:") == 1
+    assert text.count("| parameters + gradients + optimizer |") == 1
+    assert text.find("step 2 of 2") < text.find("| parameters + gradients + optimizer |")
+    assert "rank(s) gets" not in text
+    peak = re.search(r"CPU float32 matmul peak (\d+\.\d+) TFLOP/s with \d+ thread\(s\): the rate of the one process "
+                     rf"that simulates rank {rank} \(this CPU's, not a GPU's\)", text)
+    rank_peak = re.search(r"\| peak ([\d.e+-]+) TFLOP/s \(config\)", text)  # the rank's MFU denominator
+    assert peak and rank_peak and float(rank_peak.group(1)) == pytest.approx(float(peak.group(1)), abs=5e-4)
 
 
 @pytest.mark.quick

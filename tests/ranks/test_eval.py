@@ -66,6 +66,14 @@ def test_a_run_evaluates_at_freq_and_at_the_end_as_lm_eval_does_by_hand(tmp_path
     assert same_tensors(final / "model.safetensors", run_dir / "export" / "hf" / "model.safetensors")
     assert not list((run_dir / "eval" / "checkpoints").iterdir())
     assert "warn" not in (final / "eval.log").read_text().lower()
+    # It holds the run's tokenizer, as transformers loads it.
+    from transformers import AutoTokenizer
+
+    from titan_exp.data.corpus import Tokenizer
+
+    text = "def f(x):\n    return x"
+    assert (AutoTokenizer.from_pretrained(final, local_files_only=True).encode(text, add_special_tokens=False)
+            == Tokenizer(run_dir / "tokenizer.json").encode(text))
 
     theirs = by_hand(final, limit=4, batch_size=4, monkeypatch=monkeypatch)
     assert summary["eval"]["tiny_mc"]["acc"] == theirs["acc,none"]
@@ -123,6 +131,29 @@ def test_a_task_that_is_not_found_is_refused_at_launch_with_close_names(tmp_path
     assert errors == [f"eval.tasks = 'tiny_mq': no such lm-eval task in {TASKS} nor among lm-eval's own; "
                       "did you mean tiny_mc?"]
     assert not list(tmp_path.iterdir())
+
+
+def test_the_evaluator_reads_a_relative_include_path_from_the_callers_directory(tmp_path, monkeypatch):
+    """`python -m titan_exp.eval MODEL --include-path tests/data/eval_tasks` in the repository: the
+    path is the caller's, though the evaluation then runs in it (for the YAML's relative data_files)."""
+    pytest.importorskip("lm_eval")
+    from titan_exp.config import ModelConfig
+    from titan_exp.data.corpus import default_corpus, trained_tokenizer
+    from titan_exp.eval.evaluator import main
+    from titan_exp.models import hf
+    from titan_exp.models.llama import Transformer
+
+    cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=2048, max_seq_len=128)
+    model = Transformer(cfg)
+    model.init_weights(seed=0)
+    hf.save({k: v.detach() for k, v in model.state_dict().items()}, cfg, tmp_path / "model", "float32",
+            hf.hf_tokenizer(trained_tokenizer(default_corpus(), 2048), cfg))
+    monkeypatch.chdir(REPO)
+    assert main([str(tmp_path / "model"), "--tasks", "tiny_mc", "--include-path", "tests/data/eval_tasks",
+                 "--limit", "2", "--batch-size", "2"]) == 0
+    saved = json.loads((tmp_path / "model" / "results.json").read_text())
+    assert set(saved["eval"]["tiny_mc"]) == {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr"}
+    assert saved["lm_eval"]["n-samples"]["tiny_mc"] == {"original": 6, "effective": 2}
 
 
 @pytest.mark.quick

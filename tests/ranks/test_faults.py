@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, SMALL, launch_cli, logged_steps, losses_by_step, run_job
+from conftest import REPO, SMALL, launch_cli, logged_steps, losses_by_step, rank_pids, run_job
 
 TWO = [*SMALL, "parallelism=fsdp", "cluster.nproc_per_node=2", "training.local_batch_size=4"]
 
@@ -113,17 +112,6 @@ def test_ten_skips_in_a_row_stop(tmp_path):
 SOAK = [*SMALL, "training.steps=30", "parallelism=fsdp", "cluster.nproc_per_node=4", "training.local_batch_size=2",
         "checkpoint=default", "checkpoint.interval=2", "checkpoint.keep_latest_k=2"]
 KILLS = 10
-
-
-def rank_pids(run_dir: Path) -> list[int]:
-    """The live rank processes of the run in run_dir: each rank log's latest process (its "(pid N)"
-    line; forked from the launcher's forkserver, a rank's command line is the server's)."""
-    pids = []
-    for log in (run_dir / "logs").glob("rank-*.log"):
-        found = re.findall(r"titan_exp from \S+, on host \S+ \(pid (\d+)\)", log.read_text())
-        if found and Path("/proc", found[-1]).exists():
-            pids.append(int(found[-1]))
-    return pids
 
 
 def latest_step(run_dir: Path) -> int:

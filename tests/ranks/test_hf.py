@@ -36,6 +36,13 @@ def tiny_llama(folder, *, tie: bool = False, rope_theta: float = 10000.0, head_d
     return model
 
 
+def bundled_tokenizer(cfg: ModelConfig):
+    """The bundled BPE (2048 tokens) as a Hugging Face directory holds it."""
+    from titan_exp.data.corpus import default_corpus, trained_tokenizer
+
+    return hf.hf_tokenizer(trained_tokenizer(default_corpus(), 2048), cfg)
+
+
 def ours_from(folder) -> tuple[Transformer, ModelConfig]:
     cfg = ModelConfig(**model_fields(json.loads((folder / "config.json").read_text())))
     model = Transformer(cfg)
@@ -64,7 +71,8 @@ def test_heads_wider_than_dim_over_heads_load_and_export_with_the_same_logits(tm
     tokens = torch.randint(0, 2048, (2, 48), generator=torch.Generator().manual_seed(6))
     with torch.no_grad():
         assert torch.allclose(ours(tokens), theirs(tokens).logits, atol=1e-4, rtol=0)
-    out = hf.save({k: v.detach().clone() for k, v in ours.state_dict().items()}, cfg, tmp_path / "out", "float32")
+    out = hf.save({k: v.detach().clone() for k, v in ours.state_dict().items()}, cfg, tmp_path / "out", "float32",
+                  bundled_tokenizer(cfg))
     back = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     assert back.config.head_dim == 32
     with torch.no_grad():
@@ -119,7 +127,8 @@ def test_our_export_loads_in_transformers_with_the_same_logits(tmp_path):
     cfg = ModelConfig(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=2048, max_seq_len=128)
     ours = Transformer(cfg)
     ours.init_weights(seed=3)
-    out = hf.save({k: v.detach().clone() for k, v in ours.state_dict().items()}, cfg, tmp_path / "hf", "float32")
+    out = hf.save({k: v.detach().clone() for k, v in ours.state_dict().items()}, cfg, tmp_path / "hf", "float32",
+                  bundled_tokenizer(cfg))
     theirs = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     tokens = torch.randint(0, 2048, (2, 40), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():

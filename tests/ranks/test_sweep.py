@@ -63,6 +63,45 @@ def test_report_takes_its_numbers_from_the_summaries(sweep):
     for plot in ("throughput.png", "memory.png", "loss.png"):
         assert (path / plot).stat().st_size > 1000
     assert "| 1 |" in (path / "report.md").read_text()
+    assert "Members differ" not in (path / "report.md").read_text()  # one global batch and seq_len throughout
+
+
+def markdown_table(report_md: str) -> list[list[str]]:
+    """report.md's member table as rows of cells, the header first."""
+    lines = [line for line in report_md.splitlines() if line.startswith("| ")]
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in lines]
+
+
+def test_report_of_members_that_differ_in_global_batch(tmp_path):
+    """The README's pitfall, cheaply: members whose global batch follows from another override
+    (here the local batch, with global_batch_size=-1: local x dp) do different work per step. The
+    report shows each member's global batch, sequence length and precision, says at its top and on
+    loss.png that the members differ, and leaves out the columns no member has a value in (a dense
+    model's EP and expert load, no held-out loss, no eval, no failure reason)."""
+    from PIL import Image
+
+    sweep = tmp_path / "sweep"
+    proc = launch_cli(["-m", *[o for o in SMALL if not o.startswith(("training.steps", "training.global_batch"))],
+                       "training.steps=3", "training.local_batch_size=2,4", f"hydra.sweep.dir={sweep}"], timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (sweep / "report.md").read_text()
+    assert "**Members differ in global batch 2 / 4 sequences**" in text, text
+    assert "`training.global_batch_size=`" in text and "sequence length" not in text.split("\n")[2]
+    header, *rows = markdown_table(text)
+    assert {"global batch (sequences)", "seq len", "precision"} <= set(header)
+    assert not {"EP", "max expert load", "val loss", "eval", "reason"} & set(header)
+    by_member = {r[header.index("member")]: dict(zip(header, r)) for r in rows}
+    assert [by_member[m]["global batch (sequences)"] for m in ("0", "1")] == ["2", "4"]
+    assert all(r["seq len"] == "64" and r["precision"] == "fp32" for r in by_member.values())
+    for j, name in enumerate(header):
+        assert any(r[j] for r in rows), f"report.md column {name!r} is empty for every member"
+    csv_rows = list(csv.DictReader((sweep / "report.csv").open()))
+    assert {"global_batch_size", "seq_len", "precision", "tokens_per_second_per_device_mean"} <= set(csv_rows[0])
+    for name in csv_rows[0]:
+        assert any(r[name] for r in csv_rows), f"report.csv column {name!r} is empty for every member"
+    assert not {"ep", "expert_load", "final_val_loss", "reason"} & set(csv_rows[0])
+    title = Image.open(sweep / "loss.png").text["Title"]
+    assert title == "Not comparable step for step: members differ in global batch 2 / 4 sequences"
 
 
 @pytest.mark.quick

@@ -14,7 +14,9 @@ from conftest import REPO, SMALL, job_config, launch_cli
 
 TYPOS = [
     (["optimizer.lr_rate=1e-3"], "optimizer.lr_rate: unknown key; did you mean optimizer.lr?"),
-    (["optimiser.lr=1e-3"], "optimiser.lr: unknown key; did you mean optimizer?"),
+    (["optimiser.lr=1e-3"], "optimiser.lr: unknown key; did you mean optimizer.lr?"),
+    (["trainig.steps=5"], "trainig.steps: unknown key; did you mean training.steps?"),
+    (["trainig.stpes=5"], "trainig.stpes: unknown key; did you mean training.steps?"),
     (["training.stpes=5"], "training.stpes: unknown key; did you mean training.steps?"),
     (["parallelism.tensor_paralel_degree=2"], "unknown key; did you mean parallelism.tensor_parallel_degree or "),
     (["parallelism=fsdpp"], "parallelism=fsdpp: no such preset in parallelism/ of conf; did you mean fsdp or hsdp?"),

@@ -154,6 +154,7 @@ def test_the_commands_the_docs_name_exist_with_their_flags():
     ("metrics.enable_wandb", "wandb", "wandb"),
     ("metrics.enable_tensorboard", "tensorboard", "tensorboard"),
     ("eval.enable", "lm_eval", "eval"),
+    ("checkpoint.last_save_in_hf", "transformers", "hf"),
 ])
 @pytest.mark.quick
 def test_a_feature_whose_extra_is_missing_says_what_to_install(field, module, extra, monkeypatch):

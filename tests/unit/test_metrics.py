@@ -13,15 +13,50 @@ from titan_exp.train.optim import lr_lambda
 
 def test_throughput_and_mfu():
     tp = Throughput(flops_per_token=1_000_000, peak_tflops=0.1, world_size=2, warmup_steps=1)
-    tp.record(1, tokens=1000, seconds=10.0)  # warm-up: in the window, not in steady state
-    tp.record(2, tokens=4000, seconds=1.0)
+    tp.record(tokens=1000, seconds=10.0)  # warm-up: in the window, not in steady state
+    tp.record(tokens=4000, seconds=1.0)
     assert tp.window()["tps_per_device"] == pytest.approx(5000 / 11 / 2)
     steady = tp.steady()
     assert steady["tps_per_device"] == pytest.approx(2000)
     assert steady["mfu"] == pytest.approx(100 * 2000 * 1e6 / 1e11)
     short = Throughput(flops_per_token=1, peak_tflops=1, world_size=1, warmup_steps=5)
-    short.record(1, tokens=100, seconds=1.0)  # no step past warm-up: the whole run counts
+    short.record(tokens=100, seconds=1.0)  # no step past warm-up: the whole run counts
     assert short.steady()["tps_per_device"] == pytest.approx(100)
+
+
+def test_steady_throughput_is_the_median_step():
+    """One stalled step of five moves the mean to a third and leaves the median where it was."""
+    tp = Throughput(flops_per_token=1, peak_tflops=1, world_size=1, warmup_steps=2)
+    for seconds in (5.0, 3.0, 1.0, 1.1, 0.9, 9.0, 1.0):  # two warm-up steps, then one stall among five
+        tp.record(tokens=100, seconds=seconds)
+    steady = tp.steady()
+    assert steady["tps_per_device"] == pytest.approx(100)
+    assert steady["tps_per_device_mean"] == pytest.approx(500 / 13)
+    assert steady["mfu"] == pytest.approx(100 * 100 / 1e12) and steady["mfu_mean"] < steady["mfu"] / 2
+
+
+def test_a_stalled_step_does_not_move_the_summarys_tokens_per_second(tmp_path, monkeypatch):
+    """A real run whose step 5 sleeps for real (TITAN_EXP_FAULT=slow@5): summary.json's tokens/s and
+    MFU are the median steady step's (steps 3-8), as the run's own step times give them, so within
+    the rates of the steps that did not stall; the mean, which counts the stall, is kept beside.
+    (Not `mean < median`: on a loaded CPU the steps' own noise can outweigh the stall.)"""
+    import statistics
+
+    from conftest import SMALL, run_job
+
+    from titan_exp.faults import SLOW_S
+
+    monkeypatch.setenv("TITAN_EXP_FAULT", "slow@5")
+    code, summary = run_job([*SMALL, "training.steps=8", "metrics.warmup_steps=2"], tmp_path)
+    assert code == 0, summary
+    tokens, times = 8 * 64, summary["step_times_s"]
+    assert len(times) == 8 and times[4] >= SLOW_S
+    median, mean = summary["tokens_per_second_per_device"], summary["tokens_per_second_per_device_mean"]
+    assert median == pytest.approx(statistics.median(tokens / t for t in times[2:]), rel=1e-3)
+    unstalled = [tokens / t for t in times[2:4] + times[5:]]
+    assert min(unstalled) <= median <= max(unstalled)
+    assert mean == pytest.approx(6 * tokens / sum(times[2:]), rel=1e-3)
+    assert summary["mfu"] / summary["mfu_mean"] == pytest.approx(median / mean)
 
 
 @pytest.mark.quick

@@ -5,6 +5,8 @@ what the policy saves, on fake CUDA tensors."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from conftest import job_config
@@ -187,6 +189,34 @@ def selective_kept(mesh, overrides: list[str], n_layers: int, monkeypatch) -> tu
 
 
 MOE_ONLY, TP2 = ["model=moe_debug", "model.n_dense_layers=0"], "parallelism.tensor_parallel_degree=2"
+
+
+def test_a_dry_run_draws_each_shard_alone_from_the_full_draws_distributions(fake_2):
+    """Under the dry run's shard_draws a TP rank's init draws its shards alone: no whole parameter
+    is made (the live tensors' peak is less by at least the largest one, the 32,768-row
+    embedding), and each shard follows its rule (a unit-normal embedding, 0.02 for an input
+    projection cut at two of them, ones for a norm). Outside it every parameter is drawn in full."""
+    from torch.distributed.tensor import DTensor
+
+    from titan_exp.cluster.dry_run import shard_draws, tensor_peak
+    from titan_exp.models.llama import Transformer
+
+    job = job_config(["model.n_layers=2", "model.vocab_size=32768", TP2])
+    model = split_over(fake_2, job)
+    peaks = {}
+    for name, draws in (("full", contextlib.nullcontext()), ("shards", shard_draws())):
+        with draws, tensor_peak() as live:
+            model.init_weights(0)
+        peaks[name] = live.peak
+    assert Transformer.draw_in_full  # restored
+    largest = max(p.numel() for p in model.parameters()) * 4  # fp32, as drawn in full
+    assert largest == 32768 * 256 * 4 and peaks["full"] - peaks["shards"] >= largest
+    local = {n: (p.to_local() if isinstance(p, DTensor) else p).detach() for n, p in model.named_parameters()}
+    assert local["tok_embeddings.weight"].shape == (32768 // 2, 256)  # the shard: the vocabulary split by tp
+    assert local["tok_embeddings.weight"].std().item() == pytest.approx(1.0, rel=0.02)
+    w1 = local["layers.0.feed_forward.w1.weight"]
+    assert w1.abs().max().item() <= 0.04 and w1.std().item() == pytest.approx(0.02 * 0.88, rel=0.05)
+    assert bool((local["norm.weight"] == 1).all())
 
 
 @pytest.mark.quick

@@ -41,3 +41,30 @@ def test_an_implementation_the_optimizer_cannot_run_is_refused_by_name():
     assert any(e.startswith("optimizer.implementation = 'fused'") and "torch.optim.LBFGS takes no fused=" in e
                for e in errors), errors
     assert validate(job_config(["optimizer._target_=torch.optim.LBFGS"])) == []  # auto runs what it offers
+
+
+@pytest.mark.quick
+def test_max_norm_inf_measures_the_norm_and_clips_nothing():
+    """training.max_norm=inf (the one value past the finite ones it takes: no limit, as 0)."""
+    import math
+
+    from titan_exp.train.optim import clip_grad_norm_
+
+    p = torch.nn.Parameter(torch.ones(4))
+    p.grad = torch.full((4,), 3.0)
+    assert clip_grad_norm_([p], math.inf).item() == pytest.approx(6.0)
+    assert torch.equal(p.grad, torch.full((4,), 3.0))
+
+
+@pytest.mark.quick
+def test_max_norm_clips_every_gradient_to_it():
+    """0 < training.max_norm < inf scales every parameter's gradient so their total norm is max_norm
+    (torch's clip_grads_with_norm_ reads each parameter's .grad: handed the gradients themselves it
+    would clip nothing)."""
+    from titan_exp.train.optim import clip_grad_norm_
+
+    a, b = torch.nn.Parameter(torch.ones(4)), torch.nn.Parameter(torch.ones(3))
+    a.grad, b.grad = torch.full((4,), 3.0), torch.tensor([0.0, 0.0, 8.0])
+    assert clip_grad_norm_([a, b], 2.0).item() == pytest.approx(10.0)  # the norm before clipping
+    assert torch.allclose(a.grad, torch.full((4,), 0.6), atol=1e-6) and torch.allclose(b.grad[2], torch.tensor(1.6))
+    assert torch.linalg.vector_norm(torch.cat([a.grad, b.grad])).item() == pytest.approx(2.0, rel=1e-5)

@@ -31,6 +31,7 @@ from titan_exp.checkpoint.store import (
     crc32,
     describe_mismatch,
     incomplete_dirs,
+    not_a_checkpoint,
     read_marker,
     read_metadata,
     shape_errors,
@@ -130,6 +131,8 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
         return errors
     field = ("checkpoint.initial_load_path"
              if cfg.initial_load_path and path == Path(cfg.initial_load_path).expanduser() else "checkpoint.folder")
+    if field == "checkpoint.initial_load_path" and (why := not_a_checkpoint(path, hf=from_hf(cfg, path))):
+        return errors + [f"{field} = {cfg.initial_load_path!r}: {why}"]
     if from_hf(cfg, path):
         try:
             wrong = hf.shape_errors(path, model_cfg, model_shapes)

@@ -98,6 +98,27 @@ def verify(path: Path) -> str | None:
     return None
 
 
+def not_a_checkpoint(path: Path, *, hf: bool = False) -> str | None:
+    """Why `path`, given as the checkpoint to start from, is no checkpoint at all: missing, a
+    file, a folder of step dirs or a run dir rather than one step dir, or a directory no save
+    wrote into. None for a step dir, complete or not (`verify` names what is wrong with a save
+    that never finished), and with `hf` for any directory (a Hugging Face model's)."""
+    wanted = "a Hugging Face model directory" if hf else "a step-N dir a run saved (<run dir>/checkpoints/step-N)"
+    if not path.exists():
+        return f"does not exist; give {wanted}"
+    if not path.is_dir():
+        return f"is a file, not a directory; give {wanted}"
+    if hf or read_marker(path) is not None or _STEP_DIR.match(path.name) or (path / ".metadata").exists():
+        return None
+    for folder in (path, path / "checkpoints"):
+        if steps := complete_steps(folder):
+            return f"holds checkpoints but is not one; give one of them, e.g. {step_dir(folder, max(steps))}"
+    if (path / "config.json").is_file():
+        return (f"holds no checkpoint (no {MARKER}); for a Hugging Face model directory set "
+                "checkpoint.initial_load_in_hf=true")
+    return f"holds no checkpoint (no {MARKER}); give {wanted}"
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's `.metadata` is a pickle; admit exactly the classes DCP puts there (plain data types
     whose construction runs no code of the file's choosing), refuse anything else."""

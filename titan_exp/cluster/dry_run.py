@@ -17,7 +17,10 @@ that collectives computed (the loss, the gradient norm) are meaningless under th
 memory and shapes are not. With cluster.hardware the report adds the layout's predicted step
 time and this rank's predicted memory on the GPUs the file describes, beside its device memory,
 and the line saying which values came from the file. Nothing is submitted and no checkpoint,
-validation, evaluation or tracker is touched.
+validation, evaluation or tracker is touched. The weights are drawn for the rank's shards alone
+(`shard_draws`), so the build peak leaves out the whole parameter a real run draws before cutting its
+shard. The process prints each part (the build's, each step) with its seconds as it ends, whichever
+rank it is; the launcher prints the table from the summary, once.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
@@ -113,6 +117,22 @@ def balanced_expert_counts() -> Iterator[None]:
         yield
     finally:
         MoE._exchange_counts = original
+
+
+@contextlib.contextmanager
+def shard_draws() -> Iterator[None]:
+    """The model's init draws each rank's shards alone instead of every parameter in full
+    (`Transformer.draw_in_full`): the values do not matter under the fake group, and the full draws
+    cost a rank of a large model minutes for the 1/64 or less of them that it keeps (rank 0 of a
+    512-rank 70B layout, its embedding and one block: about 2 CPU-minutes and a 8.7 GiB peak, where
+    its shards take seconds and 0.6 GiB)."""
+    from titan_exp.models.llama import Transformer
+
+    Transformer.draw_in_full = False
+    try:
+        yield
+    finally:
+        Transformer.draw_in_full = True
 
 
 def tensor_peak():
@@ -207,23 +227,44 @@ def reset_peak(device) -> None:
         Path("/proc/self/clear_refs").write_text("5")  # the high-water mark restarts from what is resident now
 
 
-def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str, Any]:
+def join_fake_group(rank: int, world: int):
+    """This process as `rank` of `world` on torch's fake process group; its device."""
     import torch
     import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    from titan_exp import targets
-    from titan_exp.metrics import state_bytes_by_kind
-    from titan_exp.perf.model.memory import predict_memory
 
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    return device
+
+
+def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int, started: float) -> dict[str, Any]:
+    """Build the rank and run its two steps, each part logged with its seconds as it ends (the
+    first line counts from `started`, when `main` began); what it measured, beside the planner."""
+    from titan_exp import targets
+    from titan_exp.train.profiling import timed
+
+    device = join_fake_group(rank, world)
+    logger.info("dry run of rank %d of %d on %s: torch imported, fake process group up: %.1f s", rank, world,
+                device.type, time.perf_counter() - started)
     dry = dry_job(job)
-    trainer = targets.build(dry, "training", dry, run_dir, device)
+    with timed("the rank built (model, optimizer, data)"), shard_draws():
+        trainer = targets.build(dry, "training", dry, run_dir, device)
     built = peak_gib(device)  # building and initialising the model: a transient the steps do not repeat
+    tensors = two_steps(job, trainer, device)
+    return measured(job, trainer, device, rank, world, {"tensor_peak_gib": tensors, "build_peak_gib": built})
+
+
+def two_steps(job: JobConfig, trainer, device) -> float:
+    """The first step (unmeasured: it makes AdamW's state), then the measured one, from the same
+    weights; the peak GiB of live tensors during the second (the process's peak is reset before it)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    from titan_exp.train.profiling import timed
+
     tensors = tensor_peak()
     with contextlib.ExitStack() as patches:
         if job.parallelism.pipeline_parallel_degree > 1:
@@ -236,7 +277,8 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
         local = [t.to_local() if isinstance(t, DTensor) else t for part in trainer.model_parts
                  for t in (*part.parameters(), *part.buffers())]
         start = [t.detach().clone() for t in local]
-        trainer.train_step(trainer.loader.next_batch())
+        with timed("step 1 of 2 (makes AdamW's state, not measured)"):
+            trainer.train_step(trainer.loader.next_batch())
         with torch.no_grad():
             for t, saved in zip(local, start):
                 t.copy_(saved)
@@ -248,15 +290,24 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int) -> dict[str
                   *(b for part in trainer.model_parts for b in part.buffers()),
                   *(v for v in optimizer_state if torch.is_tensor(v))]:
             tensors.track(t)  # what the step starts with
-        with tensors:
+        with timed("step 2 of 2 (measured)"), tensors:
             trainer.train_step(batch)
+    return tensors.peak / 2**30
+
+
+def measured(job: JobConfig, trainer, device, rank: int, world: int, peaks: dict[str, float]) -> dict[str, Any]:
+    """The report: what the rank holds, its peak during the step and `peaks` (the tensor and build
+    peaks), beside the planner's prediction (with cluster.hardware also the layout's predicted step
+    on the file's GPUs)."""
+    from titan_exp.metrics import state_bytes_by_kind
+    from titan_exp.perf.model.memory import predict_memory
+
     held = state_bytes_by_kind(trainer.params, trainer.optimizers)
     pp_rank = rank // (world // job.parallelism.pipeline_parallel_degree)  # pp is the mesh's outermost dim
     report = {
         "rank": rank, "world": world, "layout": layout_label(job.parallelism.layout), "device": str(device),
         "peak": "torch allocator, reserved" if device.type == "cuda" else "process resident set",
-        "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device),
-                     "tensor_peak_gib": tensors.peak / 2**30, "build_peak_gib": built},
+        "measured": {**held, "states_gib": sum(held.values()) / 2**30, "peak_gib": peak_gib(device), **peaks},
         "predicted": predict_memory(job, cuda=device.type == "cuda", pp_rank=pp_rank),
     }
     if job.cluster.hardware:  # the step and memory of this rank on the GPUs the file describes
@@ -278,7 +329,7 @@ def table(report: dict[str, Any]) -> str:
         ("gradients", m["grads"] / gib, None),
         ("optimizer state", m["optimizer"] / gib, None),
         ("parameters + gradients + optimizer", m["states_gib"], p["states"]),
-        (f"peak while building the model ({report['peak']})", m["build_peak_gib"], None),
+        (f"peak while building the model, its shards drawn alone ({report['peak']})", m["build_peak_gib"], None),
         ("peak of live tensors during the step (planner: less runtime and allocator slack)",
          m["tensor_peak_gib"], tensor_gib(p)),
         (f"peak during the step ({report['peak']})", m["peak_gib"], p["total"]),
@@ -296,18 +347,21 @@ def table(report: dict[str, Any]) -> str:
 
 
 def main(path: str) -> int:
+    """The rank's process: its progress on stdout whichever rank it is, its report in the run's
+    summary (the launcher prints the table from there, once)."""
+    started = time.perf_counter()
     from titan_exp.train.rank import failure_status, setup_logging
 
     run_dir = RunDir(path)
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    setup_logging(run_dir, rank)
+    setup_logging(run_dir, rank, console_info=True)
     job = load_job_config(run_dir.config)
     summary = RunSummary.of(job, Status.running, run_dir.path)
     try:
-        report = dry_step(job, run_dir, rank, world)
+        report = dry_step(job, run_dir, rank, world, started)
         summary = summary.replace(status=Status.ok, dry_run=report, peak_memory_gib=report["measured"]["peak_gib"],
                                   state_bytes_per_rank=int(report["measured"]["states_gib"] * 2**30))
-        logger.info("dry run:\n%s", table(report))
+        logger.info("dry run of rank %d done: %.1f s in all", rank, time.perf_counter() - started)
         return 0
     except BaseException as exc:  # noqa: BLE001 - the summary must say why, whatever it was
         summary = summary.replace(status=failure_status(exc), error=f"{type(exc).__name__}: {exc}")

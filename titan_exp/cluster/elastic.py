@@ -54,6 +54,25 @@ def resume_step(job: JobConfig, run_dir: RunDir) -> int:
     return marker["step"] if marker else 0
 
 
+def hinted(job: JobConfig, run_dir: RunDir, errors: list[str]) -> list[str]:
+    """`errors` with, on those that say the degrees do not lay out on the world size, that
+    cluster.elastic=true would re-plan the layout: only where it would, for a run whose own folder
+    holds a checkpoint to continue from (checkpoints on, elastic off). A fresh run's mismatch is
+    the degrees' alone."""
+    from titan_exp.checkpoint import checkpoint_folder, complete_steps
+    from titan_exp.parallel import dims
+
+    if job.cluster.elastic or not job.checkpoint.enable or not errors:
+        return errors
+    steps = complete_steps(checkpoint_folder(job.checkpoint, run_dir.path))
+    mismatch = dims.check(job)[1]
+    if not steps or not mismatch:
+        return errors
+    hint = (f"; or continue this run's checkpoint step-{max(steps)} on this world size with cluster.elastic=true, "
+            "which re-plans the layout")
+    return [e + hint if e in mismatch else e for e in errors]
+
+
 def previous_job(run_dir: RunDir) -> JobConfig | None:
     """The resolved config the run dir's last segment ran with, if it has run before."""
     return load_job_config(run_dir.config) if run_dir.config.exists() else None

@@ -32,6 +32,7 @@ import time
 import traceback
 from typing import Optional
 
+from titan_exp import signals
 from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,8 @@ def ready() -> bool:
 def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
     """A rank forked from the server, made what `python -m ENTRY PATH` starts: in `env` (the
     launcher's at this launch) with the variables torch's elastic agent set for this rank, then
-    ENTRY run as `__main__`, ending with the exit code, traceback or signal a fresh process would."""
+    ENTRY run as `__main__`, ending with the exit code, traceback or signal a fresh process would;
+    one that stopped for a stop signal ends with EXIT_INTERRUPTED (`finish`)."""
     agent = {k: v for k, v in os.environ.items() if IMPORTED_IN.get(k) != v}
     os.environ.clear()
     os.environ.update({**env, **agent})
@@ -102,6 +104,9 @@ def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
     sys.modules.pop(entry, None)  # ENTRY runs as __main__ alone, as in a fresh process (runpy warns otherwise)
     try:
         runpy.run_module(entry, run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            raise
     except KeyboardInterrupt:  # as the interpreter ends on one: killed by SIGINT
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
@@ -111,3 +116,16 @@ def start_rank(entry: str, path: str, env: dict[str, str]) -> None:
         # that raised because a peer died (a reset connection) waits, so that the peer is the one.
         time.sleep(PEER_FIRST_S)
         sys.exit(1)
+    finish()
+
+
+def finish() -> None:
+    """The end of a rank whose ENTRY succeeded. Returning hands torch's agent this rank's return
+    value, and torch then keeps the process waiting until the agent has read every rank's. An
+    agent that is shutting down (it passed SIGTERM or SIGINT to the ranks: the launcher got one)
+    reads none, and would SIGKILL the rank 30 s later; a launcher that died never would. So a rank
+    that stopped for a stop signal exits at once instead, with EXIT_INTERRUPTED: an agent still
+    polling (a signal sent to the ranks alone) reports the exit, and the run's summary says
+    `interrupted`."""
+    if signals.received():
+        sys.exit(signals.EXIT_INTERRUPTED)

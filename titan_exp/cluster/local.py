@@ -15,6 +15,7 @@ from titan_exp.cluster.env import TRAIN, checkout_path, scoped_env
 from titan_exp.config import JobConfig
 from titan_exp.config.cluster import rank_env, threads_per_rank
 from titan_exp.record import RunDir
+from titan_exp.signals import EXIT_INTERRUPTED, LAUNCHER_PID
 
 
 def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry: str = TRAIN) -> Optional[str]:
@@ -24,6 +25,7 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     logging.getLogger("torch.distributed.elastic").setLevel(logging.WARNING)
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(quiet_interrupted_ranks)
     nproc = job.world_size
     gpu = torch.cuda.is_available()
     forked = job.cluster.fork_ranks and not gpu and forkserver.ready()
@@ -40,6 +42,7 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
     )
     try:
         env = rank_env(job.cluster, threads=threads_per_rank(nproc), gpu=gpu)
+        env[LAUNCHER_PID] = str(os.getpid())  # a rank stops when this process ends (signals.stop_with_launcher)
         with scoped_env(**env, **checkout_path()):
             if forked:
                 elastic_launch(config, entrypoint=forkserver.start_rank)(entry, str(run_dir.path), dict(os.environ))
@@ -47,11 +50,20 @@ def run_local(job: JobConfig, run_dir: RunDir, *, in_sweep: bool = False, entry:
                 elastic_launch(config, entrypoint=sys.executable)("-m", entry, str(run_dir.path))
     except SignalException as exc:
         # SIGTERM/SIGINT to the launcher: the agent passed it on to the ranks and waited for
-        # them (up to 30 s), which stop at a step boundary with a checkpoint (titan_exp.signals).
+        # them to exit, which they do after they stop at a step boundary with a checkpoint
+        # (titan_exp.signals; a forked rank: forkserver.finish).
         return f"the launcher received {signal.Signals(exc.sigval).name}"
     except ChildFailedError as exc:
         return describe_failures(exc.failures)
     return None
+
+
+def quiet_interrupted_ranks(record: logging.LogRecord) -> bool:
+    """Whether torch's agent may log `record`: not its traceback for a forked rank that exited with
+    EXIT_INTERRUPTED (a stop signal sent to the ranks alone: forkserver.finish), whose run the
+    summary and the launcher report as interrupted."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (str(record.msg).startswith("failed (exitcode") and args[:1] == (EXIT_INTERRUPTED,))
 
 
 def describe_failures(failures: dict) -> str:

@@ -46,6 +46,7 @@ from titan_exp.config.fields import (
     doc,
     layout_label,
     problem,
+    refusal,
     world_of,
 )
 from titan_exp.config.model import ModelConfig
@@ -129,6 +130,7 @@ __all__ = [
     "world_of",
     "load_job_config",
     "problem",
+    "refusal",
     "register_configs",
     "sweep_groups",
     "to_job_config",

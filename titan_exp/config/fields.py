@@ -1,5 +1,6 @@
 """How a config field is declared: the Choice enums its values come from, `doc` (a default, a
-one-line description that `python launch.py --help` prints and, for counts, a lower bound),
+one-line description that `python launch.py --help` prints, for counts a lower bound and, for a
+float that takes +inf, what it means),
 `target` (a node's `_target_`), `problem` (a validation message naming the field, the value and
 the fix) and the names of the device mesh's dimensions. The config groups themselves are in
 model.py (ModelConfig) and schema.py (the rest, and JobConfig)."""
@@ -68,9 +69,13 @@ def world_of(layout: Mapping[str, int]) -> int:
     return math.prod(d for dim, d in layout.items() if dim in DEGREE_FIELDS)
 
 
-def doc(default: Any, text: str, *, min: int | None = None) -> Any:  # noqa: A002 - reads as the bound
-    """A dataclass field with a default, a one-line description and, for counts, a lower bound."""
-    meta = {"doc": text, **({"min": min} if min is not None else {})}
+def doc(default: Any, text: str, *, min: int | None = None, inf: str | None = None) -> Any:  # noqa: A002
+    """A dataclass field with a default, a one-line description and, for counts, a lower bound
+    (`min`). A float field holds finite numbers only (titan_exp.config.values refuses NaN and
+    +/-inf in every one); `inf` names what +inf means in a field that takes it (e.g. no limit),
+    which its doc then says."""
+    text = f"{text}; inf = {inf}" if inf is not None else text
+    meta = {"doc": text, **({"min": min} if min is not None else {}), **({"inf": inf} if inf is not None else {})}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -97,3 +102,8 @@ def layout_label(degrees: Mapping[str, int] | None) -> str:
     if not degrees:
         return ""
     return " x ".join(f"{name}{d}" for name, d in degrees.items() if d > 1) or "single"
+
+
+def refusal(error: str) -> str:
+    """A validation message as the launcher reports it: one line, saying that nothing started."""
+    return "refused, nothing was started: " + " ".join(error.split())

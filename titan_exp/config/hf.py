@@ -98,8 +98,8 @@ def config_errors(model: ModelConfig) -> list[str]:
     return []
 
 
-def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
-    """A LlamaConfig for `cfg`, as transformers writes config.json."""
+def hf_config(cfg: ModelConfig, dtype: str, *, bos_token_id: int | None, eos_token_id: int | None) -> dict[str, Any]:
+    """A LlamaConfig for `cfg`, as transformers writes config.json, with its tokenizer's BOS/EOS ids."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
@@ -118,4 +118,6 @@ def hf_config(cfg: ModelConfig, dtype: str) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "torch_dtype": dtype,
+        "bos_token_id": bos_token_id,
+        "eos_token_id": eos_token_id,
     }

@@ -186,7 +186,8 @@ class CheckpointConfig:
     initial_load_in_hf: bool = doc(False, "initial_load_path is a Hugging Face Llama directory (config.json and "
                                           "safetensors, sharded or not): its weights, into any layout")
     last_save_in_hf: bool = doc(False, "after training, also write <run dir>/export/hf: a Hugging Face Llama "
-                                       "directory that transformers loads (in export_dtype)")
+                                       "directory that transformers loads (in export_dtype, with the run's "
+                                       "tokenizer; needs transformers)")
     last_save_model_only: bool = doc(False, "the checkpoint at the last step holds the model alone, in export_dtype")
     export_dtype: ExportDType = doc(ExportDType.float32, "dtype of model-only checkpoints and exports")
     export_format: Optional[ExportFormat] = doc(None, "after training, write <run dir>/export/model.<ext>; "
@@ -349,7 +350,7 @@ class TrainingConfig:
     local_batch_size: int = doc(8, "sequences per rank per forward/backward (micro) batch", min=1)
     global_batch_size: int = doc(-1, "sequences per step across data parallel ranks; -1 = local x dp")
     seq_len: int = doc(128, "tokens per sequence", min=1)
-    max_norm: float = doc(1.0, "gradient clipping norm; 0 disables clipping")
+    max_norm: float = doc(1.0, "gradient clipping norm; 0 disables clipping", inf="no limit, as 0")
     seed: int = doc(42, "seed for weights and every random op")
     deterministic: bool = doc(False, "torch.use_deterministic_algorithms(True)")
     on_nonfinite: OnNonfinite = doc(
@@ -447,7 +448,8 @@ class AutotuneConfig:
     calibrate: bool = doc(True, "autotune and `python -m titan_exp.perf.plan` first measure what the machine profile "
                           "lacks (the model's block at every TP degree, compile if searched, the collectives); "
                           "false = estimate it from FLOPs, and say so")
-    budget_minutes: float = doc(30.0, "machine time the measuring may take; rounds that would overrun are not started")
+    budget_minutes: float = doc(30.0, "machine time the measuring may take; rounds that would overrun are not started",
+                                inf="no limit")
     warmup_steps: int = doc(2, "untimed steps at the start of every member (compile, allocator)", min=0)
     steps: int = doc(4, "timed steps per member in the first round; each later round doubles them", min=2)
     drop_slower_than: float = doc(0.5, "a member measured below this share of the round's fastest is dropped at once")

@@ -17,8 +17,7 @@ from pathlib import Path
 from titan_exp.cache import cache_dir
 from titan_exp.config import DataConfig
 from titan_exp.files import atomic_write
-
-BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
+from titan_exp.models.tokenizer import BOS, EOS, special_ids, tokenizer_file
 
 
 def _digest(text: str) -> str:
@@ -100,9 +99,6 @@ def trained_tokenizer(corpus: Path, vocab_size: int) -> Path:
     return path
 
 
-TOKENIZER_CONFIG = "tokenizer_config.json"
-
-
 def assets(d: DataConfig) -> tuple[DataConfig, Path]:
     """The data node with the bundled corpus's folder filled in (data.dataset=pydoc_topics), and
     the tokenizer file the run uses: data.tokenizer_path's, or the BPE trained on the corpus."""
@@ -116,30 +112,10 @@ def assets(d: DataConfig) -> tuple[DataConfig, Path]:
                else trained_tokenizer(corpus, d.tokenizer_vocab_size))
 
 
-def tokenizer_file(path: str | Path) -> Path:
-    """The tokenizer.json a `data.tokenizer_path` names: the file, or the one in a directory
-    (the Hugging Face / Llama 3 layout)."""
-    path = Path(path)
-    return path / "tokenizer.json" if path.is_dir() else path
-
-
-def named_specials(config: Path) -> dict[str, str]:
-    """BOS/EOS as a Hugging Face tokenizer_config.json names them (a string, or {"content": ...})."""
-    if not config.is_file():
-        return {}
-    raw = json.loads(config.read_text())
-    names = {}
-    for key in ("bos", "eos"):
-        token = raw.get(f"{key}_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        if isinstance(token, str):
-            names[key] = token
-    return names
-
-
 class Tokenizer:
-    """A `tokenizers` tokenizer with the BOS/EOS conventions the loader needs: those its
-    tokenizer_config.json names when it has one beside it, else the usual spellings."""
+    """A `tokenizers` tokenizer with the BOS/EOS the loader adds: those its tokenizer_config.json
+    names when it has one beside it, else the usual spellings (titan_exp.models.tokenizer's rule,
+    the one the Hugging Face export writes)."""
 
     def __init__(self, path: str | Path):
         from tokenizers import Tokenizer as HFTokenizer
@@ -147,16 +123,7 @@ class Tokenizer:
         file = tokenizer_file(path)
         self._tok = HFTokenizer.from_file(str(file))
         self.vocab_size = self._tok.get_vocab_size()
-        named = named_specials(file.parent / TOKENIZER_CONFIG)
-        self.bos_id = self._special(named.get("bos", BOS), ("<s>", "[BOS]", BOS))
-        self.eos_id = self._special(named.get("eos", EOS), ("</s>", "[EOS]", "<|endoftext|>", EOS))
-
-    def _special(self, name: str, fallbacks: tuple[str, ...]) -> int | None:
-        for candidate in (name, *fallbacks):
-            token_id = self._tok.token_to_id(candidate)
-            if token_id is not None:
-                return token_id
-        return None
+        self.bos_id, self.eos_id = special_ids(self._tok, file)
 
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         ids = self._tok.encode(text, add_special_tokens=False).ids

@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from titan_exp.checkpoint.export import export
-from titan_exp.checkpoint.store import MARKER
+from titan_exp.checkpoint.store import MARKER, CheckpointError
 from titan_exp.config import load_job_config
-from titan_exp.data.corpus import TOKENIZER_CONFIG, Tokenizer
 from titan_exp.eval.tasks import metrics_of, task_manager
 from titan_exp.files import atomic_write
 from titan_exp.precision import torchao_imports
@@ -40,29 +39,10 @@ def export_model(checkpoint: Path, run_dir: RunDir, out: Path) -> Path:
     lm-eval loads offline (weights in checkpoint.export_dtype, the run's tokenizer); the
     checkpoint is removed once written."""
     job = load_job_config(run_dir.config)
-    export(checkpoint, out, job.checkpoint.export_dtype.value, "hf", model=job.model)
-    write_tokenizer(run_dir, out, job.model.max_seq_len)
+    export(checkpoint, out, job.checkpoint.export_dtype.value, "hf", model=job.model, tokenizer=run_dir.tokenizer)
     (checkpoint / MARKER).unlink(missing_ok=True)  # first: a crash halfway leaves an incomplete dir
     shutil.rmtree(checkpoint, ignore_errors=True)
     return out
-
-
-def write_tokenizer(run_dir: RunDir, out: Path, max_len: int) -> None:
-    """The run's tokenizer.json, and a tokenizer_config.json that lets transformers' AutoTokenizer
-    load it (PreTrainedTokenizerFast) with the BOS/EOS the run trained with: the run's own
-    tokenizer_config.json (a Hugging Face tokenizer's) when it has one, completed."""
-    from tokenizers import Tokenizer as HFTokenizer
-
-    shutil.copyfile(run_dir.tokenizer, out / "tokenizer.json")
-    own = run_dir.path / TOKENIZER_CONFIG
-    config: dict[str, Any] = json.loads(own.read_text()) if own.is_file() else {}
-    specials, raw = Tokenizer(run_dir.tokenizer), HFTokenizer.from_file(str(run_dir.tokenizer))
-    config.setdefault("tokenizer_class", "PreTrainedTokenizerFast")
-    for name, token_id in (("bos_token", specials.bos_id), ("eos_token", specials.eos_id)):
-        if token_id is not None:
-            config.setdefault(name, raw.id_to_token(token_id))
-    config["model_max_length"] = max_len
-    (out / TOKENIZER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def evaluate(model_dir: Path, tasks: list[str], *, include_path: str | None = None, limit: int | None = None,
@@ -91,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m titan_exp.eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="a Hugging Face Llama directory (written first with --export)")
     parser.add_argument("--tasks", nargs="+", required=True, help="lm-eval task names")
-    parser.add_argument("--include-path", help="a directory of your own task YAMLs")
+    parser.add_argument("--include-path", type=Path, help="a directory of your own task YAMLs (relative: to the "
+                        "current directory)")
     parser.add_argument("--limit", type=int, help="documents per task (default: all)")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--device", default="cpu")
@@ -101,18 +82,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", type=Path, help="with --export: the run (its config.yaml and tokenizer)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    # Paths as the caller gave them, from the caller's directory: the evaluation runs in --include-path.
+    include = None if args.include_path is None else args.include_path.expanduser().resolve()
+    if include is not None and not include.is_dir():
+        parser.error(f"--include-path {args.include_path}: not a directory; give the one that holds your task YAMLs")
     if args.export is not None:
         if args.run_dir is None:
             parser.error("--export needs --run-dir (the run's config.yaml gives the model's shapes)")
         start = time.perf_counter()
-        export_model(args.export, RunDir(args.run_dir), args.model)
+        try:
+            export_model(args.export, RunDir(args.run_dir), args.model)
+        except CheckpointError as exc:
+            parser.error(f"--export {args.export}: {exc}")
         logger.info("exported %s to %s in %.1f s", args.export, args.model, time.perf_counter() - start)
     model, out = args.model.resolve(), (args.out or args.model / RESULTS).resolve()
-    if args.include_path:
-        os.chdir(args.include_path)  # relative data_files in the task YAMLs are read from there
+    if include is not None:
+        os.chdir(include)  # relative data_files in the task YAMLs are read from there
     start = time.perf_counter()
     with torchao_imports():  # transformers imports torchao (its quantizers) along the way
-        raw = evaluate(model, args.tasks, include_path=args.include_path, limit=args.limit,
+        raw = evaluate(model, args.tasks, include_path=None if include is None else str(include), limit=args.limit,
                        batch_size=args.batch_size, device=args.device)
     result = record(raw, time.perf_counter() - start)
     atomic_write(out, json.dumps(result, indent=2, default=str))

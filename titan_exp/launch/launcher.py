@@ -12,14 +12,15 @@ import shutil
 from omegaconf import DictConfig
 
 from titan_exp.cluster import get_executor
-from titan_exp.config import to_job_config, to_yaml
-from titan_exp.data.corpus import TOKENIZER_CONFIG
+from titan_exp.config import refusal, to_job_config, to_yaml
 from titan_exp.launch.preflight import Pending, preflight
+from titan_exp.models.tokenizer import TOKENIZER_CONFIG
 from titan_exp.record import RunDir, RunSummary, Status
+from titan_exp.signals import EXIT_INTERRUPTED
 
 logger = logging.getLogger("titan_exp.launch")
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_INTERRUPTED = 0, 1, 2, 3
+EXIT_OK, EXIT_FAILED, EXIT_INVALID = 0, 1, 2  # and signals.EXIT_INTERRUPTED, 3
 
 
 def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False, sweep_dir: str = "",
@@ -34,7 +35,8 @@ def launch(cfg: DictConfig, run_dir: str, *, multirun: bool = False, sweep_dir: 
         job = sweep_member_tracking(job, sweep_dir, overrides_name)
     pending, errors = preflight(job, RunDir(run_dir))
     if errors:
-        logger.error("invalid config, nothing was started:\n  - %s", "\n  - ".join(errors))
+        for error in errors:  # one line each; on the console, on stderr (titan_exp.cli)
+            logger.error(refusal(error), extra={"refusal": True})
         if multirun:
             pending.run_dir.write_summary(RunSummary.of(pending.job, Status.invalid, run_dir, error="; ".join(errors),
                                                         errors=errors))
@@ -94,8 +96,8 @@ def outcome(run_dir: RunDir, error: str | None) -> int:
 
             logger.info("dry run done, summary %s\n%s", run_dir.summary, table(summary.dry_run))
         elif summary.final_loss is not None:
-            logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%%, summary %s", summary.final_loss,
-                        summary.tokens_per_second_per_device, summary.mfu, run_dir.summary)
+            logger.info("done: final loss %.4f, %.1f tokens/s/device, MFU %.1f%% (median steady step), summary %s",
+                        summary.final_loss, summary.tokens_per_second_per_device, summary.mfu, run_dir.summary)
         else:
             logger.info("done: no steps to train (%s), summary %s",
                         summary.seed_checkpoint or f"resumed at step {(summary.start_step or 1) - 1}", run_dir.summary)

@@ -5,7 +5,8 @@ with more filled in) and its errors; the first step with errors ends the preflig
     ranks    cluster.nproc_per_node unset with a -1 degree: every visible GPU (torchrun's `gpu`); on a
              CPU one process, said loudly, since nothing is then sharded
     elastic  cluster.elastic: a layout its world size cannot use is re-planned for it (titan_exp.cluster.elastic)
-    check    validation: the schema's bounds and every component's `check`
+    check    validation: the schema's bounds and every component's `check` (a layout that does not fit
+             a resumed run's world size: with the hint that cluster.elastic=true re-plans it)
     hardware cluster.hardware: the file is read and fits the job; the job's predicted step and memory on
              it are logged (a dry run reports them with its own)
     evaluation  eval.tasks exist (the user's eval.include_path, else lm-eval's own task index)
@@ -73,7 +74,9 @@ def elastic(p: Pending) -> tuple[Pending, list[str]]:
 
 
 def check(p: Pending) -> tuple[Pending, list[str]]:
-    return p, validate(p.job)
+    from titan_exp.cluster.elastic import hinted
+
+    return p, hinted(p.job, p.run_dir, validate(p.job))
 
 
 def hardware(p: Pending) -> tuple[Pending, list[str]]:
@@ -148,7 +151,8 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     any rank competes for the cores (the best seen so far, see best_cpu_peak_tflops), times each
     rank's share of the cores. Measured by each rank instead, the peak would depend on what the
     other ranks were doing at that moment. SLURM nodes are not this machine; a GPU rank looks its
-    peak up by device name."""
+    peak up by device name. A dry run is one process with the launcher's threads, whatever the
+    layout's ranks per node: its rate is this CPU's, not a rank's share and not a GPU's."""
     job = p.job
     if job.metrics.peak_tflops is not None or job.cluster.executor == Executor.slurm or torch.cuda.is_available():
         return p, []
@@ -156,12 +160,18 @@ def machine(p: Pending) -> tuple[Pending, list[str]]:
     from titan_exp.metrics import best_cpu_peak_tflops
     from titan_exp.precision import DTYPES
 
-    nproc, cores = job.cluster.nproc_per_node, os.cpu_count() or 1
-    threads = threads_per_rank(nproc) if job.cluster.executor == Executor.local else torch.get_num_threads()
     peak = best_cpu_peak_tflops(DTYPES[job.precision.param_dtype])
-    per_rank = peak * min(threads, cores / nproc) / cores
-    logger.info("CPU %s matmul peak %.3f TFLOP/s for %d cores; each of %d rank(s) gets %.3f",
-                job.precision.param_dtype, peak, cores, nproc, per_rank)
+    if job.cluster.dry_run:  # one process, with the threads the peak was measured with
+        per_rank = peak
+        logger.info("CPU %s matmul peak %.3f TFLOP/s with %d thread(s): the rate of the one process that simulates "
+                    "rank %d (this CPU's, not a GPU's)", job.precision.param_dtype, peak, torch.get_num_threads(),
+                    job.cluster.dry_run_rank)
+    else:
+        nproc, cores = job.cluster.nproc_per_node, os.cpu_count() or 1
+        threads = threads_per_rank(nproc) if job.cluster.executor == Executor.local else torch.get_num_threads()
+        per_rank = peak * min(threads, cores / nproc) / cores
+        logger.info("CPU %s matmul peak %.3f TFLOP/s for %d cores; each of %d rank(s) gets %.3f",
+                    job.precision.param_dtype, peak, cores, nproc, per_rank)
     return p.with_job(dataclasses.replace(job, metrics=dataclasses.replace(job.metrics, peak_tflops=per_rank))), []
 
 

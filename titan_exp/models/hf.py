@@ -1,5 +1,6 @@
 """Hugging Face Llama weights: our parameter names and RoPE layout as theirs and back, and
-reading / writing a Hugging Face model directory (its config.json is titan_exp.config.hf's).
+reading / writing a Hugging Face model directory (its config.json is titan_exp.config.hf's; the
+tokenizer it holds is the run's, saved by transformers).
 
 Two differences besides the names. Our attention rotates consecutive pairs (x[2i], x[2i+1]), as
 Meta's Llama does; `transformers` rotates the two halves of each head (rotate_half). The same
@@ -19,11 +20,14 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
+from titan_exp import extras
 from titan_exp.config import JobConfig, ModelConfig, problem
 from titan_exp.config.hf import CONFIG, hf_config
+from titan_exp.models.tokenizer import special_ids, tokenizer_file
 
-if TYPE_CHECKING:  # torch is imported where tensors are handled
+if TYPE_CHECKING:  # torch and transformers are imported where they are used
     import torch
+    from transformers import PreTrainedTokenizerBase
 
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
@@ -53,8 +57,11 @@ def unsupported(m: ModelConfig) -> str | None:
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
-    """Hugging Face import and export of a model a Llama cannot hold, refused."""
+    """Hugging Face import and export of a model a Llama cannot hold, refused; and an export
+    without transformers, which writes its tokenizer (the `hf` extra)."""
     what, k, e = unsupported(job.model), job.checkpoint, []
+    if k.last_save_in_hf and (why := extras.missing("transformers")):
+        e.append(problem("checkpoint.last_save_in_hf", True, f"{why}; or set it to false"))
     if what is None:
         return e
     if job.model.hf_config is not None:
@@ -184,9 +191,37 @@ def load_into(parts: list[torch.nn.Module], folder: str | Path, cfg: ModelConfig
                 param.copy_(full)
 
 
-def save(tensors: dict[str, torch.Tensor], cfg: ModelConfig, out: Path, dtype: str) -> Path:
-    """Our full state dict as a Hugging Face Llama directory (config.json + model.safetensors),
-    written to a temporary folder and renamed into place."""
+def hf_tokenizer(path: str | Path, cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    """The tokenizer at `path` (a tokenizer.json, or a directory holding one) as transformers
+    loads it, for a Hugging Face directory of the model `cfg`: the BOS/EOS the run trained with
+    (titan_exp.models.tokenizer's rule), the rest of the tokenizer_config.json beside it when there
+    is one (a chat template), `cfg.max_seq_len` long at most. ValueError, in one line, when it
+    cannot be: no tokenizer there, transformers missing, a vocabulary the model cannot hold."""
+    file = tokenizer_file(path)
+    if not file.is_file():
+        raise ValueError(f"no tokenizer at {file}; a Hugging Face export holds the run's tokenizer")
+    if why := extras.missing("transformers"):
+        raise ValueError(f"a Hugging Face export writes the tokenizer with transformers: {why}")
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    try:
+        raw = Tokenizer.from_file(str(file))
+    except Exception as exc:  # tokenizers raises a bare Exception for a file it cannot parse
+        raise ValueError(f"{file} is not a tokenizer the tokenizers library reads ({exc})") from exc
+    if raw.get_vocab_size() > cfg.vocab_size:
+        raise ValueError(f"the tokenizer {file} has {raw.get_vocab_size()} tokens, more than the model's "
+                         f"vocab_size {cfg.vocab_size}")
+    bos, eos = (None if i is None else raw.id_to_token(i) for i in special_ids(raw, file))
+    return PreTrainedTokenizerFast.from_pretrained(file.parent, tokenizer_file=str(file), bos_token=bos, eos_token=eos,
+                                                   model_max_length=cfg.max_seq_len)
+
+
+def save(tensors: dict[str, torch.Tensor], cfg: ModelConfig, out: Path, dtype: str,
+         tokenizer: PreTrainedTokenizerBase) -> Path:
+    """Our full state dict as a Hugging Face Llama directory (config.json with the tokenizer's
+    BOS/EOS ids, model.safetensors, the tokenizer as transformers saves it: tokenizer.json,
+    tokenizer_config.json), written to a temporary folder and renamed into place."""
     import shutil
 
     from safetensors.torch import save_file
@@ -196,7 +231,9 @@ def save(tensors: dict[str, torch.Tensor], cfg: ModelConfig, out: Path, dtype: s
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(theirs, tmp / WEIGHTS, metadata={"format": "pt"})
-    (tmp / CONFIG).write_text(json.dumps(hf_config(cfg, dtype), indent=2) + "\n")
+    tokenizer.save_pretrained(tmp)
+    config = hf_config(cfg, dtype, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    (tmp / CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out

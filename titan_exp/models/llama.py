@@ -117,6 +117,11 @@ class TransformerBlock(nn.Module):
 
 
 class Transformer(nn.Module):
+    # init_weights draws each parameter in full and cuts this rank's shard from it (layout-independent
+    # weights), so every rank draws its whole stage. A dry run (cluster.dry_run), whose weights' values
+    # do not matter under the fake process group, sets it False to draw its shards alone.
+    draw_in_full = True
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -160,7 +165,8 @@ class Transformer(nn.Module):
         seeded by (seed, its name) and then cut to this rank's shard. A model split by FSDP, TP or
         PP therefore starts from exactly the weights of the single-process model. On a GPU the
         draws run there (a CPU takes about 25 s for a 3B model's): the same weights on
-        every GPU layout, other numbers than a CPU's generator gives."""
+        every GPU layout, other numbers than a CPU's generator gives. With `draw_in_full` off each
+        rank draws its shards alone: the same distributions, not the same numbers."""
         from torch.distributed.tensor import DTensor, distribute_tensor
 
         cos, sin = rope_tables(self.cfg.rope_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
@@ -169,8 +175,11 @@ class Transformer(nn.Module):
         for name, param in self.named_parameters():
             name = canonical_name(name)
             device = param.device if param.device.type == "cuda" else torch.device("cpu")
-            full = torch.empty(param.shape, dtype=torch.float32, device=device)
             gen = torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            if not self.draw_in_full:  # the shard alone, from the same distribution
+                _init_param(name, param.to_local() if isinstance(param, DTensor) else param, self.cfg, gen)
+                continue
+            full = torch.empty(param.shape, dtype=torch.float32, device=device)
             _init_param(name, full, self.cfg, gen)
             if isinstance(param, DTensor):
                 full = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)

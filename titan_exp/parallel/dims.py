@@ -170,13 +170,11 @@ def _set_degrees(p: ParallelismConfig) -> str:
     return ", ".join(f"parallelism.{name} = {getattr(p, name)!r}" for name in chosen)
 
 
-# A run resumed on another world size keeps its degrees and so meets the errors below.
-ELASTIC_HINT = "; a checkpointed run resumed on another world size: cluster.elastic=true re-plans its layout"
-
-
 def check(job: JobConfig) -> tuple[ParallelDims | None, list[str]]:
     """The layout: the degrees must multiply to the world size. Returns the resolved dims (None
-    when they do not fit) and the errors, which name the degree fields the user set."""
+    when they do not fit) and the errors, which name the degree fields the user set. (A run
+    resumed from its checkpoint on another world size meets them too; the launcher's preflight
+    then adds that cluster.elastic re-plans it: titan_exp.cluster.elastic.hinted.)"""
     p, c = job.parallelism, job.cluster
     world = job.world_size
     other = p.known_degree
@@ -186,12 +184,12 @@ def check(job: JobConfig) -> tuple[ParallelDims | None, list[str]]:
     fields = _set_degrees(p)
     if shard == -1 and world % other:
         return None, [f"{fields}: pp x dp_replicate x cp x tp = {other} does not divide the world size {world} "
-                      f"({where}); change the degrees or cluster.nproc_per_node{ELASTIC_HINT}"]
+                      f"({where}); change the degrees or cluster.nproc_per_node"]
     if shard != -1 and shard < 1:
         return None, [problem("parallelism.data_parallel_shard_degree", shard,
                               "must be >= 1, or -1 for the rest of the world")]
     if shard != -1 and other * shard != world:
         return None, [f"{fields}: the product of the degrees is {other * shard} but the world size is {world} "
-                      f"({where}); make them equal or set data_parallel_shard_degree=-1{ELASTIC_HINT}"]
+                      f"({where}); make them equal or set data_parallel_shard_degree=-1"]
     dims = ParallelDims.from_config(p, world)
     return dims, []

@@ -359,7 +359,10 @@ class Autotune:
         }
 
     def _refit(self, grid: list[Candidate]) -> dict:
-        runs = [(predict_step(c.job, self.profile, cuda=self.cuda), statistics.fmean(c.times)) for c in grid if c.times]
+        # The median timed step, as summary.json's tokens/s: a prediction is of a steady step, which
+        # one stalled step would move the mean away from.
+        runs = [(predict_step(c.job, self.profile, cuda=self.cuda), statistics.median(c.times))
+                for c in grid if c.times]
         if not runs:
             return {}
         fitted = refit(self.profile, runs)

@@ -32,15 +32,17 @@ import argparse
 import dataclasses
 import functools
 import time
+import typing
 from pathlib import Path
 
-from titan_exp.config import AutotuneAxis, Executor, JobConfig, ParallelismConfig, compose_job, layout_label
+from titan_exp.config import AutotuneAxis, Executor, JobConfig, ParallelismConfig, compose_job, layout_label, world_of
 from titan_exp.config.autotune import check as search_check
 from titan_exp.perf.calibration.run import cover
 from titan_exp.perf.model.memory import predict_memory
 from titan_exp.perf.model.step import predict_step
-from titan_exp.perf.rates.accuracy import accuracy_kind, estimates_line, last_accuracy, published
+from titan_exp.perf.rates.accuracy import accuracy_kind, last_accuracy, last_check, published
 from titan_exp.perf.rates.profile import MachineProfile, profiles_dir, this_machine
+from titan_exp.perf.search.axes import override_key
 from titan_exp.perf.search.layouts import (
     batch_line,
     configured_layout,
@@ -50,7 +52,7 @@ from titan_exp.perf.search.layouts import (
     with_layout,
 )
 from titan_exp.perf.search.planner import Plan, device_memory_gib, plan
-from titan_exp.perf.search.sweep import sweep_overrides, write_sweep
+from titan_exp.perf.search.sweep import entry_point, launch_overrides, sweep_overrides, write_sweep
 from titan_exp.validation import resolve, validate
 
 
@@ -121,46 +123,108 @@ def margin_line(plans: list[Plan], device_memory_gib: float) -> str | None:
             f"{safe.tokens_per_s:,.0f} tokens/s/device ({safe.tokens_per_s / best.tokens_per_s - 1:+.0%})")
 
 
-def profile_line(profile: MachineProfile) -> str:
-    """Which profile the times come from, or that they are the defaults and how wrong those were."""
+def rates_line(profile: MachineProfile, lacks: list[str]) -> str:
+    """Where the plan's times come from: a spec sheet, a measured profile, or default costs."""
+    if lacks:
+        return f"rates: FLOPs estimates, nothing measured (autotune.calibrate=false), for {'; '.join(lacks)}"
     if profile.source == "spec":
-        seen = published()
-        device = profile.key.get("device")
-        runs, signed, size = seen["by_device"].get(device, (0, 0.0, 0.0))
-        median_run = ("as measured" if abs(signed) < 0.005
-                      else f"{abs(signed):.0%} too {'slow' if signed < 0 else 'fast'}")
-        own = (f"; on {device}'s sheet alone ({runs} run{'s' if runs > 1 else ''}) {size:.0%} at the median, the "
-               f"median run predicted {median_run}" if runs else "")
-        return (f"times PREDICTED FROM A SPEC SHEET ({profile.notes[0] if profile.notes else profile.name}); held out "
-                f"against {seen['rows']} published GPU runs ({seen['date']}, python -m benchmarks.published) such "
-                f"plans' tokens/s erred {seen['median_abs_error']:.0%} at the median and ordered "
-                f"{seen['pairs_ordered'][0]} of {seen['pairs_ordered'][1]} pairs of layouts on one machine as "
-                f"measured{own}; calibrate on the GPU to replace it with measured costs")
+        return f"rates: {profile.notes[0] if profile.notes else profile.name} (nothing measured)"
     if profile.source == "defaults":
-        seen = last_accuracy(accuracy_kind(profile))
-        how = (f"the last check against {seen['runs']} real runs ({seen['when']}) found a median error of "
-               f"{seen['median_abs_error']:.0%}" if seen else "never checked against real runs on this machine")
-        return (f"times from DEFAULT costs (no profile for this machine and world size: run python -m "
-                f"titan_exp.perf.calibrate --world {profile.key['world']}); {how}")
+        return (f"rates: default costs, no profile for this machine at world {profile.key['world']} "
+                f"(python -m titan_exp.perf.calibrate --world {profile.key['world']} measures one)")
     c = profile.corrections
     fitted = f", refit to {c.measurements} measured runs" if c.measurements else ""
-    return f"times predicted from the measured machine profile {profile.name} ({profile.created}{fitted})"
+    return f"rates: the measured machine profile {profile.name} ({profile.created}{fitted})"
 
 
-def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: int | None = None) -> str:
+def quoted_error(profile: MachineProfile, lacks: list[str], folder: Path | None) -> tuple[float | None, str]:
+    """The median |tokens/s error| such plans had when last checked, and where: on published GPU
+    runs for a spec sheet (its device's own rows where it has any), else on this machine's runs."""
+    if profile.source == "spec":
+        seen, device = published(), profile.key.get("device")
+        runs, _, size = seen["by_device"].get(device, (0, 0.0, 0.0))
+        overall = f"{seen['rows']} published GPU runs, {seen['date']}"
+        if runs:
+            return size, f"on {runs} published {device} runs ({seen['median_abs_error']:.0%} on all {seen['rows']})"
+        return seen["median_abs_error"], f"on {overall}"
+    if profile.source == "defaults" and not lacks:
+        seen = last_accuracy(accuracy_kind(profile))
+        if not seen:
+            return None, "never checked against real runs on this machine"
+        return seen["median_abs_error"], f"on {seen['runs']} real runs here, {seen['when']}"
+    check = last_check(profile, estimated=bool(lacks), folder=folder)
+    return check.median_abs_error, f"when last checked: {check.where}, {check.when}"
+
+
+def accuracy_line(error: float | None, where: str) -> str:
+    """The plan's caveat, in one line: how far off such tokens/s were, and what counts as a tie."""
+    if error is None:
+        return f"accuracy: unknown ({where}); rows are not marked as ties"
+    return f"accuracy: tokens/s off by {error:.0%} at the median {where}; a tie: within {error:.0%} of the fastest"
+
+
+def planned_line(job: JobConfig) -> str:
+    """What the plan plans: the model and the training settings every layout runs with."""
+    m, on = job.model, {True: "on", False: "off"}
+    params = f"{count(m.num_params)} parameters" + (f", {count(m.active_params)} active" if m.is_moe else "")
+    return (f"plan: {m.flavor} ({params}), {job.precision.name}, seq {job.training.seq_len:,}, "
+            f"AC {job.activation_checkpoint.mode.value}, compile {on[job.compile.enable]}")
+
+
+def count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def devices_line(job: JobConfig, world: int, memory: float, elsewhere: str | None) -> str:
+    """The machine the plan is for: `elsewhere`'s GPUs (a spec name) in nodes, or this machine's ranks."""
+    if elsewhere is None:
+        return f"devices: {world} ranks on this machine, {memory:.4g} GiB each"
+    nodes = job.cluster.nnodes
+    return (f"devices: {world} x {elsewhere}, {memory:.4g} GiB each, {nodes} node{'s' if nodes > 1 else ''} "
+            f"of {job.cluster.nproc_per_node}")
+
+
+def tie_line(plans: list[Plan], error: float | None, device_memory_gib: float) -> str | None:
+    """Which of the fastest rows that fit are within the quoted error of the first (a tie: their
+    order is not a prediction), and which of them leaves the most memory to spare."""
+    fits = [pl for pl in plans if pl.fits]
+    if error is None or len(fits) < 2:
+        return None
+    tied = tied_count(plans, error)
+    if tied == 1:
+        return (f"no tie: rank 2 is predicted {fits[1].tokens_per_s / fits[0].tokens_per_s - 1:+.1%}, "
+                f"outside the {error:.0%} quoted error")
+    roomy = min(range(tied), key=lambda i: fits[i].memory_gib)
+    pl = fits[roomy]
+    return (f"ties: ranks 1-{tied} are within the {error:.0%} quoted error of the fastest; of them rank {roomy + 1}, "
+            f"{pl.name} ({pl.split}), leaves the most memory: {device_memory_gib - pl.memory_gib:.1f} GiB free")
+
+
+def tied_count(plans: list[Plan], error: float | None) -> int:
+    """How many of the first rows (all fit) are within `error` of the fastest's tokens/s."""
+    if error is None or not plans or not plans[0].fits:
+        return 0
+    floor = plans[0].tokens_per_s * (1 - error)
+    return next((i for i, pl in enumerate(plans) if not pl.fits or pl.tokens_per_s < floor), len(plans))
+
+
+def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: int | None = None,
+                tied: int = 0) -> str:
     """The plans as a table, of `valid` layouts (all of them: `plans`, unless only the top are
-    shown); times are seconds per step, by part (perf.model.step.BREAKDOWN)."""
+    shown), the first `tied` marked as a tie; times are seconds per step, by part
+    (perf.model.step.BREAKDOWN)."""
     nodes = any(pl.across_nodes for pl in plans)  # a column only for a plan over several nodes
     shown = f" (the {len(plans)} fastest shown)" if valid is not None and valid > len(plans) else ""
     what = "layouts, each with each setting searched," if any(pl.settings for pl in plans) else "layouts"
     lines = [f"{valid if valid is not None else len(plans)} valid {what} on {world} devices ({device_memory_gib:.4g} "
              f"GiB each), fastest first{shown}:", "",
-             "| rank | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble | recompute "
-             "| GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nodes else "")]
+             "| rank | tie | layout | batch split | step s | tokens/s/device | compute | exposed comm | bubble "
+             "| recompute | GiB/device | states | activations | fits |" + (" across nodes |" if nodes else ""),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if nodes else "")]
     for i, pl in enumerate(plans, 1):
         b = pl.step.breakdown()
-        lines.append(f"| {i} | {pl.name} | {pl.split} | {pl.step.step_s:.3f} | {pl.tokens_per_s:,.0f} "
+        lines.append(f"| {i} | {'tie' if i <= tied else ''} | {pl.name} | {pl.split} | {pl.step.step_s:.3f} "
+                     f"| {pl.tokens_per_s:,.0f} "
                      f"| {b['compute']:.3f} | {b['exposed_comm']:.3f} | {b['bubble']:.3f} | {b['recompute']:.3f} "
                      f"| {pl.memory_gib:.2f} | {pl.parts_gib['states']:.2f} "
                      f"| {pl.parts_gib['activations'] + pl.parts_gib['checkpoints']:.2f} "
@@ -168,12 +232,53 @@ def to_markdown(plans: list[Plan], world: int, device_memory_gib: float, valid: 
     return "\n".join(lines) + "\n"
 
 
+def launch_lines(plans: list[Plan], tied: int, base_overrides: list[str], job: JobConfig,
+                 elsewhere: str | None) -> list[str]:
+    """The commands that launch the top three rows that fit (and the roomiest tied row): the plan's
+    overrides, the row's, and its world's shape; on GPUs elsewhere through SLURM (cluster=slurm,
+    unless a cluster preset is named), saying what a site may need added."""
+    fits = [pl for pl in plans if pl.fits]
+    rows = list(range(min(3, len(fits))))
+    if tied > 3:
+        rows.append(min(range(tied), key=lambda i: fits[i].memory_gib))
+    if not rows:
+        return []
+    slurm = elsewhere is not None and not any(override_key(o) == "cluster" for o in base_overrides)
+    entry, cluster = entry_point(), ["cluster=slurm"] if slurm else []
+    lines = [f"to launch (on {fits[0].nodes} node{'s' if fits[0].nodes > 1 else ''} of "
+             f"{world_of(fits[0].degrees) // fits[0].nodes}{' GPUs through SLURM' if slurm else ''}):"]
+    for i in sorted(set(rows)):
+        overrides = [*cluster, *changed(launch_overrides(fits[i], base_overrides), job)]
+        lines.append(f"  rank {i + 1}: {entry} {' '.join(overrides)}")
+    if slurm:
+        lines.append("  (cluster=slurm takes your site's defaults: add cluster.partition=... or cluster.account=... "
+                     "where it needs them, or name your cluster preset)")
+    return lines
+
+
+def changed(overrides: list[str], job: JobConfig) -> list[str]:
+    """`overrides` less the layout and batch fields that already have that value in `job`, so a
+    launch line says what differs from the job as composed."""
+    from omegaconf import OmegaConf
+
+    composed = OmegaConf.structured(job)
+    return [o for o in overrides if not (o.startswith(("parallelism.", "training.local_batch_size", "cluster.nnodes"))
+                                         and str(OmegaConf.select(composed, override_key(o))) == o.split("=", 1)[1])]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusals are one line naming the flag and the fix (the usage is under --help), exit 2."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: {message}\n")
+
+
 def parser() -> argparse.ArgumentParser:
     import torch
 
     from titan_exp.perf.rates.devices import SPECS
 
-    out = argparse.ArgumentParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n\n")[0])
+    out = OneLineParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n\n")[0])
     out.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., training....)")
     out.add_argument("--world", type=int, required=True, help="devices (ranks) to plan for")
     out.add_argument("--device-memory-gib", type=float, default=None,
@@ -181,9 +286,9 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--cuda", action="store_true", default=torch.cuda.is_available(),
                      help="plan for GPUs (default: whether this machine has one)")
     out.add_argument("--profile-dir", default=None, help="where machine profiles live (default: <cache>/perf)")
-    out.add_argument("--device", default=None, help="plan for GPUs you do not have here, from their spec sheet "
-                     f"(titan_exp/perf/rates/devices.py: {', '.join(SPECS)}); a profile calibrated on that GPU "
-                     "replaces the spec one")
+    out.add_argument("--device", default=None, type=str.lower,
+                     help="plan for GPUs you do not have here, from their spec sheet (any case: "
+                     f"{', '.join(SPECS)}); a profile calibrated on that GPU replaces the spec one")
     out.add_argument("--gpus-per-node", type=int, default=None, help="with --device: GPUs per node (default 8); "
                      "mesh dims whose groups span nodes pay the network's costs")
     out.add_argument("--hardware", metavar="FILE", default=None, help="your cluster in a YAML file: device (a spec "
@@ -195,12 +300,35 @@ def parser() -> argparse.ArgumentParser:
                      help="every layout at the configured local batch, not at its fastest split of the global batch")
     out.add_argument("--top", type=int, default=10)
     out.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as ./sweeps/NAME.yaml "
-                     "(or $TITAN_EXP_SWEEPS/NAME.yaml), for -m +sweep=NAME")
+                     "(or $TITAN_EXP_SWEEPS/NAME.yaml), and print the command that runs them")
     return out
 
 
+# The training settings a plan will not take from the schema's defaults (the debug model's) for a
+# model of a billion parameters or more: its preset or the command line must state them.
+STATED = ("precision", "training.seq_len")
+
+
+def guessed(job: JobConfig, overrides: list[str]) -> list[str]:
+    """STATED's fields that neither the model preset nor the command line set, for a model of 1B
+    parameters or more (a smaller one plans at the defaults, as it trains)."""
+    if job.model.num_params < 1e9:
+        return []
+    default, named = compose_job([]), {override_key(o).split(".")[0] if o.lstrip("+~").startswith("precision")
+                                       else override_key(o) for o in overrides}
+    now = {"precision": (job.precision.name, default.precision.name),
+           "training.seq_len": (job.training.seq_len, default.training.seq_len)}
+    return [f"{key}={mine}" for key, (mine, unset) in now.items() if mine == unset and key not in named]
+
+
 def check_flags(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig) -> None:
-    """Refuse flags that contradict each other or the job (argparse's error: usage, exit 2)."""
+    """Refuse flags that contradict each other or the job, and a plan of settings nobody stated
+    (one line, exit 2)."""
+    unstated = guessed(job, args.overrides)
+    if unstated:
+        cli.error(f"model={job.model.flavor} does not say what it trains with, and the plan does not guess: "
+                  f"{' and '.join(unstated)} are the debug model's; state them (e.g. precision=bf16 "
+                  "training.seq_len=8192), as they are if that is what you train")
     if job.cluster.hardware is not None:  # the same file, named by the job's config
         if args.hardware:
             cli.error(f"--hardware {args.hardware} and cluster.hardware={job.cluster.hardware} both name the "
@@ -217,9 +345,9 @@ def check_flags(cli: argparse.ArgumentParser, args: argparse.Namespace, job: Job
 
 
 def on_gpus_elsewhere(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig,
-                      folder: Path | None) -> tuple[JobConfig, MachineProfile, float, list[str]]:
+                      folder: Path | None) -> tuple[JobConfig, MachineProfile, float, list[str], str]:
     """--device or --hardware: the job on a cluster of those GPUs, their profile (calibrated on that
-    GPU if one was, else the spec sheet's), their memory, and the hardware file's line."""
+    GPU if one was, else the spec sheet's), their memory, the hardware file's line, and the GPU's name."""
     from titan_exp.perf.rates.devices import profile_for, spec_for, spec_profile
     from titan_exp.perf.rates.hardware import load_hardware, read
 
@@ -237,14 +365,16 @@ def on_gpus_elsewhere(cli: argparse.ArgumentParser, args: argparse.Namespace, jo
         gpus_per_node=per_node))
     memory = args.device_memory_gib or spec.memory_gib
     if hardware:  # the file's cluster as described (a profile calibrated on this machine is not of it)
-        return job, spec_profile(spec, args.world, per_node, hardware.efficiency), memory, [hardware.line()]
-    return job, profile_for(args.device, args.world, per_node, folder), memory, []
+        profile = spec_profile(spec, args.world, per_node, hardware.efficiency)
+        return job, profile, memory, [hardware.line()], spec.name
+    return job, profile_for(args.device, args.world, per_node, folder), memory, [], spec.name
 
 
-def on_this_machine(args: argparse.Namespace, job: JobConfig, folder: Path | None) -> tuple[MachineProfile, float,
-                                                                                          list[str]]:
+def on_this_machine(args: argparse.Namespace, job: JobConfig,
+                    folder: Path | None) -> tuple[MachineProfile, float, list[str], list[str]]:
     """This machine's profile, with what it lacks for the job calibrated first (unless
-    autotune.calibrate=false), its memory per device, and what the plan says of that first."""
+    autotune.calibrate=false), its memory per device, what it still lacks (FLOPs estimates), and
+    what the plan says of that first."""
     memory = args.device_memory_gib or device_memory_gib(args.world, args.cuda)
     profile = this_machine(args.world, cuda=args.cuda, folder=folder, nodes=job.cluster.nodes_for(args.world))
     run_dir = (folder or profiles_dir()) / "runs" / time.strftime("%Y%m%d-%H%M%S")
@@ -252,42 +382,55 @@ def on_this_machine(args: argparse.Namespace, job: JobConfig, folder: Path | Non
     coverage = cover(job, args.world, profile, compile=compiled, folder=folder, run_dir=run_dir,
                      say=functools.partial(print, flush=True))
     first = []
-    if coverage.lacks:
-        first.append(estimates_line(coverage.lacks, coverage.profile, folder))
-    elif coverage.seconds:
+    if coverage.seconds and not coverage.lacks:
         first.append(f"calibrated first ({'; '.join(coverage.lacked)}) in {coverage.seconds:.0f} s "
                      f"(run dir {run_dir})")
-    return coverage.profile, memory, first
+    return coverage.profile, memory, list(coverage.lacks), first
 
 
 def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_intermixed_args(argv)  # overrides and flags in any order
-    job = compose_job(args.overrides)
+    job = composed = compose_job(args.overrides)
     folder = Path(args.profile_dir) if args.profile_dir else None
     check_flags(cli, args, job)
+    lacks, elsewhere = [], None
     if args.device or args.hardware:
-        job, profile, memory, first = on_gpus_elsewhere(cli, args, job, folder)
+        job, profile, memory, first, elsewhere = on_gpus_elsewhere(cli, args, job, folder)
         args.cuda = True
     else:
-        profile, memory, first = on_this_machine(args, job, folder)
+        profile, memory, lacks, first = on_this_machine(args, job, folder)
     plans = plan(job, args.world, device_memory_gib=memory, cuda=args.cuda, profile=profile,
                  any_split=not args.keep_split, axes=job.autotune.search)
-    for line in [*first, profile_line(profile), batch_line(job, args.world)]:
+    error, where = quoted_error(profile, lacks, folder)
+    tied = tied_count(plans, error)
+    for line in [*first, planned_line(job), batch_line(job, args.world),
+                 devices_line(job, args.world, memory, elsewhere), rates_line(profile, lacks),
+                 accuracy_line(error, where)]:
         print(line)
     for note in sorted({n for pl in plans for n in pl.step.notes}):
         print(f"  note: {note}")
-    print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory, valid=len(plans)))
+    print(to_markdown(plans[: args.top] if args.top else plans, args.world, memory, valid=len(plans), tied=tied))
     tight = margin_line(plans, memory) if args.cuda else None
     mine = configured_line(job, args.world, plans, profile, device_memory_gib=memory, cuda=args.cuda)
-    for line in (tight, mine):
+    launch = launch_lines(plans, tied, args.overrides, composed, elsewhere)
+    for line in (tie_line(plans, error, memory), tight, *launch, mine):
         if line:
             print(line)
     if args.write_sweep:
-        out = write_sweep(plans, args.write_sweep, args.top, args.overrides)
-        run = sweep_overrides([pl for pl in plans if pl.fits][: args.top], args.overrides)
-        print(f"wrote {out}: python launch.py -m +sweep={args.write_sweep} {' '.join(run)}")
+        print(sweep_line(plans, args, elsewhere))
     return 0
+
+
+def sweep_line(plans: list[Plan], args: argparse.Namespace, elsewhere: str | None) -> str:
+    """Writes the top layouts that fit as a named sweep and says the command that runs it, as printed."""
+    chosen = [pl for pl in plans if pl.fits][: args.top]
+    named = any(override_key(o) == "cluster" for o in args.overrides)
+    cluster = ["cluster=slurm"] if elsewhere is not None and not named else []
+    command = " ".join([entry_point(), "-m", f"+sweep={args.write_sweep}", *cluster,
+                        *sweep_overrides(chosen, args.overrides)])
+    out = write_sweep(plans, args.write_sweep, args.top, args.overrides, command=command)
+    return f"wrote {out}; run it (from this folder): {command}"
 
 
 if __name__ == "__main__":

@@ -95,22 +95,23 @@ def kernels(implementation: OptimizerImpl, *, on_gpu: bool) -> dict[str, bool]:
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
     """Total gradient norm over every parameter of the model, wherever its shards live; clips
-    in place when max_norm > 0. Gradients on different meshes (expert-parallel experts beside the
-    dense parameters) are normed per mesh, since DTensor ops cannot mix meshes. Under PP each rank
-    holds some stages, so squares are summed across the pipeline group."""
-    by_mesh: dict[object, list[torch.Tensor]] = {}
+    in place when 0 < max_norm < inf (0 and inf: no limit). Gradients on different meshes
+    (expert-parallel experts beside the dense parameters) are normed per mesh, since DTensor ops
+    cannot mix meshes. Under PP each rank holds some stages, so squares are summed across the
+    pipeline group."""
+    by_mesh: dict[object, list[torch.Tensor]] = {}  # the parameters with a gradient, by the gradient's mesh
     for p in params:
         if p.grad is not None:
-            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+            by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
     squares = []
-    for grads in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True)
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
         squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
     total = torch.stack(squares).sum() if squares else torch.zeros(())
     if pp_group is not None:
         dist.all_reduce(total, group=pp_group)
     total = total.sqrt()
-    if max_norm > 0:
-        for grads in by_mesh.values():
-            torch.nn.utils.clip_grads_with_norm_(grads, max_norm, total, foreach=True)
+    if 0 < max_norm < math.inf:
+        for group in by_mesh.values():  # torch scales each parameter's .grad
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
     return total

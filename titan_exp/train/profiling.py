@@ -10,6 +10,8 @@
   pytorch.org/memory_viz); a CPU rank has no allocator history, so it writes
   `rank<r>_memory_phases.json` instead: after each phase of each step, the resident set then and
   the peak resident set so far.
+- Build: `timed` logs each part of building a rank (the model on the meta device, parallelizing,
+  the weights) with its seconds as that part ends, so a build that takes minutes reports as it goes.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import contextlib
 import json
 import logging
 import resource
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -42,6 +45,14 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
 def _rss_gib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**30
+
+
+@contextlib.contextmanager
+def timed(what: str) -> Iterator[None]:
+    """Log `what` and the seconds it took, when it ends (a log line is flushed as it is written)."""
+    start = time.perf_counter()
+    yield
+    logger.info("%s: %.1f s", what, time.perf_counter() - start)
 
 
 class Profiler:

@@ -22,20 +22,22 @@ from titan_exp import faults, targets
 from titan_exp.config import JobConfig, load_job_config
 from titan_exp.files import atomic_write
 from titan_exp.record import RunDir, RunSummary, Status
-from titan_exp.signals import Stopped, catch_stop_signals, stoppable
+from titan_exp.signals import Stopped, catch_stop_signals, stop_with_launcher, stoppable
 from titan_exp.validation import ConfigError, validate
 
 logger = logging.getLogger("titan_exp")
 
 
-def setup_logging(run_dir: RunDir, rank: int) -> None:
+def setup_logging(run_dir: RunDir, rank: int, console_info: bool = False) -> None:
+    """Every record to the rank's log file; to stdout, rank 0's from INFO up and the others' warnings
+    (with `console_info` every rank's from INFO up: a dry run's one process, whichever rank it is)."""
     run_dir.logs.mkdir(parents=True, exist_ok=True)
     fmt = logging.Formatter(f"%(asctime)s [rank {rank}] %(levelname)s %(message)s", "%H:%M:%S")
     file_handler = logging.FileHandler(run_dir.rank_log(rank))
     file_handler.setFormatter(fmt)
     console = logging.StreamHandler(sys.stdout)
     console.setFormatter(fmt)
-    console.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    console.setLevel(logging.INFO if rank == 0 or console_info else logging.WARNING)
     root = logging.getLogger()
     root.handlers[:] = [file_handler, console]
     root.setLevel(logging.INFO)
@@ -113,7 +115,9 @@ def main(path: str) -> int:
     # agent SIGTERMs the others at once, and rank 0 must still say why the run ended (the agent
     # waits 30 s before SIGKILL). During training they stop the run at a step boundary. Caught
     # from the rank's first line: a peer lost at its start signals this one while it sets up.
+    # The launcher's end, kill -9 included, stops the rank as SIGTERM would.
     with catch_stop_signals():
+        stop_with_launcher()
         run_dir = RunDir(path)
         rank = int(os.environ.get("RANK", 0))
         setup_logging(run_dir, rank)

@@ -47,7 +47,7 @@ from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stage_split
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
 from titan_exp.train.optim import build_optimizers, clip_grad_norm_
-from titan_exp.train.profiling import Profiler
+from titan_exp.train.profiling import Profiler, timed
 from titan_exp.watchdog import set_collective_timeouts, step_deadline, watchdog
 
 logger = logging.getLogger("titan_exp")
@@ -94,10 +94,9 @@ class Trainer:
         self.profiler = Profiler(job, run_dir.path, self.rank, device)
 
     def _build_model(self) -> None:
-        """Built on the meta device, split into pipeline stages if any, then each part is
-        parallelized, materialized and initialised (`_prepare`)."""
+        """Built on the meta device, split into pipeline stages if any, each part parallelized and initialised."""
         job, t = self.job, self.job.training
-        with torch.device("meta"):
+        with timed("model built on the meta device"), torch.device("meta"):
             model = targets.build(job, "model", job.model)
         if job.precision.full_bf16:
             model.to(torch.bfloat16)
@@ -209,9 +208,10 @@ class Trainer:
         )
 
     def _prepare(self, part: torch.nn.Module) -> None:
-        parallelize(part, self.dims, self.job)
-        part.to_empty(device=self.device)
-        part.init_weights(self.job.training.seed)
+        with timed(f"parallelized ({self.dims.label})"):
+            parallelize(part, self.dims, self.job)
+        with timed(f"weights materialised on {self.device.type} and initialised"):
+            part.to_empty(device=self.device).init_weights(self.job.training.seed)  # to_empty returns the part
         part.train()
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -337,6 +337,7 @@ class Trainer:
                     faults.inject("hang", step)
                     self.poison_loss = faults.inject("nan", step)
                     history.start()
+                    faults.inject("slow", step)
                     loss, grad_norm = self.train_step(self.loader.next_batch())
                     history.add(step, loss, grad_norm)
                     self.profiler.step(step)
@@ -412,6 +413,8 @@ class Trainer:
             "grad_norms": history.grad_norms,
             "tokens_per_second_per_device": steady["tps_per_device"],
             "mfu": steady["mfu"],
+            "tokens_per_second_per_device_mean": steady["tps_per_device_mean"],
+            "mfu_mean": steady["mfu_mean"],
             "peak_memory_gib": peak[0].item(),
             **({"peak_memory_allocated_gib": peak[2].item()} if allocated is not None else {}),
             "state_bytes_per_rank": int(peak[1].item()),
@@ -430,7 +433,7 @@ class Trainer:
         """Read the steps since the last read from the device (`StepHistory`), count their
         tokens and time, and act on the first one that was not finite."""
         for step, loss, grad_norm, seconds in history.read():
-            self.throughput.record(step, tokens_per_step, seconds)
+            self.throughput.record(tokens_per_step, seconds)
             if not (math.isfinite(loss) and math.isfinite(grad_norm)):
                 nonfinite.append(step)
                 self._nonfinite(step, loss, grad_norm, nonfinite, found_at=at)
@@ -478,7 +481,7 @@ class Trainer:
 
     def _export(self) -> dict[str, str]:
         """The last checkpoint's model as one file (`checkpoint.export_format`) and as a Hugging
-        Face directory (`checkpoint.last_save_in_hf`), written by rank 0."""
+        Face directory with the run's tokenizer (`checkpoint.last_save_in_hf`), written by rank 0."""
         ckpt = self.job.checkpoint
         formats = [*([ckpt.export_format.value] if ckpt.export_format is not None else []),
                    *(["hf"] if ckpt.last_save_in_hf else [])]
@@ -490,6 +493,6 @@ class Trainer:
         if self.rank == 0:
             last = step_dir(checkpoint_folder(ckpt, self.run_dir.path), self.job.training.steps)
             for fmt, out in zip(formats, outs):
-                export(last, out, ckpt.export_dtype.value, fmt, model=self.job.model)
+                export(last, out, ckpt.export_dtype.value, fmt, model=self.job.model, tokenizer=self.run_dir.tokenizer)
         dist.barrier()
         return {"export": str(outs[0])}

@@ -174,10 +174,8 @@ def block_work(s: StepShape, engine: Engine, notes: list[str]) -> BlockWork:
         kept = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd  # the matmuls
     ac = job.activation_checkpoint
     if ac.mode == ACMode.selective and ac.selective_ac_option == "op" and gpu is not None and not job.compile.enable:
-        notes.append("selective AC without compile: its per-op policy runs in Python on every op, forward and "
-                     "recompute, which this time leaves out; on one H200 the 1B's such step was bound by its host, "
-                     "slower than full AC and 26-38 % slower than predicted (BENCHMARKS.md, the 1B's grid): "
-                     "take it as optimistic, or compile")
+        notes.append("selective AC without compile runs its per-op policy in Python, which is not priced (the 1B on "
+                     "one H200 ran 26-38 % slower than predicted): take it as optimistic, or compile")
     return BlockWork(fwd, block, head, recomputed(ac, fwd, max(0.0, fwd - kept)), cost, gpu)
 
 

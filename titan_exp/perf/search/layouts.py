@@ -100,9 +100,10 @@ def batch_line(job: JobConfig, world: int) -> str:
         why = (f"training.local_batch_size {t.local_batch_size} x {dp} data-parallel rank{'s' if dp > 1 else ''} "
                f"of the configured layout, {layout_label(configured_layout(job, world))}")
     else:
-        why = (f"training.local_batch_size {t.local_batch_size} on each of the {world} devices: the configured "
-               f"degrees ({layout_label(p.layout)}) do not multiply to {world}")
-    return f"every layout at a global batch of {global_batch_of(job, world):,} sequences ({why})"
+        why = f"training.local_batch_size {t.local_batch_size} x {world} devices"
+    sequences = global_batch_of(job, world)
+    return (f"global batch: {sequences:,} sequences = {sequences * t.seq_len:,} tokens for every layout, from "
+            f"{why}")
 
 
 def valid_layouts(job: JobConfig, world: int, *, cuda: bool = False) -> list[JobConfig]:
