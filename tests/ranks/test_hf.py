@@ -209,3 +209,53 @@ def test_a_shape_mismatch_names_the_tensor(tmp_path):
     assert errors[0] == (f"checkpoint.initial_load_path: model.embed_tokens.weight (our tok_embeddings.weight) is "
                          f"[2048, 64] there, [4096, 64] in this model; the model's shapes must match "
                          f"(model.hf_config={tmp_path / 'hf'} takes them from its config.json)")
+
+
+@pytest.mark.quick
+def test_a_model_type_it_does_not_read_is_refused_by_name(tmp_path):
+    """A Qwen3 directory (its per-head q/k norms are no Llama's) is not read as a Llama: its
+    config.json's model_type is refused, naming the ones titan_exp reads; a launch stops before any
+    rank starts, exit 2."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    config = transformers.Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, head_dim=32, intermediate_size=160, vocab_size=2048,
+                                      max_position_embeddings=128, tie_word_embeddings=True)
+    transformers.Qwen3ForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    (error,) = config_errors(ModelConfig(hf_config=str(tmp_path)))
+    assert error == (f"model.hf_config = '{tmp_path}': its model_type is 'qwen3', which titan_exp does not read; "
+                     "it reads llama")
+    out = subprocess.run([sys.executable, "launch.py", f"model.hf_config={tmp_path}", "training.steps=1",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "its model_type is 'qwen3'" in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+@pytest.mark.quick
+def test_tensors_loading_would_drop_are_refused_by_name(tmp_path):
+    """A directory whose tensors include some no parameter of ours takes (a Qwen3's q_norm, here
+    added to a Llama's file) is refused before any rank loads it, naming them; RoPE's cached
+    inv_freq is not a weight and is let through."""
+    from safetensors.torch import load_file, save_file
+
+    from titan_exp.checkpoint.manager import preflight
+    from titan_exp.config import CheckpointConfig
+
+    tiny_llama(tmp_path / "hf")
+    cfg, file = ours_from(tmp_path / "hf")[1], tmp_path / "hf" / "model.safetensors"
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
+    check = CheckpointConfig(enable=True, initial_load_path=str(tmp_path / "hf"), initial_load_in_hf=True)
+    assert preflight(check, tmp_path / "run", shapes, cfg) == []
+    tensors = load_file(file)
+    save_file({**tensors, "model.layers.0.self_attn.rotary_emb.inv_freq": torch.ones(8)}, file)
+    assert preflight(check, tmp_path / "run", shapes, cfg) == []
+    save_file({**tensors, "model.layers.0.self_attn.q_norm.weight": torch.ones(16),
+               "model.layers.1.self_attn.q_norm.weight": torch.ones(16)}, file)
+    (error,) = preflight(check, tmp_path / "run", shapes, cfg)
+    assert error.startswith(f"checkpoint.initial_load_path: 2 tensor(s) in {tmp_path / 'hf'} that this model has no "
+                            "place for, which loading would drop: model.layers.0.self_attn.q_norm.weight, "
+                            "model.layers.1.self_attn.q_norm.weight"), error

@@ -39,10 +39,18 @@ def rope_theta(config: dict[str, Any], unsupported: list[str]) -> float:
     return float(theta)
 
 
+MODEL_TYPES = ("llama",)  # the config.json model_types titan_exp reads
+
+
 def model_fields(config: dict[str, Any]) -> dict[str, Any]:
-    """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for what our
-    Llama does not implement (biases, RoPE scaling, attention dropout, another activation). A
-    head_dim other than hidden_size / num_attention_heads is kept as model.head_dim."""
+    """The ModelConfig fields a Hugging Face LlamaConfig sets. Raises ValueError for another
+    model_type (read as a Llama, its own layers would be dropped) and for what our Llama does not
+    implement (biases, RoPE scaling, attention dropout, another activation). A head_dim other
+    than hidden_size / num_attention_heads is kept as model.head_dim."""
+    model_type = config.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"its model_type is {model_type!r}, which titan_exp does not read; it reads "
+                         f"{', '.join(MODEL_TYPES)}")
     unsupported = [k for k in ("attention_bias", "mlp_bias") if config.get(k)]
     theta = rope_theta(config, unsupported)
     if config.get("attention_dropout"):

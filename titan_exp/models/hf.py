@@ -159,16 +159,28 @@ def _source(name: str, cfg: ModelConfig, weights: HFWeights) -> str:
     return theirs
 
 
+# Tensors a Hugging Face directory may hold that no parameter takes, without changing the model:
+# RoPE's cached inverse frequencies (recomputed from rope_theta).
+UNREAD = re.compile(r"(^|\.)rotary_emb\.inv_freq$")
+
+
 def shape_errors(folder: str | Path, cfg: ModelConfig, shapes: dict[str, torch.Size]) -> list[str]:
-    """Our parameters (name -> shape) that the directory lacks or holds in another shape, each named."""
+    """Our parameters (name -> shape, the whole model's) that the directory lacks or holds in
+    another shape, each named; then its tensors that no parameter takes, which loading would drop."""
     weights = HFWeights(folder)
-    errors = []
+    errors, read = [], set()
     for name, shape in shapes.items():
         theirs = _source(name, cfg, weights)
+        read.add(theirs)
         if theirs not in weights.where:
             errors.append(f"{theirs} (our {name}) is not in {weights.folder}")
         elif weights.shape(theirs) != tuple(shape):
             errors.append(f"{theirs} (our {name}) is {list(weights.shape(theirs))} there, {list(shape)} in this model")
+    tied_head = {hf_name("output.weight")} if cfg.tie_word_embeddings else set()  # the embedding's copy
+    dropped = sorted(n for n in weights.where if n not in read | tied_head and not UNREAD.search(n))
+    if dropped:
+        errors.append(f"{len(dropped)} tensor(s) in {weights.folder} that this model has no place for, which "
+                      f"loading would drop: {', '.join(dropped[:4])}{', ...' if len(dropped) > 4 else ''}")
     return errors
 
 
