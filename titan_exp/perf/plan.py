@@ -14,9 +14,11 @@ axes to plan besides the layout, as autotune searches them (titan_exp.perf.searc
 every AC mode, compile on and off, and each precision a GPU (or a CPU) trains fastest with; the
 compile axis is calibrated too. On this machine the plan first measures what the machine profile
 lacks for the model (its block at every TP degree, the collectives at the world size), through the
-configured executor, unless autotune.calibrate=false:
-then the first line says which parts are FLOPs estimates and how far off those were when last
-checked. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` describes your
+configured executor, unless autotune.calibrate=false: then the header's rates line says which
+parts are FLOPs estimates, and its accuracy line how far off those were when last checked. The
+header says what is planned (model, precision, seq, global batch, AC, compile, devices); rows
+within the quoted error of the fastest are marked as a tie, and the top rows come with the command
+that launches them. From a spec sheet (`--device`) nothing is measured. `--hardware FILE` describes your
 cluster in a small YAML file (titan_exp.perf.rates.hardware.HARDWARE_KEYS): its GPU, by spec name or by its
 numbers, GPUs per node, NVLink and network bandwidth, latencies; the plan's first line says which
 values came from the file. The override `cluster.hardware=FILE` (or a cluster preset that sets it)
@@ -184,20 +186,24 @@ def devices_line(job: JobConfig, world: int, memory: float, elsewhere: str | Non
             f"of {job.cluster.nproc_per_node}")
 
 
-def tie_line(plans: list[Plan], error: float | None, device_memory_gib: float) -> str | None:
-    """Which of the fastest rows that fit are within the quoted error of the first (a tie: their
-    order is not a prediction), and which of them leaves the most memory to spare."""
+def tie_line(plans: list[Plan], tied: int, error: float | None, device_memory_gib: float) -> str | None:
+    """Which of the fastest rows are within the quoted error of the first (`tied` of them: a tie,
+    their order is not a prediction), and which of them leaves the most memory to spare."""
     fits = [pl for pl in plans if pl.fits]
     if error is None or len(fits) < 2:
         return None
-    tied = tied_count(plans, error)
     if tied == 1:
         return (f"no tie: rank 2 is predicted {fits[1].tokens_per_s / fits[0].tokens_per_s - 1:+.1%}, "
                 f"outside the {error:.0%} quoted error")
-    roomy = min(range(tied), key=lambda i: fits[i].memory_gib)
-    pl = fits[roomy]
+    roomy = roomiest(plans, tied)
+    pl = plans[roomy]
     return (f"ties: ranks 1-{tied} are within the {error:.0%} quoted error of the fastest; of them rank {roomy + 1}, "
             f"{pl.name} ({pl.split}), leaves the most memory: {device_memory_gib - pl.memory_gib:.1f} GiB free")
+
+
+def roomiest(plans: list[Plan], tied: int) -> int:
+    """The index of the tied row (one of the first `tied`, which all fit) that needs the least memory."""
+    return min(range(tied), key=lambda i: plans[i].memory_gib)
 
 
 def tied_count(plans: list[Plan], error: float | None) -> int:
@@ -240,20 +246,25 @@ def launch_lines(plans: list[Plan], tied: int, base_overrides: list[str], job: J
     fits = [pl for pl in plans if pl.fits]
     rows = list(range(min(3, len(fits))))
     if tied > 3:
-        rows.append(min(range(tied), key=lambda i: fits[i].memory_gib))
+        rows.append(roomiest(plans, tied))
     if not rows:
         return []
-    slurm = elsewhere is not None and not any(override_key(o) == "cluster" for o in base_overrides)
-    entry, cluster = entry_point(), ["cluster=slurm"] if slurm else []
+    entry, cluster = entry_point(), cluster_preset(base_overrides, elsewhere)
     lines = [f"to launch (on {fits[0].nodes} node{'s' if fits[0].nodes > 1 else ''} of "
-             f"{world_of(fits[0].degrees) // fits[0].nodes}{' GPUs through SLURM' if slurm else ''}):"]
+             f"{world_of(fits[0].degrees) // fits[0].nodes}{' GPUs through SLURM' if cluster else ''}):"]
     for i in sorted(set(rows)):
         overrides = [*cluster, *changed(launch_overrides(fits[i], base_overrides), job)]
         lines.append(f"  rank {i + 1}: {entry} {' '.join(overrides)}")
-    if slurm:
+    if cluster:
         lines.append("  (cluster=slurm takes your site's defaults: add cluster.partition=... or cluster.account=... "
                      "where it needs them, or name your cluster preset)")
     return lines
+
+
+def cluster_preset(base_overrides: list[str], elsewhere: str | None) -> list[str]:
+    """`cluster=slurm` for GPUs planned elsewhere unless the plan's overrides name a cluster preset."""
+    named = any(override_key(o) == "cluster" for o in base_overrides)
+    return ["cluster=slurm"] if elsewhere is not None and not named else []
 
 
 def changed(overrides: list[str], job: JobConfig) -> list[str]:
@@ -314,11 +325,11 @@ def guessed(job: JobConfig, overrides: list[str]) -> list[str]:
     parameters or more (a smaller one plans at the defaults, as it trains)."""
     if job.model.num_params < 1e9:
         return []
-    default, named = compose_job([]), {override_key(o).split(".")[0] if o.lstrip("+~").startswith("precision")
-                                       else override_key(o) for o in overrides}
+    default, named = compose_job([]), [override_key(o) for o in overrides]
     now = {"precision": (job.precision.name, default.precision.name),
            "training.seq_len": (job.training.seq_len, default.training.seq_len)}
-    return [f"{key}={mine}" for key, (mine, unset) in now.items() if mine == unset and key not in named]
+    return [f"{key}={mine}" for key, (mine, unset) in now.items()
+            if mine == unset and not any(n == key or n.startswith(key + ".") for n in named)]
 
 
 def check_flags(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig) -> None:
@@ -414,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
     tight = margin_line(plans, memory) if args.cuda else None
     mine = configured_line(job, args.world, plans, profile, device_memory_gib=memory, cuda=args.cuda)
     launch = launch_lines(plans, tied, args.overrides, composed, elsewhere)
-    for line in (tie_line(plans, error, memory), tight, *launch, mine):
+    for line in (tie_line(plans, tied, error, memory), tight, *launch, mine):
         if line:
             print(line)
     if args.write_sweep:
@@ -425,9 +436,7 @@ def main(argv: list[str] | None = None) -> int:
 def sweep_line(plans: list[Plan], args: argparse.Namespace, elsewhere: str | None) -> str:
     """Writes the top layouts that fit as a named sweep and says the command that runs it, as printed."""
     chosen = [pl for pl in plans if pl.fits][: args.top]
-    named = any(override_key(o) == "cluster" for o in args.overrides)
-    cluster = ["cluster=slurm"] if elsewhere is not None and not named else []
-    command = " ".join([entry_point(), "-m", f"+sweep={args.write_sweep}", *cluster,
+    command = " ".join([entry_point(), "-m", f"+sweep={args.write_sweep}", *cluster_preset(args.overrides, elsewhere),
                         *sweep_overrides(chosen, args.overrides)])
     out = write_sweep(plans, args.write_sweep, args.top, args.overrides, command=command)
     return f"wrote {out}; run it (from this folder): {command}"
