@@ -1,7 +1,8 @@
-"""One rank of 64- to 512-GPU layouts of the Llama 3.1 8B and 70B shapes, built and stepped alone on
-this machine (cluster.dry_run), against the planner's memory model (issue 19).
+"""One rank of 64- to 512-GPU layouts of the Llama 3.1 8B and 70B shapes (or, --cases qwen3, of
+Qwen3 32B and 235B-A22B), built and stepped alone on this machine (cluster.dry_run), against the
+planner's memory model (issue 19).
 
-    python -m benchmarks.bench_dry_run [--seq-len 256]
+    python -m benchmarks.bench_dry_run [--seq-len 256] [--cases qwen3]
 
 The full models do not fit this machine's memory or time (one step of two 8B blocks and the
 output layer at 2048 tokens took over 4 minutes on 2 cores), so each case keeps the model's
@@ -42,6 +43,18 @@ CASES = [  # (name, model, layers built, full depth, world as nodes x 8, layout 
         "parallelism.pipeline_parallel_degree=8", "parallelism.data_parallel_shard_degree=8",
         "parallelism.tensor_parallel_degree=8"], 0),
 ]
+# Qwen3 (--cases qwen3): the 32B at 64 ranks, the 235B-A22B MoE at 256 and 512 with expert parallel
+# (its 4 KV heads allow TP up to 4).
+QWEN3_CASES = [
+    ("Qwen3 32B FSDP 64", "qwen3_32b", 1, 64, 8, ["parallelism.data_parallel_shard_degree=64"], 0),
+    ("Qwen3 32B FSDP 16 x TP 4", "qwen3_32b", 2, 64, 8, ["parallelism.data_parallel_shard_degree=16",
+                                                         "parallelism.tensor_parallel_degree=4"], 0),
+    ("Qwen3 235B-A22B FSDP 256 x EP 8", "qwen3_235b_a22b", 1, 94, 32, [
+        "parallelism.data_parallel_shard_degree=256", "parallelism.expert_parallel_degree=8"], 0),
+    ("Qwen3 235B-A22B FSDP 128 x TP 4 x EP 64", "qwen3_235b_a22b", 1, 94, 64, [
+        "parallelism.data_parallel_shard_degree=128", "parallelism.tensor_parallel_degree=4",
+        "parallelism.expert_parallel_degree=64"], 0),
+]
 
 
 def overrides_for(model: str, layers: int, nodes: int, layout: list[str], rank: int, seq: int) -> list[str]:
@@ -59,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--cases", choices=("llama", "qwen3"), default="llama")
     parser.add_argument("--out", type=Path, default=None, help="also write the rows as JSON here")
     args = parser.parse_args(argv)
     rows = []
@@ -66,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
           "error | resident peak GiB measured / predicted | error | build peak GiB | full depth: planner's peak GiB "
           "| wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, model, layers, depth, nodes, layout, rank in CASES:
+    for name, model, layers, depth, nodes, layout, rank in (QWEN3_CASES if args.cases == "qwen3" else CASES):
         overrides = overrides_for(model, layers, nodes, layout, rank, args.seq_len)
         start = time.perf_counter()
         with tempfile.TemporaryDirectory() as tmp:

@@ -98,16 +98,20 @@ def key_errors(key: str, value: Any, *, is_add: bool, folders: list[Path] = (CON
         return [f"{key}: renamed; {RENAMED[key]}"]
     if parts[0] not in top:
         return [f"{key}: unknown key; {_did_you_mean(parts[0], sorted(set(top) | groups), rest=parts[1:])}"]
-    if len(parts) > 1 and dataclasses.is_dataclass(top[parts[0]].default_factory):
-        fields = [f.name for f in dataclasses.fields(top[parts[0]].default_factory)]
-        if parts[1] not in fields:
-            return [f"{key}: unknown key; {_did_you_mean(parts[1], fields, prefix=parts[0] + '.')}"]
-        enum_type = choice_enum(top[parts[0]].default_factory, parts[1])
+    schema, where = top[parts[0]].default_factory, parts[0]
+    for name in parts[1:]:  # down the schema's nodes (optimizer.muon.lr)
+        if not dataclasses.is_dataclass(schema):
+            break
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        if name not in fields:
+            return [f"{key}: unknown key; {_did_you_mean(name, list(fields), prefix=where + '.')}"]
+        enum_type = choice_enum(schema, name)
         choices = [m.value for m in enum_type] if enum_type is not None else []
         values = value if isinstance(value, list) else [value]
         wrong = [v for v in values if isinstance(v, str) and choices and v not in choices]
         if wrong:
             return [f"{key}={wrong[0]}: not a choice; {_did_you_mean(wrong[0], choices)}"]
+        schema, where = fields[name].default_factory, f"{where}.{name}"
     return override_errors(key, value) if typed else []
 
 

@@ -15,6 +15,7 @@ from gpu_model_jobs import H100, K100, llama8b, olmoe_job
 
 from titan_exp.config import compose_job
 from titan_exp.perf.model import block as gpu
+from titan_exp.perf.model.block import elementwise_bytes
 from titan_exp.perf.model.engine import Engine
 from titan_exp.perf.model.step import predict_step
 from titan_exp.perf.rates import kernels as rates
@@ -26,6 +27,7 @@ from titan_exp.perf.rates.profile import Kernels, MachineProfile
 from titan_exp.validation import resolve
 
 pytestmark = pytest.mark.quick
+QWEN3_SHAPE = ["model.head_dim=32", "model.qk_norm=true"]  # Qwen3-like: 16 heads of 32 (twice dim), QK-norm
 
 
 def test_a_gemm_pays_for_its_last_wave_and_a_skinny_one_for_its_bytes():
@@ -150,18 +152,21 @@ def test_a_blocks_memory_bound_kernels_are_priced_as_its_model_runs_them():
         predict_step(job, spec_profile(H100, 8, 8), cuda=True).step_s  # the step prices the block it is given
 
 
-def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs():
+@pytest.mark.parametrize("overrides", [[], QWEN3_SHAPE], ids=["llama", "qwen3"])
+def test_llamas_eager_bytes_and_ops_are_what_this_toolkits_block_runs(overrides):
     """perf.rates.model_ops.LLAMA counted on titan_exp's own block in bf16 (block_bytes): every aten op
     of its forward but the matmuls and attention, by the bytes it reads and writes (an expanded
     input once), the norms as the fused kernel a CUDA torch runs them with (on CPU they run as
-    separate ops); and its kernels, the matmuls' and attention's among them."""
-    m = compose_job(["model=debugmodel"]).model
-    counted = block_bytes([], autocast=False)
+    separate ops); and its kernels, the matmuls' and attention's among them. With Qwen3's heads
+    (twice dim wide together) and QK-norm, its qk_norm_bytes and qk_norm_ops besides."""
+    m = compose_job(["model=debugmodel", *overrides]).model
+    counted = block_bytes(overrides, autocast=False)
     qk = (m.n_heads + m.kv_heads) * m.head_size
     repeat_kv = 2 * (m.kv_heads + m.n_heads) * m.head_size * 2  # GQA's K and V copied to every head (block_times)
-    eager = model_ops.LLAMA.eager_bytes
-    assert counted["fwd"] == eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv
-    assert counted["kernels"] == model_ops.LLAMA.eager_ops
+    eager, qk_norm = model_ops.LLAMA.eager_bytes, m.qk_norm * model_ops.LLAMA.qk_norm_bytes[0] * qk
+    assert counted["fwd"] == eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + repeat_kv + qk_norm
+    assert counted["fwd"] == elementwise_bytes(m, 1, model_ops.LLAMA, False, 1, 2, m.ffn_hidden_dim)  # as priced
+    assert counted["kernels"] == model_ops.LLAMA.eager_ops + m.qk_norm * model_ops.LLAMA.qk_norm_ops[0]
 
 
 def test_mlas_eager_bytes_and_ops_are_what_its_block_runs():
@@ -262,7 +267,8 @@ def moved_bytes(forward, norms, params, tables, tokens: int) -> dict[str, float]
             "kernels": counted["kernels"]}
 
 
-def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_priced():
+@pytest.mark.parametrize("overrides", [[], QWEN3_SHAPE], ids=["llama", "qwen3"])
+def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_priced(overrides):
     """measure_kernels.elementwise_block runs the memory-bound ops of this toolkit's block and moves
     what the block does, counted the same way on both (debugmodel in bf16): the same forward
     kernels but the block's seven matmuls and its attention, the same bytes a token forward
@@ -275,15 +281,13 @@ def test_calibration_times_the_blocks_own_memory_bound_ops_against_the_bytes_pri
     from titan_exp.perf.calibration import kernels as mk
     from titan_exp.perf.calibration.timing import Options
 
-    m, seq = compose_job(["model=debugmodel"]).model, 48
+    m, seq = compose_job(["model=debugmodel", *overrides]).model, 48
     part = mk.elementwise_block(m, seq, torch.bfloat16, torch.device("cpu"))
     ops = moved_bytes(part.forward, part.norms, [p for n in part.norms for p in n.parameters()], part.tables, seq)
-    whole = block_bytes([], autocast=False, seq=seq)
+    whole = block_bytes(overrides, autocast=False, seq=seq)
     assert ops["kernels"] + 8 == whole["kernels"]
     assert ops["fwd"] == whole["fwd"] and ops["bwd"] == pytest.approx(whole["bwd"], rel=0.02)
-    qk = (m.n_heads + m.kv_heads) * m.head_size
-    eager = model_ops.LLAMA.eager_bytes
-    assert ops["fwd"] == eager[0] * m.dim + eager[1] * qk + eager[2] * m.ffn_hidden_dim + 2 * qk * 2
+    assert ops["fwd"] == elementwise_bytes(m, 1, model_ops.LLAMA, False, 1, 2, m.ffn_hidden_dim)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         assert mk.elementwise_tb_s(m, seq, torch.float32, Options(tiny=True), torch.device("cpu"), compiled=False) > 0

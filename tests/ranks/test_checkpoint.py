@@ -134,6 +134,36 @@ def test_tied_embeddings_save_under_fsdp_and_continue_in_one_process(tmp_path):
     assert again["losses"] == pytest.approx(first["losses"][2:], abs=1e-5)
 
 
+TIED = [*SMALL, "training.steps=4", "checkpoint=default", "checkpoint.interval=2", "model.tie_word_embeddings=true"]
+
+
+@pytest.mark.parametrize("schedule", ["DualPipeV", pytest.param("1F1B", marks=slow)])
+def test_tied_pipeline_resumes_exactly_and_continues_in_one_process(schedule, tmp_path):
+    """A tied pipeline resumes bit-identically: in a V (DualPipeV) rank 0 holds the embedding and
+    the last stage's copy of it, each with an optimizer of its own; under 1F1B the first and last
+    rank both save the matrix's optimizer state. Its checkpoint, keyed as one process keys the tied
+    matrix, goes on in one process."""
+    pp = [*TIED, "parallelism=pp", f"parallelism.pipeline_parallel_schedule={schedule}"]
+    first = ok(*run_job(pp, tmp_path / "pp"))
+    again = ok(*run_job([*pp, "checkpoint.load_step=2"], tmp_path / "pp"))
+    assert again["start_step"] == 3
+    assert again["losses"] == first["losses"][2:] and again["grad_norms"] == first["grad_norms"][2:]
+    single = ok(*run_job([*TIED, f"checkpoint.initial_load_path={tmp_path}/pp/checkpoints/step-2",
+                          "checkpoint.initial_load_model_only=false"], tmp_path / "single"))
+    assert single["losses"] == pytest.approx(first["losses"][2:], abs=1e-5)
+
+
+def test_tied_one_process_checkpoint_continues_in_a_pipeline(tmp_path):
+    """One process's optimizer state holds the tied matrix under the embedding's name only; the
+    pipeline's last stage takes its copy's from it."""
+    single = ok(*run_job(TIED, tmp_path / "single"))
+    pp = ok(*run_job([*TIED, "parallelism=pp", f"checkpoint.initial_load_path={tmp_path}/single/checkpoints/step-2",
+                      "checkpoint.initial_load_model_only=false"], tmp_path / "pp"))
+    assert pp["start_step"] == 3
+    assert pp["losses"] == pytest.approx(single["losses"][2:], abs=1e-5)
+    assert pp["grad_norms"] == pytest.approx(single["grad_norms"][2:], rel=2e-4)
+
+
 # Into a pipeline with -m slow: the other way (a pipeline's checkpoint without one) runs by default, below.
 @pytest.mark.parametrize("name", ["single", "tp2", pytest.param("pp2", marks=slow), pytest.param("fsdp4", marks=slow)])
 def test_fsdp2_checkpoint_continues_in_another_layout(name, fsdp2_run, tmp_path):

@@ -12,6 +12,10 @@ from titan_exp.perf.model.memory import tensor_gib
 
 SMALL_MODEL = ["model.n_layers=4", "training.seq_len=64", "metrics.log_freq=1"]
 WORLD_64 = ["cluster.nnodes=8", "cluster.nproc_per_node=8"]
+# A Qwen3 preset at the debug model's size; RoPE's tables at its 40,960 positions (21 MiB) are no
+# part of the planner's memory model: at this size they would be most of the step's peak.
+QWEN3_SMALL = ["model.dim=256", "model.n_heads=8", "model.n_kv_heads=4", "model.vocab_size=2048",
+               "model.max_seq_len=2048"]
 LAYOUTS = {  # name: (overrides, the rank to build)
     "fsdp": (["parallelism=fsdp", "training.global_batch_size=64", "training.local_batch_size=1"], 5),
     "hsdp": (["parallelism.data_parallel_replicate_degree=8", "parallelism.data_parallel_shard_degree=8",
@@ -20,6 +24,10 @@ LAYOUTS = {  # name: (overrides, the rank to build)
             "training.global_batch_size=16", "training.local_batch_size=1"], 6),
     "pp": (["parallelism.pipeline_parallel_degree=4", "parallelism.data_parallel_shard_degree=16",
             "training.global_batch_size=64", "training.local_batch_size=4"], 63),  # the last stage
+    # tied: the last stage holds a copy of the embedding as its output (parallel/pipeline.py sum_tied_grads)
+    "pp_tied": (["parallelism.pipeline_parallel_degree=4", "parallelism.data_parallel_shard_degree=16",
+                 "training.global_batch_size=64", "training.local_batch_size=4", "model.tie_word_embeddings=true",
+                 "model.vocab_size=16384"], 63),
     "3d": (["parallelism.pipeline_parallel_degree=2", "parallelism.tensor_parallel_degree=2",
             "parallelism.data_parallel_shard_degree=16", "training.global_batch_size=32",
             "training.local_batch_size=2"], 40),
@@ -30,6 +38,15 @@ LAYOUTS = {  # name: (overrides, the rank to build)
     "tp_ep": (["model=moe_debug", "parallelism.data_parallel_shard_degree=32", "parallelism.tensor_parallel_degree=2",
                "parallelism.expert_parallel_degree=8", "training.global_batch_size=32",
                "training.local_batch_size=1"], 13),
+    # Qwen3 shrunk to dim 256 (its presets' bf16, selective AC, 128-wide heads: 8 of them, 1024 wide
+    # together; QK-norm over TP's heads); the MoE's 128 experts (16 a rank at EP 8, given rows by the
+    # dry run's balanced counts whatever its router picks), Switch loss and softmax router
+    "qwen3_tp": ([*QWEN3_SMALL, "model=qwen3_0.6b", "model.intermediate_size=512",
+                  "parallelism.tensor_parallel_degree=4", "parallelism.data_parallel_shard_degree=16",
+                  "training.global_batch_size=16", "training.local_batch_size=1"], 6),
+    "qwen3_moe_ep": ([*QWEN3_SMALL, "model=qwen3_30b_a3b", "model.moe_hidden_dim=64",
+                      "parallelism.data_parallel_shard_degree=64", "parallelism.expert_parallel_degree=8",
+                      "training.global_batch_size=64", "training.local_batch_size=1"], 8),
 }
 
 

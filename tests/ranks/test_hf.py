@@ -108,7 +108,7 @@ def test_rope_scaling_and_other_unread_math_is_refused(tmp_path):
     ]:
         (tmp_path / "config.json").write_text(json.dumps({**saved, **extra}))
         (error,) = config_errors(ModelConfig(hf_config=str(tmp_path)))
-        assert error.startswith(f"model.hf_config = '{tmp_path}': this Llama has {message}"), error
+        assert error.startswith(f"model.hf_config = '{tmp_path}': this llama model has {message}"), error
 
 
 def test_the_rope_permutation_matters(tmp_path):
@@ -193,7 +193,8 @@ def test_what_our_llama_does_not_implement_is_refused(tmp_path, config, message)
     raw = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**raw, **config}))
     errors = validate(job_config([f"model.hf_config={tmp_path}"]), cuda=False)
-    assert any(e.startswith(f"model.hf_config = '{tmp_path}': this Llama has") and message in e for e in errors), errors
+    prefix = f"model.hf_config = '{tmp_path}': this llama model has"
+    assert any(e.startswith(prefix) and message in e for e in errors), errors
 
 
 def test_a_shape_mismatch_names_the_tensor(tmp_path):
@@ -213,7 +214,7 @@ def test_a_shape_mismatch_names_the_tensor(tmp_path):
 
 @pytest.mark.quick
 def test_a_model_type_it_does_not_read_is_refused_by_name(tmp_path):
-    """A Qwen3 directory (its per-head q/k norms are no Llama's) is not read as a Llama: its
+    """A Qwen2 directory (biases on q/k/v, which no model of ours has) is not read as a Llama: its
     config.json's model_type is refused, naming the ones titan_exp reads; a launch stops before any
     rank starts, exit 2."""
     import subprocess
@@ -221,16 +222,16 @@ def test_a_model_type_it_does_not_read_is_refused_by_name(tmp_path):
 
     from conftest import REPO
 
-    config = transformers.Qwen3Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                      num_key_value_heads=2, head_dim=32, intermediate_size=160, vocab_size=2048,
+    config = transformers.Qwen2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=160, vocab_size=2048,
                                       max_position_embeddings=128, tie_word_embeddings=True)
-    transformers.Qwen3ForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path, safe_serialization=True)
     (error,) = config_errors(ModelConfig(hf_config=str(tmp_path)))
-    assert error == (f"model.hf_config = '{tmp_path}': its model_type is 'qwen3', which titan_exp does not read; "
-                     "it reads llama")
+    assert error == (f"model.hf_config = '{tmp_path}': its model_type is 'qwen2', which titan_exp does not read; "
+                     "it reads llama, qwen3, qwen3_moe")
     out = subprocess.run([sys.executable, "launch.py", f"model.hf_config={tmp_path}", "training.steps=1",
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "its model_type is 'qwen3'" in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 2 and "its model_type is 'qwen2'" in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "run" / "logs").exists()
 
 

@@ -120,10 +120,11 @@ def test_deepseek_v3_has_its_published_parameter_counts_and_flops():
     (["model=deepseek_v3_debug", "model.head_dim=32"], "model.head_dim = 32: multi-head latent attention sizes"),
     (["model=deepseek_v3_debug", "model.n_kv_heads=4"], "model.n_kv_heads = 4: multi-head latent attention gives"),
     (["model=deepseek_v3_debug", "checkpoint=default", "checkpoint.last_save_in_hf=true"],
-     "checkpoint.last_save_in_hf = True: Hugging Face export writes Llama models; a model with routed experts "
-     "(model.n_experts > 0) and multi-head latent attention (model.kv_lora_rank > 0) keeps its DCP checkpoint"),
+     "checkpoint.last_save_in_hf = True: Hugging Face export writes Llama, Qwen3 and Qwen3-MoE models; a model with "
+     "multi-head latent attention (model.kv_lora_rank > 0), routed experts without QK-norm"),
     (["model=deepseek_v3_debug", "checkpoint=default", "checkpoint.initial_load_in_hf=true",
-      "checkpoint.initial_load_path=/tmp"], "checkpoint.initial_load_in_hf = True: Hugging Face loading reads Llama"),
+      "checkpoint.initial_load_path=/tmp"], "checkpoint.initial_load_in_hf = True: Hugging Face loading reads Llama, "
+                                               "Qwen3"),
     (["model=deepseek_v3_debug", "precision=float8", "model.kv_lora_rank=40"],
      "model.kv_lora_rank = 40 is not divisible by 16"),
 ])

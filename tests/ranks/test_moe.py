@@ -219,7 +219,8 @@ def test_float8_keeps_the_router_and_routed_experts_in_high_precision():
     (["model=moe_debug", "checkpoint.last_save_in_hf=true"], "checkpoint.last_save_in_hf = True: Hugging Face export"),
     (["model=moe_debug", "checkpoint=default", "checkpoint.initial_load_in_hf=true",
       "checkpoint.initial_load_path=/tmp"],
-     "checkpoint.initial_load_in_hf = True: Hugging Face loading reads Llama weights; a model with routed experts"),
+     "checkpoint.initial_load_in_hf = True: Hugging Face loading reads Llama, Qwen3 and Qwen3-MoE weights; a model "
+     "with routed experts without QK-norm"),
 ])
 @pytest.mark.quick
 def test_invalid_moe_configs_are_refused_by_name(overrides, message):

@@ -131,6 +131,27 @@ def test_tied_embeddings_stay_one_matrix_on_every_layout(name, tied_reference, r
     assert tied_reference["losses"][1:] != pytest.approx(reference["losses"][1:], abs=1e-3)
 
 
+# Tied under PP the last stage's output weight is a copy of the first stage's embedding. Without the
+# copy's init as the embedding's, the summed gradient, or the norm counting the matrix once, these fail.
+TIED_PP = ["pp2_1F1B", "pp2_ZBVZeroBubble", "pp2_tp2", pytest.param("pp2_fsdp2", marks=slow),
+           pytest.param("pp2_fsdp2_tp2", marks=slow)]
+
+
+@pytest.mark.parametrize("name", TIED_PP)
+def test_tied_embeddings_under_pipeline_parallel(name, tied_reference, tmp_path):
+    """The first stage holds the embedding, the last a copy as its output weight, drawn alike; after
+    each backward both take the sum of the two stages' gradients (on two ranks, or on a V's first
+    rank), and the gradient norm counts the matrix once. Every step is clipped (training.max_norm
+    = 1), so a norm counting the copy too would also scale the updates otherwise."""
+    overrides, world = LAYOUTS[name]
+    code, summary = run_job([*SMALL, *TIED, *overrides], tmp_path)
+    assert code == 0 and summary["status"] == "ok", summary.get("error")
+    assert summary["world_size"] == world
+    assert min(tied_reference["grad_norms"]) > 1.0  # training.max_norm's default: every step is clipped
+    assert summary["losses"] == pytest.approx(tied_reference["losses"], abs=LOSS_ABS)
+    assert summary["grad_norms"] == pytest.approx(tied_reference["grad_norms"], rel=2e-4)
+
+
 @pytest.mark.parametrize("model, names", [
     pytest.param(["model=deepseek_v3_debug"], ["attention.wkv_a.weight", "moe.experts.w1"], marks=pytest.mark.quick),
     pytest.param(["model=deepseek_v3_debug", "model.q_lora_rank=0"],

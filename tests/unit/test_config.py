@@ -101,7 +101,6 @@ BAD = [
     (["parallelism=pp", "parallelism.pipeline_parallel_schedule=LoopedBFS",
       "parallelism.pipeline_parallel_layers_per_stage=1", "parallelism.pipeline_parallel_stages_per_rank=2"],
      "contradicts layers_per_stage = 1 (3 per rank)"),
-    (["parallelism=pp", "model.tie_word_embeddings=true"], "tied embeddings span the first and last stage"),
     (["parallelism=tp", "parallelism.enable_async_tensor_parallel=true"], "needs CUDA"),
     (["parallelism.context_parallel_degree=2", "training.seq_len=66"], "must be divisible by 2 x cp = 4"),
     (["parallelism.fsdp_reshard_after_forward=sometimes"], "choose one of default, always, never"),
@@ -193,7 +192,7 @@ BAD_CHOICES = [
     ("checkpoint.hsdp_save_replicas=some", "checkpoint.hsdp_save_replicas", "all, first"),
     ("metrics.wandb_mode=cloud", "metrics.wandb_mode", "online, offline, disabled"),
     ("training.on_nonfinite=ignore", "training.on_nonfinite", "stop, skip"),
-    ("model.name=gpt2", "model.name", "llama3"),
+    ("model.name=gpt2", "model.name", "llama3, qwen3"),
 ]
 
 

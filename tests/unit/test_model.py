@@ -1,4 +1,5 @@
-"""The Llama 3 model: parameter and FLOP counts by hand, RoPE against the complex formulation."""
+"""The Llama 3 model: parameter and FLOP counts by hand, RoPE against the complex formulation; the
+Qwen3 presets against the published config.json files and model cards."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 from conftest import job_config
 
+from titan_exp.config.hf import model_fields
 from titan_exp.models.llama import Transformer, apply_rope, flops_per_token, rope_tables
 
 pytestmark = pytest.mark.quick
@@ -22,7 +24,8 @@ def test_debugmodel_flops_per_token_by_hand():
 
 
 def test_param_count_matches_the_module():
-    for overrides in ([], ["model.tie_word_embeddings=true"], ["model=llama3_100m"]):
+    for overrides in ([], ["model.tie_word_embeddings=true"], ["model=llama3_100m"],
+                      ["model=qwen3_0.6b", "model.n_layers=2"], ["model=qwen3_30b_a3b", "model.n_layers=1"]):
         cfg = job_config(overrides).model
         with torch.device("meta"):
             model = Transformer(cfg)
@@ -90,3 +93,68 @@ def test_context_parallel_chunks_attend_through_torchs_causal_bias_not_a_mask(mo
     torch.testing.assert_close(out, reference)
     for got, want in zip(grads, (q.grad, k.grad, v.grad)):
         torch.testing.assert_close(got, want)
+
+
+# Qwen/Qwen3-*'s config.json: hidden_size, num_hidden_layers, num_attention_heads,
+# num_key_value_heads, intermediate_size, tie_word_embeddings, and for the MoE ones
+# moe_intermediate_size (128 experts, 8 a token); then the model card's parameters in billions,
+# as it rounds them: total, non-embedding (without the embedding and output matrices), activated.
+QWEN3 = {
+    "qwen3_0.6b": ((1024, 28, 16, 8, 3072, True, None), ("0.6", "0.44", None)),
+    "qwen3_1.7b": ((2048, 28, 16, 8, 6144, True, None), ("1.7", "1.4", None)),
+    "qwen3_4b": ((2560, 36, 32, 8, 9728, True, None), ("4.0", "3.6", None)),
+    "qwen3_8b": ((4096, 36, 32, 8, 12288, False, None), ("8.2", "6.95", None)),
+    "qwen3_14b": ((5120, 40, 40, 8, 17408, False, None), ("14.8", "13.2", None)),
+    "qwen3_32b": ((5120, 64, 64, 8, 25600, False, None), ("32.8", "31.2", None)),
+    "qwen3_30b_a3b": ((2048, 48, 32, 4, 6144, False, 768), ("30.5", "29.9", 3.3)),
+    "qwen3_235b_a22b": ((4096, 94, 64, 4, 12288, False, 1536), ("235", "234", 22)),
+}
+
+
+def published_config(preset: str) -> dict:
+    """The preset's published config.json, the fields that shape the model."""
+    (dim, layers, heads, kv_heads, ffn, tied, expert), _ = QWEN3[preset]
+    config = {"model_type": "qwen3", "hidden_size": dim, "num_hidden_layers": layers, "num_attention_heads": heads,
+              "num_key_value_heads": kv_heads, "head_dim": 128, "intermediate_size": ffn, "vocab_size": 151936,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": 40960,
+              "tie_word_embeddings": tied, "hidden_act": "silu", "attention_bias": False, "use_sliding_window": False}
+    if expert:
+        config |= {"model_type": "qwen3_moe", "num_experts": 128, "num_experts_per_tok": 8,
+                   "moe_intermediate_size": expert, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "router_aux_loss_coef": 0.001}
+    return config
+
+
+def transformers_params(config: dict) -> int:
+    """Parameters of transformers' Qwen3 (Qwen3-MoE) built from `config` on the meta device (a
+    tied output matrix counted once)."""
+    import transformers
+
+    moe = config["model_type"] == "qwen3_moe"
+    hf = (transformers.Qwen3MoeConfig if moe else transformers.Qwen3Config)(**config)
+    with torch.device("meta"):
+        model = (transformers.Qwen3MoeForCausalLM if moe else transformers.Qwen3ForCausalLM)(hf)
+    return sum(p.numel() for p in model.parameters())
+
+
+def billions(n: int, as_written: str) -> str:
+    return f"{n / 1e9:.{len(as_written.partition('.')[2])}f}"
+
+
+@pytest.mark.parametrize("preset", sorted(QWEN3))
+def test_qwen3_presets_are_the_published_models(preset):
+    """model=qwen3_*: the fields importing its config.json sets (model.hf_config), the parameters
+    of transformers' model of it, and the model card's totals (the MoE's activated ones within 2 %:
+    the card's 3.3B for 30B-A3B is 3.35B)."""
+    job = job_config([f"model={preset}"])
+    cfg, config = job.model, published_config(preset)
+    fields = model_fields(config)
+    assert cfg.head_size == (fields.pop("head_dim") or cfg.dim // cfg.n_heads) == 128
+    assert {k: getattr(cfg, k) for k in fields} == fields
+    assert cfg.num_params == transformers_params(config)
+    total, non_embedding, active = QWEN3[preset][1]
+    matrices = cfg.vocab_size * cfg.dim * (1 if cfg.tie_word_embeddings else 2)
+    assert (billions(cfg.num_params, total), billions(cfg.num_params - matrices, non_embedding)) == (
+        total, non_embedding)
+    assert cfg.active_params / 1e9 == pytest.approx(active or float(total), rel=0.02)
+    assert (job.precision.name, job.training.seq_len) == ("bf16", 4096)  # TorchTitan's Qwen3 settings

@@ -1,5 +1,5 @@
 """Export: a checkpoint's model alone, in one file (safetensors or torch's format) or as a
-Hugging Face Llama directory that `transformers` loads (weights, config.json and the run's
+Hugging Face directory (Llama, Qwen3, Qwen3-MoE) that `transformers` loads (weights, config.json and the run's
 tokenizer), as a library call and as `python -m titan_exp.checkpoint export RUN [--format safetensors|pt|hf]`."""
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from titan_exp.checkpoint.store import (
     CheckpointError,
     SafePlanner,
     SafeReader,
+    checkpoint_folder,
     complete_steps,
     read_marker,
     read_metadata,
     step_dir,
     verify,
 )
-from titan_exp.config import ModelConfig, load_job_config
+from titan_exp.config import JobConfig, ModelConfig, load_job_config
 from titan_exp.models import hf
 from titan_exp.record import RunDir
 
@@ -37,11 +38,28 @@ if TYPE_CHECKING:
 logger = logging.getLogger("titan_exp.checkpoint")
 
 
+def export_last(job: JobConfig, run_dir: RunDir, write: bool) -> list[Path]:
+    """Where a run's last checkpoint is exported at the end of training: as one file
+    (`checkpoint.export_format`) and as a Hugging Face directory with the run's tokenizer
+    (`checkpoint.last_save_in_hf`); written only if `write` (one rank writes them)."""
+    ckpt = job.checkpoint
+    formats = [*([ckpt.export_format.value] if ckpt.export_format is not None else []),
+               *(["hf"] if ckpt.last_save_in_hf else [])]
+    if not ckpt.enable:
+        return []
+    outs = [run_dir.path / "export" / EXPORT_FORMATS[f] for f in formats]
+    if write:
+        last = step_dir(checkpoint_folder(ckpt, run_dir.path), job.training.steps)
+        for fmt, out in zip(formats, outs):
+            export(last, out, ckpt.export_dtype.value, fmt, model=job.model, tokenizer=run_dir.tokenizer)
+    return outs
+
+
 def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensors", *,
            model: ModelConfig | None = None, tokenizer: Path | None = None) -> Path:
     """Consolidate the model of checkpoint `path` (no process group needed): one safetensors
     file, torch's format (a plain dict of tensors, loadable with weights_only=True), or (hf, which
-    needs the `model` shapes and the run's `tokenizer`) a Hugging Face Llama directory. A
+    needs the `model` shapes and the run's `tokenizer`) a Hugging Face directory. A
     tokenizer that cannot be exported is refused before anything is read or written."""
     if (problem := verify(path)) is not None:
         raise CheckpointError(problem)
@@ -56,7 +74,7 @@ def export(path: Path, out: Path, dtype: str = "float32", fmt: str = "safetensor
     out.parent.mkdir(parents=True, exist_ok=True)
     if hf_tokenizer is not None:
         hf.save(tensors, model, out, dtype, hf_tokenizer)
-        logger.info("exported %d tensors of %s to %s (Hugging Face Llama, %s, with the tokenizer %s)", len(tensors),
+        logger.info("exported %d tensors of %s to %s (Hugging Face, %s, with the tokenizer %s)", len(tensors),
                     path, out, dtype, tokenizer)
         return out
     tmp = out.with_name(f".{out.name}.tmp")

@@ -32,6 +32,8 @@ from titan_exp.checkpoint.store import (
     describe_mismatch,
     incomplete_dirs,
     not_a_checkpoint,
+    optimizer_mismatch,
+    optimizer_states,
     read_marker,
     read_metadata,
     shape_errors,
@@ -113,9 +115,10 @@ def from_hf(cfg: CheckpointConfig, path: Path) -> bool:
 
 
 def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torch.Size],
-              model_cfg: ModelConfig) -> list[str]:
+              model_cfg: ModelConfig, optimizer_state: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """What the launcher can know before starting a process: the folder is writable, the
-    checkpoint the run would load exists, is whole and fits the model."""
+    checkpoint the run would load exists, is whole and fits the model, and its optimizer state
+    fits this run's optimizer (`optimizer_state`: each parameter's state names; None = not known)."""
     if not cfg.enable:
         return []
     errors = []
@@ -144,8 +147,11 @@ def preflight(cfg: CheckpointConfig, run_dir: Path, model_shapes: dict[str, torc
     if (problem := verify(path)) is not None:
         return errors + [f"{field}: {problem}; delete that step dir or choose another checkpoint"]
     model = {f"model.{k}": v for k, v in model_shapes.items()}
-    if "model" in parts and (wrong := shape_errors(read_metadata(path).state_dict_metadata, model, ("model",))):
+    saved = read_metadata(path).state_dict_metadata
+    if "model" in parts and (wrong := shape_errors(saved, model, ("model",))):
         errors.append(f"{field}: {describe_mismatch(path, wrong)}")
+    if "optimizer" in parts and optimizer_state and (why := optimizer_mismatch(path, saved, optimizer_state)):
+        errors.append(f"{field}: {why}")
     return errors
 
 
@@ -206,6 +212,9 @@ class Checkpointer:
         saved = read_metadata(path).state_dict_metadata
         if "rng" in state:  # a checkpoint from a machine without CUDA has no CUDA state, and vice versa
             state["rng"] = {k: v for k, v in state["rng"].items() if f"rng.{k}" in saved}
+        if "optimizer" in parts and (why := optimizer_mismatch(path, saved, optimizer_states(
+                f"optimizer.{k}" for k in flat_shapes(state["optimizer"])))):
+            raise CheckpointError(why)
         if wrong := shape_errors(saved, flat_shapes(state), parts):
             raise CheckpointError(describe_mismatch(path, wrong))
         start = time.perf_counter()

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from titan_exp.config import CheckpointPart
+from titan_exp.parallel.pipeline import tied_copy
 
 PARTS = tuple(p.value for p in CheckpointPart)  # model, optimizer, lr_scheduler, dataloader, train_state, rng
 
@@ -48,7 +49,9 @@ class ModelState:
 
 class OptimizerState:
     """One optimizer per model part, flattened to `state.<fqn>.<name>` / `param_groups.<fqn>.<key>`,
-    so optimizer state reshards across layouts like the parameters."""
+    so optimizer state reshards across layouts like the parameters. A pipeline's last stage keys its
+    copy of a tied embedding (parallel.pipeline.tied_copy) by the embedding's FQN, as one process
+    keys the one tied matrix: the copy's state equals the embedding's (both take the same updates)."""
 
     OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -56,17 +59,37 @@ class OptimizerState:
         self.pairs = list(zip(parts, optimizers))
 
     def state_dict(self) -> dict[str, Any]:
-        return {k: v for part, opt in self.pairs
+        return {saved_key(part, k): v for part, opt in self.pairs
                 for k, v in get_optimizer_state_dict(part, opt, options=self.OPTIONS).items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for part, opt in self.pairs:
             mine = get_optimizer_state_dict(part, opt, options=self.OPTIONS)
-            set_optimizer_state_dict(part, opt, {k: state[k] for k in mine}, options=self.OPTIONS)
+            set_optimizer_state_dict(part, opt, {k: loaded(state, part, k) for k in mine}, options=self.OPTIONS)
+
+
+def saved_key(part: torch.nn.Module, key: str) -> str:
+    """`key` of `part`'s flattened optimizer state as a checkpoint holds it: the tied copy's
+    (`state.output.weight.<name>`, `param_groups.output.weight.<key>`) under the embedding's FQN."""
+    kind, _, rest = key.partition(".")
+    if rest.startswith("output.weight.") and tied_copy(part) is not None:
+        return f"{kind}.tok_embeddings.weight.{rest.removeprefix('output.weight.')}"
+    return key
+
+
+def loaded(state: dict[str, Any], part: torch.nn.Module, key: str) -> Any:
+    """The loaded value of `part`'s optimizer state `key`; the tied copy's tensors are its own
+    (torch's optimizer keeps the tensors it loads, which a V's first rank, holding the embedding
+    and its copy, would otherwise share between its two optimizers: each step would move them twice)."""
+    saved = saved_key(part, key)
+    return state[saved].clone() if saved != key and torch.is_tensor(state[saved]) else state[saved]
 
 
 class SchedulerState:
-    """The schedulers step together; one state (without the lambdas, which are code) loads into all."""
+    """The schedulers step together; one state (without the lambdas, which are code) loads into all.
+    A per-group list (base_lrs, _last_lr) of another length than a scheduler's own stays its own:
+    optimizer=muon gives a pipeline stage without weight matrices (the embedding alone) one group
+    where the others have two."""
 
     def __init__(self, schedulers: list[torch.optim.lr_scheduler.LRScheduler]):
         self.schedulers = schedulers
@@ -76,7 +99,10 @@ class SchedulerState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for scheduler in self.schedulers:
-            scheduler.load_state_dict({**scheduler.state_dict(), **state})
+            own = scheduler.state_dict()
+            fits = {k: v for k, v in state.items()
+                    if not (isinstance(v, list) and isinstance(own.get(k), list) and len(v) != len(own[k]))}
+            scheduler.load_state_dict({**own, **fits})
 
 
 class JSONState:

@@ -180,6 +180,34 @@ def shape_errors(saved: dict[str, Any], expected: dict[str, torch.Size], parts: 
     return wrong
 
 
+def optimizer_states(keys: Any) -> dict[str, set[str]]:
+    """Parameter FQN -> the names of its optimizer state, from flattened checkpoint keys
+    (`optimizer.state.<fqn>.<name>`)."""
+    held: dict[str, set[str]] = {}
+    for key in keys:
+        if key.startswith("optimizer.state."):
+            fqn, _, name = key.removeprefix("optimizer.state.").rpartition(".")
+            held.setdefault(fqn, set()).add(name)
+    return held
+
+
+def optimizer_mismatch(path: Path, saved: dict[str, Any], expected: dict[str, Any]) -> str | None:
+    """Why the optimizer state of checkpoint `path` (`saved`: its metadata's state_dict_metadata)
+    cannot load into this run's optimizer, whose state of each parameter FQN has the names in
+    `expected` (AdamW's exp_avg, exp_avg_sq, step; Muon's momentum_buffer); None when it can.
+    One optimizer's state is not another's (AdamW's second moment has no Muon counterpart, and
+    Muon's momentum is not AdamW's first moment for the step count it lacks), so none is converted."""
+    held = optimizer_states(saved)
+    for fqn, names in expected.items():
+        if fqn in held and held[fqn] != set(names):
+            return (f"checkpoint {path} holds optimizer state {', '.join(sorted(held[fqn]))} for {fqn}, where this "
+                    f"run's optimizer keeps {', '.join(sorted(names))}: optimizer state loads only into the optimizer "
+                    "that saved it (optimizer=adamw and optimizer=muon keep different state). Resume with the "
+                    "optimizer it was saved with, or start a new run dir from its weights alone: "
+                    f"checkpoint.initial_load_path={path} checkpoint.initial_load_model_only=true")
+    return None
+
+
 def describe_mismatch(path: Path, wrong: list[str]) -> str:
     more = f" (and {len(wrong) - 3} more)" if len(wrong) > 3 else ""
     return (f"checkpoint {path} does not fit this model: {'; '.join(wrong[:3])}{more}. It was saved from a "

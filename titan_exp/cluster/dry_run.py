@@ -104,12 +104,19 @@ def neighbours_metadata(job: JobConfig) -> Iterator[None]:
 def balanced_expert_counts() -> Iterator[None]:
     """Under EP each rank learns from the others how many tokens they route to its experts (a
     count all-to-all) and sizes the token all-to-all by it; the fake group returns no counts. The
-    rank alone assumes balanced routing: every source sends its experts what it sends them itself."""
+    rank alone assumes balanced routing, as the planner does: every source sends each expert its
+    share of the rows it routes. (Its own counts would not do: the fake group's all-gathers leave
+    the gathered weights unwritten, the router may send every token to the same few experts, and
+    the rank's own may get none of its rows, its return all-to-all then nothing to send back: a
+    128-expert layer at EP 8 did.)"""
+    import torch
+
     from titan_exp.models.moe import MoE
 
     def counts_from_self(self, counts_E):
         ep = self.ep_mesh.size()
-        return counts_E.view(ep, -1)[self.ep_mesh.get_local_rank()].expand(ep, -1)
+        share = int(counts_E.sum()) // counts_E.numel()  # a host sync: one rank on a CPU
+        return torch.full((ep, counts_E.numel() // ep), share, dtype=counts_E.dtype, device=counts_E.device)
 
     original = MoE._exchange_counts
     MoE._exchange_counts = counts_from_self

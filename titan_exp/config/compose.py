@@ -96,17 +96,27 @@ def help_text() -> str:
             lines.append(f"{top.name} = {top.default_factory()!r}\n    {top.metadata.get('doc', '')}")
             continue
         lines.append(f"{top.name}:")
-        for f in dataclasses.fields(top.default_factory):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            shown = default.value if isinstance(default, enum.Enum) else default
-            if isinstance(default, list):
-                shown = [x.value if isinstance(x, enum.Enum) else x for x in default]
-            text = f.metadata.get("doc", "")
-            enum_type = choice_enum(top.default_factory, f.name)
-            if enum_type is not None:
-                text = f"{' | '.join(m.value for m in enum_type)}: {text}"
-            lines.append(f"  {f.name} = {shown!r}\n      {text}")
+        lines += _field_lines(top.default_factory)
     return "\n".join(lines)
+
+
+def _field_lines(schema: type, prefix: str = "") -> list[str]:
+    """`name = default` and its doc for every field of `schema`, a nested node's as `node.name`."""
+    lines = []
+    for f in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(f.default_factory):
+            lines += _field_lines(f.default_factory, f"{prefix}{f.name}.")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = default.value if isinstance(default, enum.Enum) else default
+        if isinstance(default, list):
+            shown = [x.value if isinstance(x, enum.Enum) else x for x in default]
+        text = f.metadata.get("doc", "")
+        enum_type = choice_enum(schema, f.name)
+        if enum_type is not None:
+            text = f"{' | '.join(m.value for m in enum_type)}: {text}"
+        lines.append(f"  {prefix}{f.name} = {shown!r}\n      {text}")
+    return lines
 
 
 @functools.cache

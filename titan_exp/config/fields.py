@@ -29,8 +29,10 @@ def choices(name: str, values: str) -> Any:
     return Choice(name, [(v, v) for v in values.split()], module=__name__, qualname=name)
 
 
-ModelFamily = choices("ModelFamily", "llama3")
+ModelFamily = choices("ModelFamily", "llama3 qwen3")
 OptimizerImpl = choices("OptimizerImpl", "auto fused foreach for-loop")
+# Muon's learning-rate adjustment by matrix shape: torch.optim.Muon's adjust_lr_fn values.
+MuonAdjustLR = choices("MuonAdjustLR", "original match_rms_adamw")
 PipelineSchedule = choices(
     "PipelineSchedule", "GPipe 1F1B Interleaved1F1B LoopedBFS InterleavedZeroBubble ZBVZeroBubble DualPipeV")
 DType = choices("DType", "float32 bfloat16")
@@ -40,6 +42,7 @@ Float8Recipe = choices("Float8Recipe", "tensorwise rowwise rowwise_with_gw_hp")
 # (~4 s); a test keeps the two in step.
 MXRecipe = choices("MXRecipe", "mxfp8_rceil mxfp8_rceil_wgrad_with_hp mxfp8_emulated_rceil")
 CompileBackend = choices("CompileBackend", "inductor aot_eager eager")
+AuxLoss = choices("AuxLoss", "sequence switch")
 ACMode = choices("ACMode", "none full selective")
 AsyncMode = choices("AsyncMode", "disabled async async_with_pinned_mem")
 CheckpointPart = choices("CheckpointPart", "model optimizer lr_scheduler dataloader train_state rng")

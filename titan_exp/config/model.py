@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from titan_exp.config.fields import ModelFamily, ScoreFunc, doc, target, target_kwargs
+from titan_exp.config.fields import AuxLoss, ModelFamily, ScoreFunc, doc, target, target_kwargs
 
 
 @dataclass
 class ModelConfig:
-    """Llama 3 shapes. Presets in conf/model/ carry the published shapes of each flavor."""
+    """Llama 3 shapes, and what Qwen3, its MoE, DeepSeek-V3 and Mixtral change. Presets in
+    conf/model/ carry the published shapes of each flavor."""
 
     _target_: str = target("titan_exp.models.llama.Transformer", "(this node); must be shaped like it")
     kwargs: Dict[str, Any] = target_kwargs()
@@ -23,6 +24,7 @@ class ModelConfig:
     n_heads: int = doc(16, "attention (query) heads", min=1)
     n_kv_heads: Optional[int] = doc(None, "key/value heads for GQA; null = n_heads")
     head_dim: Optional[int] = doc(None, "width of one attention head; null = dim / n_heads (Qwen3: 128 at any dim)")
+    qk_norm: bool = doc(False, "RMSNorm each query and key head before RoPE (Qwen3)")
     # Multi-head latent attention (DeepSeek-V2/V3; titan_exp.models.mla), on when kv_lora_rank > 0:
     # keys and values come up from a latent of that width, queries from one of q_lora_rank (or
     # straight from the hidden state), and RoPE rotates qk_rope_head_dim of each query/key head.
@@ -43,8 +45,8 @@ class ModelConfig:
     tie_word_embeddings: bool = doc(False, "share the embedding and output matrices (Llama 3.2 1B/3B)")
     intermediate_size: Optional[int] = doc(None, "SwiGLU hidden size; null = Llama's rule from dim, multiple_of "
                                                  "and ffn_dim_multiplier")
-    hf_config: Optional[str] = doc(None, "a Hugging Face Llama config.json, or its directory: its shapes replace "
-                                         "the fields above (titan_exp.config.hf)")
+    hf_config: Optional[str] = doc(None, "a Hugging Face Llama, Qwen3 or Qwen3-MoE config.json, or its directory: "
+                                         "its shapes replace the model's fields (titan_exp.config.hf)")
     # Mixture of experts (titan_exp.models.moe): the SwiGLU of every block after the first
     # n_dense_layers becomes n_experts routed experts (top_k per token) plus n_shared_experts.
     n_experts: int = doc(0, "routed experts per MoE layer; 0 = a dense model", min=0)
@@ -57,7 +59,10 @@ class ModelConfig:
     route_norm: bool = doc(False, "renormalize each token's top-k scores to sum to 1")
     route_scale: float = doc(1.0, "scales the routed experts' combined output")
     load_balance_coeff: Optional[float] = doc(1e-3, "step of DeepSeek-V3's auxiliary-loss-free bias update; null = off")
-    aux_loss_coeff: float = doc(0.0, "weight of the sequence-wise load-balancing loss; 0 = off")
+    aux_loss_coeff: float = doc(0.0, "weight of the load-balancing loss (model.aux_loss); 0 = off")
+    aux_loss: AuxLoss = doc(AuxLoss.sequence, "load-balancing loss: sequence = DeepSeek-V3's sequence-wise one, "
+                                              "summed over MoE layers; switch = Switch Transformer's (Qwen3, "
+                                              "Mixtral), per sequence, mean over MoE layers")
 
     @property
     def mla(self) -> bool:
@@ -133,7 +138,8 @@ class ModelConfig:
             q = self.dim * h * qk if not self.q_lora_rank else self.q_lora_rank * (self.dim + 1 + h * qk)
             kv = self.dim * (latent + self.rope_dim) + latent + latent * h * (self.qk_nope_head_dim + v)
             return q + kv + h * v * self.dim + 2 * self.dim
-        return self.dim * self.head_size * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim
+        qk_norm = 2 * self.head_size if self.qk_norm else 0
+        return self.dim * self.head_size * (2 * self.n_heads + 2 * self.kv_heads) + 2 * self.dim + qk_norm
 
     @property
     def block_params(self) -> int:
@@ -154,6 +160,12 @@ class ModelConfig:
     def output_params(self) -> int:
         """The final norm and the output projection (nothing new when tied to the embedding)."""
         return self.dim + (0 if self.tie_word_embeddings else self.vocab_size * self.dim)
+
+    def output_params_on(self, first: bool) -> int:
+        """The final norm and output projection a pipeline rank holding the last stage holds: a tied
+        output is a copy of the embedding of its own on a rank without the first stage
+        (titan_exp.parallel.pipeline.sum_tied_grads keeps the two equal)."""
+        return self.output_params + (self.embedding_params if self.tie_word_embeddings and not first else 0)
 
     @property
     def router_params_per_block(self) -> float:

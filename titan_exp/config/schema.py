@@ -33,6 +33,7 @@ from titan_exp.config.fields import (
     ExportDType,
     ExportFormat,
     Float8Recipe,
+    MuonAdjustLR,
     MXRecipe,
     OnNonfinite,
     OptimizerImpl,
@@ -371,7 +372,32 @@ class CommConfig:
 
 
 @dataclass
+class MuonConfig:
+    """Muon's group under optimizer=muon (titan_exp.train.muon): the blocks' weight matrices
+    (attention, feed-forward, each routed expert's own), orthogonalised whole on every layout."""
+
+    lr: Optional[float] = doc(None, "peak learning rate of the matrices; null = optimizer.lr (with adjust_lr="
+                                    "match_rms_adamw the update's RMS matches AdamW's, so one lr serves both groups)")
+    weight_decay: Optional[float] = doc(None, "decoupled weight decay of the matrices; null = optimizer.weight_decay")
+    momentum: float = doc(0.95, "momentum of the gradient average Muon orthogonalises")
+    nesterov: bool = doc(True, "Nesterov momentum: orthogonalise the gradient pulled towards the average")
+    ns_coefficients: List[float] = doc([3.4445, -4.7750, 2.0315], "Newton-Schulz quintic coefficients (a, b, c), "
+                                                                 "Keller Jordan's")
+    ns_steps: int = doc(5, "Newton-Schulz iterations")
+    ns_dtype: Optional[DType] = doc(None, "dtype of the Newton-Schulz iterations; null = bfloat16 on GPUs (torch's "
+                                          "and the published choice), float32 on CPUs (layouts then agree to fp32 "
+                                          "rounding; bf16 rounds their ulp-apart gradients apart)")
+    eps: float = doc(1e-7, "floor of the norm a matrix is divided by before the iterations")
+    adjust_lr: MuonAdjustLR = doc(MuonAdjustLR.match_rms_adamw,
+                                  "lr scale by matrix shape (out A, in B): match_rms_adamw = 0.2 sqrt(max(A, B)) "
+                                  "(Moonlight), original = sqrt(max(1, A / B)) (Keller Jordan)")
+
+
+@dataclass
 class OptimizerConfig:
+    """optimizer=adamw (the default): AdamW over every parameter. optimizer=muon: Muon's group
+    (`muon`) for the blocks' weight matrices and AdamW (these top-level fields) for the rest."""
+
     _target_: str = target("torch.optim.AdamW", "(params, lr=, betas=, eps=, weight_decay=, foreach=, fused=) where it "
                                                 "takes them")
     kwargs: Dict[str, Any] = target_kwargs()
@@ -379,11 +405,12 @@ class OptimizerConfig:
                                                             "kernel a parameter group; foreach = a kernel an op over "
                                                             "every tensor; for-loop = per tensor; auto = fused on "
                                                             "GPUs, foreach on CPUs")
-    lr: float = doc(8e-4, "peak learning rate")
+    lr: float = doc(8e-4, "peak learning rate (optimizer=muon: of the AdamW group)")
     beta1: float = doc(0.9, "Adam beta1")
     beta2: float = doc(0.95, "Adam beta2")
     eps: float = doc(1e-8, "Adam epsilon")
     weight_decay: float = doc(0.1, "decoupled weight decay")
+    muon: MuonConfig = field(default_factory=MuonConfig)
 
 
 @dataclass

@@ -52,6 +52,6 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
     elif ev.device is not None and ev.device.startswith("cuda") and not cuda:
         e.append(problem("eval.device", ev.device, "this machine has no GPU; use cpu, or null"))
     if what := hf.unsupported(job.model):
-        e.append(problem("eval.enable", True, "lm-eval loads the model as a Hugging Face Llama, which the export "
-                         f"cannot write for {what}; set it to false"))
+        e.append(problem("eval.enable", True, "lm-eval loads the model from its Hugging Face export, which "
+                         f"cannot be written for {what}; set it to false"))
     return e

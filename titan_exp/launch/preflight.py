@@ -12,7 +12,8 @@ with more filled in) and its errors; the first step with errors ends the preflig
     evaluation  eval.tasks exist (the user's eval.include_path, else lm-eval's own task index)
     data     the default corpus and tokenizer exist (cached, offline); vocabulary vs model; data files
     resolve  derived values become numbers (world size, dp_shard, global batch, absolute paths)
-    checkpoint  the folder is writable; the checkpoint the run would load is whole and fits the model
+    checkpoint  the folder is writable; the checkpoint the run would load is whole and fits the model and
+             the optimizer (titan_exp.train.muon.state_names: AdamW's and Muon's state differ)
     cluster  SLURM: the controller can run the job (partitions, node sizes, time limit)
     machine  MFU's CPU peak, measured once here rather than by ranks competing for the cores
 """
@@ -134,8 +135,11 @@ def checkpoint(p: Pending) -> tuple[Pending, list[str]]:
     if not p.job.checkpoint.enable:
         return p, []
     from titan_exp.checkpoint.manager import preflight
+    from titan_exp.train.muon import state_names
 
-    return p, preflight(p.job.checkpoint, p.run_dir.path, model_shapes(p.job), p.job.model)
+    shapes = model_shapes(p.job)
+    return p, preflight(p.job.checkpoint, p.run_dir.path, shapes, p.job.model,
+                        optimizer_state=state_names(p.job.optimizer, shapes.items()))
 
 
 def cluster(p: Pending) -> tuple[Pending, list[str]]:

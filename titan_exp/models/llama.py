@@ -78,6 +78,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
+        # Qwen3's QK-norm: one RMSNorm over each head's width, shared by the heads, before RoPE.
+        self.q_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, _ = x.shape
@@ -85,6 +88,8 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seqlen, -1, self.head_dim)
         k = self.wk(x).view(bsz, seqlen, -1, self.head_dim)
         v = self.wv(x).view(bsz, seqlen, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.context_parallel is not None:
             out = self.context_parallel.attention(q, k, v, cos, sin, apply_rope)
         else:
@@ -174,6 +179,8 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
         for name, param in self.named_parameters():
             name = canonical_name(name)
+            if name == "output.weight" and self.cfg.tie_word_embeddings:  # a pipeline's last stage: its copy
+                name = "tok_embeddings.weight"  # of the embedding (one process names the tied matrix so)
             device = param.device if param.device.type == "cuda" else torch.device("cpu")
             gen = torch.Generator(device).manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
             if not self.draw_in_full:  # the shard alone, from the same distribution

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from titan_exp.config import JobConfig, ModelConfig, ScoreFunc, problem
+from titan_exp.config import AuxLoss, JobConfig, ModelConfig, ScoreFunc, problem
 from titan_exp.models.layers import FeedForward, SumGradOver
 
 
@@ -170,16 +170,22 @@ class MoE(nn.Module):
         self.shared_experts = (FeedForward(cfg.dim, cfg.expert_hidden_dim * cfg.n_shared_experts)
                                if cfg.n_shared_experts else None)
         self.load_balance_coeff, self.aux_loss_coeff = cfg.load_balance_coeff, cfg.aux_loss_coeff
-        # Sequences per rank per optimizer step; the trainer sets it so the balance loss of every
+        # The balance loss per sequence, and how layers add up: DeepSeek-V3's summed, Switch's averaged.
+        self.balance_loss = BALANCE_LOSSES[cfg.aux_loss]
+        self.layer_weight = 1.0 if cfg.aux_loss == AuxLoss.sequence else 1.0 / cfg.n_moe_layers
+        # 1 / sequences per rank per optimizer step; the trainer sets it so the balance loss of every
         # microbatch adds up to the rank's mean over its sequences, as the token loss does.
         self.aux_loss_scale = 1.0
         # The bias is state (checkpointed); the counts are this step's, summed by the trainer.
         self.register_buffer("expert_bias", torch.zeros(cfg.n_experts), persistent=True)
         self.register_buffer("tokens_per_expert", torch.zeros(cfg.n_experts), persistent=False)
+        # This step's balance loss of this layer without its coefficient (logged apart from the loss).
+        self.register_buffer("aux_loss", torch.zeros(()), persistent=False)
 
     def init_buffers(self) -> None:
         self.expert_bias.zero_()
         self.tokens_per_expert.zero_()
+        self.aux_loss.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bsz, seqlen, dim = x.shape
@@ -211,8 +217,10 @@ class MoE(nn.Module):
         if self.shared_experts is not None:
             out_TD = out_TD + self.shared_experts(x_TD)
         if self.aux_loss_coeff and torch.is_grad_enabled():
-            aux = self.aux_loss_coeff * self.aux_loss_scale * sequence_balance_loss(scores_TE, ids_TK, bsz, self.top_k)
-            out_TD = _AddAuxLoss.apply(out_TD, aux)
+            aux = self.layer_weight * self.aux_loss_scale * self.balance_loss(scores_TE, ids_TK, bsz, self.top_k)
+            if self.counting:
+                self.aux_loss.add_(aux.detach())
+            out_TD = _AddAuxLoss.apply(out_TD, self.aux_loss_coeff * aux)
         return out_TD.view(bsz, seqlen, dim)
 
     def _counts(self, choices_N: torch.Tensor) -> torch.Tensor:
@@ -273,6 +281,29 @@ def sequence_balance_loss(scores_TE: torch.Tensor, ids_TK: torch.Tensor, bsz: in
     return (f * probs.mean(1)).sum()
 
 
+def switch_balance_loss(scores_TE: torch.Tensor, ids_TK: torch.Tensor, bsz: int, top_k: int) -> torch.Tensor:
+    """Switch Transformer's balance loss as transformers computes Qwen3-MoE's, summed over the
+    sequences: per sequence, E * sum_i f_i * P_i with f_i the tokens choosing expert i over the
+    sequence's length (top-k choices: the f_i add up to K) and P_i expert i's mean router
+    probability. transformers takes f and P over its whole batch and all layers at once; per
+    sequence (and averaged over layers, MoE.layer_weight) it is the same for every layout and
+    microbatching, and transformers' own for one sequence and one MoE layer."""
+    n_experts = scores_TE.shape[-1]
+    probs = (scores_TE / scores_TE.sum(-1, keepdim=True)).view(bsz, -1, n_experts)  # softmax's already are
+    seqlen = probs.shape[1]
+    chosen = torch.zeros_like(probs).scatter_(-1, ids_TK.view(bsz, seqlen, top_k), 1.0)
+    return n_experts * (chosen.mean(1) * probs.mean(1)).sum()
+
+
+BALANCE_LOSSES = {AuxLoss.sequence: sequence_balance_loss, AuxLoss.switch: switch_balance_loss}
+
+
+def aux_loss_sum(layers: list[MoE], device) -> torch.Tensor:
+    """This rank's balance loss of the step, without its coefficient: its MoE layers' summed
+    (each already weighted as the layers add up; 0 on a stage without one)."""
+    return sum((layer.aux_loss for layer in layers), torch.zeros((), device=device))
+
+
 def moe_layers(model_parts) -> list[MoE]:
     return [m for part in model_parts for m in part.modules() if isinstance(m, MoE)]
 
@@ -281,6 +312,7 @@ def moe_layers(model_parts) -> list[MoE]:
 def reset_counts(layers: list[MoE]) -> None:
     for layer in layers:
         layer.tokens_per_expert.zero_()
+        layer.aux_loss.zero_()
 
 
 @torch.no_grad()

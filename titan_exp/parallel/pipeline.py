@@ -8,7 +8,8 @@ the output as pipeline_parallel_last_stage_less_layers (TorchTitan's options): L
 Stages are copies of the whole model with the other modules deleted, so every parameter keeps its
 fully qualified name. Ranks hold one stage (GPipe, 1F1B), several in a loop (rank r holds r, r+pp,
 ...: Interleaved1F1B, LoopedBFS, InterleavedZeroBubble) or two in a V (rank r holds r and
-2pp-1-r: ZBVZeroBubble, DualPipeV).
+2pp-1-r: ZBVZeroBubble, DualPipeV). Tied embeddings: the last stage holds a copy of the embedding
+as its output weight, kept equal to it (sum_tied_grads).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, schedules
+from torch.distributed.tensor import DTensor
 
 from titan_exp.config import JobConfig, ParallelismConfig, PipelineSchedule, problem
 
@@ -105,10 +108,6 @@ def check(job: JobConfig, dims, cuda: bool) -> list[str]:
         elif n_mb < dims.pp:
             e.append(problem("training.local_batch_size", t.local_batch_size,
                              f"gives {n_mb} microbatches for {dims.pp} pipeline ranks; need at least one per rank"))
-    if m.tie_word_embeddings:
-        e.append(problem("model.tie_word_embeddings", True,
-                         "tied embeddings span the first and last stage, which pipeline parallel does not support "
-                         "yet; untie them (model.tie_word_embeddings=false) or use another layout"))
     return e
 
 
@@ -176,6 +175,52 @@ def split_model(model: nn.Module, stage: int, split: list[range]) -> nn.Module:
         part.norm = None
         part.output = None
     return part
+
+
+def tied_copy(part: nn.Module) -> nn.Parameter | None:
+    """The output weight of a last stage whose model ties it to the embedding: a Parameter of its
+    own (the embedding is on the first stage), drawn as the embedding (Transformer.init_weights).
+    Only a stage split_model cut has no embedding: any other model (a class of the user's) has none."""
+    if getattr(part, "tok_embeddings", ...) is None and part.output is not None and part.cfg.tie_word_embeddings:
+        return part.output.weight
+    return None
+
+
+@torch.no_grad()
+def sum_tied_grads(parts: list[nn.Module], pp_group) -> list[nn.Parameter]:
+    """Tied embeddings under PP: the first stage's embedding and the last stage's copy of it
+    (tied_copy) each hold their own stage's gradient; both get the sum, one process's gradient of
+    the one matrix, so both take the same update and stay equal. The two stages are on one rank
+    (a V: rank 0) or on the pipeline's first and last rank, which swap gradients (their local
+    shards: FSDP and TP shard both alike, Shard(0) over the vocabulary). Returns this rank's copy,
+    which the gradient norm leaves out, so the matrix counts once (train.optim.clip_grad_norm_)."""
+    if pp_group is None or not parts[0].cfg.tie_word_embeddings:
+        return []
+    embedding = next((part.tok_embeddings.weight for part in parts if part.tok_embeddings is not None), None)
+    copy_ = next((p for p in map(tied_copy, parts) if p is not None), None)
+    grads = [local_grad(p) for p in (embedding, copy_) if p is not None]
+    if len(grads) == 2:
+        grads[0].add_(grads[1])
+        grads[1].copy_(grads[0])
+    elif grads:
+        peer = dist.get_global_rank(pp_group, 0 if embedding is None else dist.get_world_size(pp_group) - 1)
+        mine, theirs = grads[0].contiguous(), torch.empty_like(grads[0], memory_format=torch.contiguous_format)
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, mine, peer, pp_group),
+                                            dist.P2POp(dist.irecv, theirs, peer, pp_group)]):
+            work.wait()
+        grads[0].add_(theirs)  # a + b == b + a in floating point: both ranks hold the same sum
+    return [copy_] if copy_ is not None else []
+
+
+def local_grad(param: nn.Parameter) -> torch.Tensor:
+    """This rank's shard of `param`'s gradient, laid out as `param` is: under TP alone the
+    embedding's gradient comes back replicated, its weight row-sharded (it becomes this rank's rows)."""
+    grad = param.grad
+    if not isinstance(grad, DTensor):
+        return grad
+    if grad.placements != param.placements:
+        param.grad = grad = grad.redistribute(param.device_mesh, param.placements)
+    return grad.to_local()
 
 
 def schedule_class(name: str):

@@ -135,11 +135,15 @@ def apply_tp(model: nn.Module, tp_mesh, *, loss_parallel: bool, float8: bool = F
 
 
 def attention_plan(attention: nn.Module, colwise) -> dict[str, object]:
-    """The projections into the heads, column-wise: Llama's wq, wk, wv; under multi-head latent
-    attention (titan_exp.models.mla) its up-projections, with the down-projections to the latents
-    and their norms whole on every rank (ReplicateParallel)."""
+    """The projections into the heads, column-wise: Llama's wq, wk, wv (and its heads' QK-norm);
+    under multi-head latent attention (titan_exp.models.mla) its up-projections, with the
+    down-projections to the latents and their norms whole on every rank (ReplicateParallel)."""
     if not hasattr(attention, "wkv_a"):
-        return {"attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise()}
+        # QK-norm (Qwen3) normalizes each head: over a rank's heads (Shard(2) of (batch, seq, heads,
+        # head_dim)), its weight replicated; DTensor sums the weight's gradient over the ranks' heads.
+        per_head = SequenceParallel(sequence_dim=2, use_local_output=True)
+        qk_norm = {f"attention.{n}": per_head for n in ("q_norm", "k_norm")} if attention.q_norm is not None else {}
+        return {"attention.wq": colwise(), "attention.wk": colwise(), "attention.wv": colwise(), **qk_norm}
     queries = ["wq_a", "q_norm"] if hasattr(attention, "wq_a") else []
     whole = {f"attention.{name}": ReplicateParallel() for name in (*queries, "wkv_a", "kv_norm")}
     return whole | {f"attention.{name}": colwise() for name in ("wq_b" if queries else "wq", "wkv_b")}

@@ -25,7 +25,8 @@ values came from the file. The override `cluster.hardware=FILE` (or a cluster pr
 names the same file: the flag is its shortcut, and giving both is refused. On GPUs a line after
 the table says when the fastest layout that fits leaves less memory to spare than the memory
 model's worst error on published runs (margin_line); the last line is the job as
-configured (configured_line).
+configured (configured_line). `--tokens N` plans a run instead: each GPU count's fastest layout, days,
+GPU-hours and cost (titan_exp.perf.search.run; plan_run dispatches to it).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from titan_exp.perf.model.memory import predict_memory
 from titan_exp.perf.model.step import predict_step
 from titan_exp.perf.rates.accuracy import accuracy_kind, last_accuracy, last_check, published
 from titan_exp.perf.rates.profile import MachineProfile, profiles_dir, this_machine
+from titan_exp.perf.search import run
 from titan_exp.perf.search.axes import override_key
 from titan_exp.perf.search.layouts import (
     batch_line,
@@ -291,7 +293,7 @@ def parser() -> argparse.ArgumentParser:
 
     out = OneLineParser(prog="python -m titan_exp.perf.plan", description=__doc__.split("\n\n")[0])
     out.add_argument("overrides", nargs="*", help="Hydra overrides, as for launch.py (model=..., training....)")
-    out.add_argument("--world", type=int, required=True, help="devices (ranks) to plan for")
+    out.add_argument("--world", type=int, default=None, help="devices (ranks) to plan one step for")
     out.add_argument("--device-memory-gib", type=float, default=None,
                      help="memory per device; default: this GPU's, or this machine's RAM / world")
     out.add_argument("--cuda", action="store_true", default=torch.cuda.is_available(),
@@ -312,6 +314,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--top", type=int, default=10)
     out.add_argument("--write-sweep", metavar="NAME", help="write the top layouts as ./sweeps/NAME.yaml "
                      "(or $TITAN_EXP_SWEEPS/NAME.yaml), and print the command that runs them")
+    run.add_flags(out)  # --tokens: a run at every GPU count (titan_exp.perf.search.run)
     return out
 
 
@@ -355,11 +358,9 @@ def check_flags(cli: argparse.ArgumentParser, args: argparse.Namespace, job: Job
         cli.error("; ".join(refused))
 
 
-def on_gpus_elsewhere(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig,
-                      folder: Path | None) -> tuple[JobConfig, MachineProfile, float, list[str], str]:
-    """--device or --hardware: the job on a cluster of those GPUs, their profile (calibrated on that
-    GPU if one was, else the spec sheet's), their memory, the hardware file's line, and the GPU's name."""
-    from titan_exp.perf.rates.devices import profile_for, spec_for, spec_profile
+def cluster_of(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig) -> tuple[typing.Any, ...]:
+    """--device or --hardware: the hardware file (None for --device), the GPU's spec sheet, GPUs per node."""
+    from titan_exp.perf.rates.devices import spec_for
     from titan_exp.perf.rates.hardware import load_hardware, read
 
     try:  # cluster.hardware's errors name it
@@ -367,7 +368,16 @@ def on_gpus_elsewhere(cli: argparse.ArgumentParser, args: argparse.Namespace, jo
         spec = hardware.spec if hardware else spec_for(args.device)
     except ValueError as exc:
         cli.error(str(exc))
-    gpus_per_node = hardware.gpus_per_node if hardware else (args.gpus_per_node or 8)
+    return hardware, spec, hardware.gpus_per_node if hardware else (args.gpus_per_node or 8)
+
+
+def on_gpus_elsewhere(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig,
+                      folder: Path | None) -> tuple[JobConfig, MachineProfile, float, list[str], str]:
+    """--device or --hardware: the job on a cluster of those GPUs, their profile (calibrated on that
+    GPU if one was, else the spec sheet's), their memory, the hardware file's line, and the GPU's name."""
+    from titan_exp.perf.rates.devices import profile_for, spec_profile
+
+    hardware, spec, gpus_per_node = cluster_of(cli, args, job)
     if args.world % gpus_per_node and args.world > gpus_per_node:
         cli.error(f"--world {args.world} is not a whole number of nodes of {gpus_per_node} GPUs")
     per_node = min(gpus_per_node, args.world)
@@ -402,9 +412,15 @@ def on_this_machine(args: argparse.Namespace, job: JobConfig,
 def main(argv: list[str] | None = None) -> int:
     cli = parser()
     args = cli.parse_intermixed_args(argv)  # overrides and flags in any order
+    if args.world is None and args.tokens is None:
+        cli.error("the following arguments are required: --world (or --tokens N, to plan a run)")
     job = composed = compose_job(args.overrides)
     folder = Path(args.profile_dir) if args.profile_dir else None
     check_flags(cli, args, job)
+    if refused := run.refusal(args, job):
+        cli.error(refused)
+    if args.tokens is not None:
+        return plan_run(cli, args, job, composed, folder)
     lacks, elsewhere = [], None
     if args.device or args.hardware:
         job, profile, memory, first, elsewhere = on_gpus_elsewhere(cli, args, job, folder)
@@ -430,6 +446,41 @@ def main(argv: list[str] | None = None) -> int:
             print(line)
     if args.write_sweep:
         print(sweep_line(plans, args, elsewhere))
+    return 0
+
+
+def plan_run(cli: argparse.ArgumentParser, args: argparse.Namespace, job: JobConfig, composed: JobConfig,
+             folder: Path | None) -> int:
+    """--tokens: the run at each GPU count the cluster offers (titan_exp.perf.search.run) under the
+    plan's header lines, then the launch line (or the written sweep) of the count picked."""
+    try:
+        question = run.question(args, job, cluster_of(cli, args, job)[2])
+    except ValueError as exc:
+        cli.error(str(exc))
+    setups = {}
+
+    def at(world: int) -> tuple[JobConfig, MachineProfile, float]:
+        args.world = world
+        setups[world] = on_gpus_elsewhere(cli, args, job, folder)
+        return setups[world][:3]
+
+    rows = run.plan_run(question.counts, at, question.batches, job.autotune.search)
+    _, profile, memory, first, name = setups[question.counts[0]]
+    error, where = quoted_error(profile, [], folder)
+    for line in [*first, planned_line(job), *run.report(question, rows, job, f"{name} ({memory:.4g} GiB)",
+                                                        rates_line(profile, []), (error, where))]:
+        print(line)
+    try:
+        row, why = run.picked(rows, question)
+    except ValueError as exc:
+        cli.error(str(exc))
+    if row is not None:
+        print(f"picked: {why}")
+        args.overrides = run.with_steps(args.overrides, question, row, job)
+        for line in launch_lines([row.plan], 0, args.overrides, composed, name):
+            print(line)
+        if args.write_sweep:
+            print(sweep_line([row.plan], args, name))
     return 0
 
 

@@ -11,6 +11,7 @@ from torch.distributed.tensor import DTensor
 
 from titan_exp import targets
 from titan_exp.config import DecayType, JobConfig, LRSchedulerConfig, OptimizerImpl, problem
+from titan_exp.train import muon
 
 
 def check(job: JobConfig, cuda: bool) -> list[str]:
@@ -40,7 +41,7 @@ def check(job: JobConfig, cuda: bool) -> list[str]:
                          "warmup plus decay steps exceed training.steps; lower one of them"))
     if not 0 <= s.min_lr_factor <= 1:
         e.append(problem("lr_scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]"))
-    return e
+    return e + muon.check(job)
 
 
 def lr_lambda(cfg: LRSchedulerConfig, steps: int):
@@ -72,10 +73,13 @@ def build_optimizers(model_parts: list[torch.nn.Module], job: JobConfig
     state is then keyed by that part's FQNs, which are the unsplit model's, so checkpoints move
     between pipeline and non-pipeline layouts. The update is elementwise, so this gives the same
     numbers as one optimizer over every parameter. Both are built from their `_target_`
-    (titan_exp.targets), offered the typed fields."""
+    (titan_exp.targets), offered the typed fields; Muon (optimizer=muon) gets each part's
+    parameters as its two groups (titan_exp.train.muon.param_groups)."""
     o, steps = job.optimizer, job.training.steps
+    grouped = muon.routes(o._target_)
     optimizers = [
-        targets.build(job, "optimizer", part.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+        targets.build(job, "optimizer", muon.param_groups(part, o) if grouped else part.parameters(),
+                      lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
                       weight_decay=o.weight_decay,
                       **kernels(o.implementation, on_gpu=any(p.device.type == "cuda" for p in part.parameters())))
         for part in model_parts
@@ -93,19 +97,22 @@ def kernels(implementation: OptimizerImpl, *, on_gpu: bool) -> dict[str, bool]:
     return {"foreach": implementation == OptimizerImpl.foreach, "fused": implementation == OptimizerImpl.fused}
 
 
-def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None) -> torch.Tensor:
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float, pp_group=None,
+                    uncounted: list[torch.Tensor] = ()) -> torch.Tensor:
     """Total gradient norm over every parameter of the model, wherever its shards live; clips
     in place when 0 < max_norm < inf (0 and inf: no limit). Gradients on different meshes
     (expert-parallel experts beside the dense parameters) are normed per mesh, since DTensor ops
     cannot mix meshes. Under PP each rank holds some stages, so squares are summed across the
-    pipeline group."""
+    pipeline group. `uncounted` are clipped but left out of the norm: a pipeline's copy of a tied
+    embedding, whose gradient is the embedding's (parallel.pipeline.sum_tied_grads)."""
+    skip = {id(p) for p in uncounted}
     by_mesh: dict[object, list[torch.Tensor]] = {}  # the parameters with a gradient, by the gradient's mesh
     for p in params:
         if p.grad is not None:
             by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p)
     squares = []
     for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group if id(p) not in skip], foreach=True)
         squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2)
     total = torch.stack(squares).sum() if squares else torch.zeros(())
     if pp_group is not None:

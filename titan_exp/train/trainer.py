@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 from titan_exp import faults, signals, targets
 from titan_exp.checkpoint import states
 from titan_exp.checkpoint.manager import Checkpointer
-from titan_exp.checkpoint.store import EXPORT_FORMATS, checkpoint_folder, complete_steps, step_dir
+from titan_exp.checkpoint.store import complete_steps
 from titan_exp.config import JobConfig, OnNonfinite
 from titan_exp.data import mixture
 from titan_exp.data.corpus import Tokenizer
@@ -43,7 +43,7 @@ from titan_exp.models.llama import flops_per_token
 from titan_exp.parallel import compiles_loss, loss_parallel_enabled, parallelize
 from titan_exp.parallel.context import positions
 from titan_exp.parallel.dims import ParallelDims
-from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stage_split
+from titan_exp.parallel.pipeline import V_SHAPED, build_pipeline, stage_split, sum_tied_grads
 from titan_exp.precision import DTYPES, apply_converter, autocast_dtype, precompute_float8_scales
 from titan_exp.record import RunDir
 from titan_exp.train.optim import build_optimizers, clip_grad_norm_
@@ -141,6 +141,7 @@ class Trainer:
         self.params = [p for part in self.model_parts for p in part.parameters()]
         self.moe_layers = moe.moe_layers(self.model_parts)
         self.expert_counts: torch.Tensor | None = None  # the last step's tokens per expert, summed over ranks
+        self.aux_loss = torch.zeros((), device=self.device)  # the last step's balance loss, without its coefficient
         sequences = self.job.training.global_batch_size // self.dims.dp  # per rank and step
         for layer in self.moe_layers:
             layer.aux_loss_scale = 1.0 / sequences
@@ -308,11 +309,13 @@ class Trainer:
         non-finite step is found at the next read (`StepHistory`), before anything is saved, and
         the run stops, so its update never leaves this process."""
         loss = self._global_loss(loss)
-        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group)
+        copies = sum_tied_grads(self.model_parts, self.pp_group)  # tied embeddings under PP: the last stage's copy
+        grad_norm = clip_grad_norm_(self.params, self.job.training.max_norm, self.pp_group, copies)
         skip = self.job.training.on_nonfinite == OnNonfinite.skip
         finite = bool(torch.isfinite(grad_norm) & torch.isfinite(loss)) if skip else True  # global: all ranks agree
         # MoE: this step's tokens per expert, summed over ranks; the bias moves with the update.
         self.expert_counts = moe.update_expert_bias(self.moe_layers, self.loss_group, move=finite)
+        self.aux_loss = moe.aux_loss_sum(self.moe_layers, self.device)  # this rank's; _expert_load makes it global
         for optimizer, scheduler in zip(self.optimizers, self.schedulers):
             if finite:
                 optimizer.step()
@@ -452,7 +455,8 @@ class Trainer:
 
     def _expert_load(self) -> dict[str, float]:
         """The last step's expert load over every MoE layer (all pipeline stages): the busiest
-        and idlest expert's tokens over the mean, and the largest load-balancing bias. (Dispatch
+        and idlest expert's tokens over the mean, the largest load-balancing bias, and the balance
+        loss without its coefficient (as transformers reports aux_loss) where it is on. (Dispatch
         is capacity-free: no token is dropped or re-routed, so there is nothing else to count.)"""
         if not self.job.model.is_moe:
             return {}
@@ -461,7 +465,8 @@ class Trainer:
         if self.pp_group is not None:
             dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=self.pp_group)
         busiest, idlest, bias = stats.tolist()
-        return {"max_load": busiest, "min_load": -idlest, "max_bias": bias}
+        aux = {"aux_loss": self._global_loss(self.aux_loss.clone()).item()} if self.job.model.aux_loss_coeff else {}
+        return {"max_load": busiest, "min_load": -idlest, "max_bias": bias, **aux}
 
     def _nonfinite(self, step: int, loss: float, grad_norm: float, nonfinite: list[int], found_at: int) -> None:
         """A step whose loss or gradients are NaN/Inf: skip it (training.on_nonfinite=skip; its
@@ -480,19 +485,11 @@ class Trainer:
                                  f"{kept}. Lower optimizer.lr or training.max_norm, or set training.on_nonfinite=skip")
 
     def _export(self) -> dict[str, str]:
-        """The last checkpoint's model as one file (`checkpoint.export_format`) and as a Hugging
-        Face directory with the run's tokenizer (`checkpoint.last_save_in_hf`), written by rank 0."""
-        ckpt = self.job.checkpoint
-        formats = [*([ckpt.export_format.value] if ckpt.export_format is not None else []),
-                   *(["hf"] if ckpt.last_save_in_hf else [])]
-        if not ckpt.enable or not formats:
-            return {}
-        from titan_exp.checkpoint.export import export
+        """The last checkpoint's exports (titan_exp.checkpoint.export.export_last), written by rank 0."""
+        from titan_exp.checkpoint.export import export_last
 
-        outs = [self.run_dir.path / "export" / EXPORT_FORMATS[f] for f in formats]
-        if self.rank == 0:
-            last = step_dir(checkpoint_folder(ckpt, self.run_dir.path), self.job.training.steps)
-            for fmt, out in zip(formats, outs):
-                export(last, out, ckpt.export_dtype.value, fmt, model=self.job.model, tokenizer=self.run_dir.tokenizer)
+        outs = export_last(self.job, self.run_dir, write=self.rank == 0)
+        if not outs:
+            return {}
         dist.barrier()
         return {"export": str(outs[0])}

@@ -204,7 +204,7 @@ def memory_tb_s(elements: int, dtype: torch.dtype, opts: Options, device: torch.
 class ElementwiseBlock:
     """This toolkit's block's memory-bound ops on `tokens` tokens of a model's shape, fed from leaf
     tensors in place of the GEMMs and attention between them (`leaves`, the norms' weights among
-    them): `forward()` runs them as the block does (titan_exp.models.llama's RMSNorm and
+    them): `forward()` runs them as the block does (titan_exp.models.llama's RMSNorm, QK-norm and
     apply_rope, GQA's repeat as causal_attention runs it), returning what the next GEMM or
     attention would read; `norms` and the RoPE `tables` as the block holds them."""
 
@@ -220,7 +220,8 @@ def elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: t
     if m.mla:
         return latent_elementwise_block(m, tokens, dtype, device)
     d, hd, heads, kv, f = m.dim, m.head_size, m.n_heads, m.kv_heads, m.ffn_hidden_dim
-    norms = tuple(torch.nn.RMSNorm(d, eps=m.norm_eps, device=device, dtype=dtype) for _ in range(2))
+    norms = tuple(torch.nn.RMSNorm(n, eps=m.norm_eps, device=device, dtype=dtype)
+                  for n in (d, d, *((hd, hd) if m.qk_norm else ())))  # QK-norm's: the queries', the keys'
     cos, sin = (t.to(device) for t in rope_tables(hd, tokens, m.rope_theta))
 
     def leaf(*shape):
@@ -232,7 +233,8 @@ def elementwise_block(m: ModelConfig, tokens: int, dtype: torch.dtype, device: t
     def forward():
         h = x + attn
         normed, ffn_in = norms[0](x), norms[1](h)
-        outs = [apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, torch.nn.functional.silu(gate) * up, h + ffn_out]
+        qn, kn = (norms[2](q), norms[3](k)) if m.qk_norm else (q, k)
+        outs = [apply_rope(qn, cos, sin), apply_rope(kn, cos, sin), v, torch.nn.functional.silu(gate) * up, h + ffn_out]
         if kv < heads:  # causal_attention's repeat of K and V to every query head
             outs[1], outs[2] = outs[1].repeat_interleave(heads // kv, dim=2), v.repeat_interleave(heads // kv, dim=2)
         # each norm's output as the GEMMs that read it (wq, wk, wv; w1, w3): backward sums their gradients

@@ -256,6 +256,7 @@ def _host(b: _Setting) -> float:
     """The host's seconds of a block's forward: its Python and launches, eager or compiled."""
     m, elementwise, kern = b.job.model, b.engine.elementwise, b.kern
     ops = elementwise.mla_ops[b.compiled][bool(m.q_lora_rank)] if m.mla else 0  # beyond Llama's attention
+    ops += elementwise.qk_norm_ops[b.compiled] if m.qk_norm else 0
     host = ((elementwise.compiled_kernels + ops) * kern.host_compiled_s if b.compiled
             else (elementwise.eager_ops + ops) * kern.host_eager_s)
     host += b.moe * moe_host_s(b.job, kern, elementwise)
@@ -339,6 +340,8 @@ def elementwise_bytes(m: ModelConfig, tp: int, elementwise: Elementwise, compile
     `compiled`: memory_bound_bytes, its attention's part under multi-head latent attention in
     latent_bytes' terms instead."""
     table = elementwise.compiled_bytes if compiled else elementwise.eager_bytes
+    if m.qk_norm:  # read and written once more per query and key element (Elementwise.qk_norm_bytes)
+        table = (table[0], table[1] + elementwise.qk_norm_bytes[compiled], table[2])
     if not m.mla:
         return memory_bound_bytes(table, tokens, act, m.dim / tp, m.n_heads // tp, m.kv_heads // tp, m.head_size, f)
     latents = elementwise.mla_compiled if compiled else elementwise.mla_eager

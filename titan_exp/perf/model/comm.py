@@ -155,16 +155,18 @@ class StepShape:
         return self.job.model.routed_params_per_block
 
     @cached_property
-    def _unit_params(self) -> tuple[float, float, float]:
+    def _unit_params(self) -> tuple[float, float]:
         m = self.job.model
         block = ((m.block_params - self.routed) / self.tp
                  + (m.routed_params_on_tp_rank(self.tp, 1) if self.ep == 1 else 0))
-        return block, m.embedding_params / self.tp, m.output_params / self.tp
+        return block, m.embedding_params / self.tp
 
     def units(self, load: RankLoad) -> list[float]:
         """Per-TP-rank parameter counts of a rank's FSDP units over dp_shard x cp: its blocks (less
-        their routed experts under EP, which are a unit of their own), the embedding, the output."""
-        block, embedding, output = self._unit_params
+        their routed experts under EP, which are a unit of their own), the embedding, the output
+        (a tied one a copy of the embedding on a rank without it)."""
+        block, embedding = self._unit_params
+        output = self.job.model.output_params_on(load.first) / self.tp
         return [block] * load.blocks + ([embedding] if load.first else []) + ([output] if load.last else [])
 
     def line(self, op: str, group: int, dims: tuple[str, ...]) -> Line:

@@ -1,8 +1,8 @@
 """The memory model: predicted peak memory of the most loaded rank, by part (GiB).
 
   * states: parameters, gradients and AdamW's two moments (fp32, 16 bytes per parameter; the
-    param/grad share is smaller under bf16 params) of the rank's pipeline stages, divided by the
-    shard degree (dp_shard x cp, times tp);
+    param/grad share is smaller under bf16 params; optimizer=muon keeps one moment of the blocks'
+    matrices, 12) of the rank's pipeline stages, divided by the shard degree (dp_shard x cp, times tp);
   * FSDP working set: the all-gathered parameters and unreduced gradient of the unit at work (a
     block, or the embedding or output layer where those are larger) and the next block,
     prefetched (all of the stage's parameters when they stay gathered:
@@ -11,7 +11,9 @@
     float8 all-gather); under TP at least the embedding's whole gradient, which DTensor computes
     on every rank; DDP's gradient buckets, a second copy of the gradients;
   * activations: what each block keeps for backward (ACT_PER_TOKEN_D x dim + ACT_PER_TOKEN_H x
-    the SwiGLU width, per token) for the blocks and microbatches alive at once: every block (AC
+    the SwiGLU width, per token; and what MLA's latents, heads whose width together is not dim
+    and QK-norm keep beside: latent_attention_saved, wide_attention_saved) for the blocks and
+    microbatches alive at once: every block (AC
     none), what the per-op policy keeps, counted (selective per op: selective_saved), or, under
     AC, the one block being recomputed;
     TP with sequence parallel divides it by tp, except the gathered inputs (SP_GATHERED);
@@ -70,6 +72,7 @@ from titan_exp.perf.model.shapes import (
     mean_ffn_width,
     selective_saves,
 )
+from titan_exp.train import muon
 from titan_exp.validation import resolved
 
 RUNTIME_GIB_CPU = 0.50
@@ -79,6 +82,7 @@ ATTENTION_PER_TOKEN_D = 5  # of ACT_PER_TOKEN_D: q, k, v, attention's output and
 SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block gathers and saves whole
 DISPATCH_COPIES = 3  # routed tokens (x top_k) a block saves per MoE layer, counted on CPU with or without EP
 EXCHANGED_COPIES = 2  # routed tokens (x top_k) EP's all-to-alls return (received, returned): selective AC saves them
+ATTENTION_WIDTH_SAVES = 4  # tensors attention saves at the query heads' width (wide_attention_saved)
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,28 @@ def latent_attention_saved(m: ModelConfig, tp: int) -> float:
     heads = m.n_heads / tp
     return (2 * heads * m.head_size + 3 * heads * m.v_head_size - ATTENTION_PER_TOKEN_D * m.dim / tp
             + 2 * (m.q_lora_rank + m.kv_lora_rank))
+
+
+def wide_attention_saved(m: ModelConfig, tp: int, cuda: bool) -> float:
+    """What grouped-query attention saves for backward a token on one TP rank beyond what
+    ACT_PER_TOKEN_D counts for it at Llama's widths, in activation elements: where the query heads
+    are not dim wide together (Qwen3's heads are 128 wide at any dim), ATTENTION_WIDTH_SAVES tensors
+    of their width, less dim (the rotated queries, the keys and values repeated to every head,
+    attention's output, of which wo's input is a view); and QK-norm's saves over the query and key
+    heads: its input, on a CPU also its normalized output (a CUDA torch's fused kernel keeps the
+    input alone), and each head's rsqrt (one element: fp32's bytes in fp32, half of them in bf16,
+    beside a head of 128). 0 at Llama's shapes and under MLA
+    (latent_attention_saved). On CPU in fp32, autograd's hooks count the block's saves beyond the
+    debug Llama block's (16 heads of 16) to the element with 16 heads of 8 and 32, with and without
+    QK-norm (attention's fp32 log-sum-exp, a float a head, is left out: it moves with the head count)."""
+    if m.mla:
+        return 0.0
+    heads = m.n_heads / tp
+    wider = ATTENTION_WIDTH_SAVES * (heads * m.head_size - m.dim / tp)
+    if not m.qk_norm:
+        return wider
+    normed = heads + m.kv_heads / tp
+    return wider + normed * ((1 if cuda else 2) * m.head_size + 1)
 
 
 def selective_saved(job: JobConfig, moe: bool, cuda: bool, act_bytes: int) -> float:
@@ -222,16 +248,19 @@ def _states_and_gathered(r: _Rank) -> tuple[float, float, float, float]:
     block = m.block_params
     routed = m.routed_params_per_block  # 0 for a dense model
     routed_rank = m.routed_params_on_tp_rank(tp, ep)  # of them, on one TP rank
-    params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params
+    params = worst.blocks * block + worst.first * m.embedding_params + worst.last * m.output_params_on(worst.first)
     shard = dps * cp * tp
     bytes_param = 2 if job.precision.full_bf16 else 4
     # ep x efsdp ranks shard the routed experts under EP; without it FSDP's shard a TP rank's slice
     experts = routed / shard if ep > 1 else routed_rank / (dps * cp)
     local_params = (params - worst.blocks * routed) / shard + worst.blocks * experts
     states = local_params * (2 * bytes_param + 8)
+    if muon.routes(job.optimizer._target_):  # Muon's one moment (4 bytes) of the blocks' matrices, not AdamW's two
+        router = m.router_params_per_block / (shard if ep > 1 else dps * cp)  # in `experts`, but AdamW's
+        states -= 4 * worst.blocks * ((block - routed - muon.block_norm_params(m)) / shard + experts - router)
     params = (params - worst.blocks * routed) / tp + worst.blocks * routed_rank
     block = (block - routed) / tp + routed_rank
-    unit = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params / tp)
+    unit = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params_on(worst.first) / tp)
     return states, params, block, unit
 
 
@@ -266,7 +295,7 @@ def _block_activations(r: _Rank) -> float:
     p, m, tokens, act_bytes = r.job.parallelism, r.job.model, r.tokens, r.act_bytes
     tp = p.tensor_parallel_degree
     per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * r.ffn_width) * act_bytes / tp
-    per_block += tokens * latent_attention_saved(m, tp) * act_bytes
+    per_block += tokens * (latent_attention_saved(m, tp) + wide_attention_saved(m, tp, r.cuda)) * act_bytes
     # Sequence parallel: the attention's and the feed-forward's inputs are all-gathered to the
     # whole sequence, and their first linears save that gathered copy for backward (2 of the
     # ACT_PER_TOKEN_D), so those two are not divided by tp.

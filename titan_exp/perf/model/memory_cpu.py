@@ -102,7 +102,7 @@ def fresh_bytes(job: JobConfig, blocks: int, first: bool, last: bool, accumulati
 
     # The rank's units: its blocks (the mean block's tensors), the embedding, the output.
     units = [(block_tensors(job), blocks)] + [([(m.embedding_params / tp, 1.0)], 1)] * first + (
-        [([(m.vocab_size * m.dim / tp, 1.0)], 1)] if last and not m.tie_word_embeddings else [])
+        [([(m.vocab_size * m.dim / tp, 1.0)], 1)] if last and not (m.tie_word_embeddings and first) else [])
     shard = p.data_parallel_shard_degree * p.context_parallel_degree
     rounds, gathers = fsdp_rounds(job, accumulation)
     total = 0.0

@@ -212,18 +212,25 @@ def step_tensors(job: JobConfig, *, tokens: float, act_bytes: int, gathered: int
 # bytes a token, eager, compiled, or under selective AC per op, in bf16 or float8: coefficients of
 # dim d, the SwiGLU width f, the query heads' width q (n_heads x head_dim), the KV heads' width kv,
 # the heads h, and bytes. Counted with autograd's saved-tensor hooks on the block at Llama 3's 1B
-# and 3B shapes on CPU, and checked to the byte at the 8B's (tests/test_gpu_h200.py recounts them).
-# The block's fp32 input is not among them (the block before made it). Llama 3's q is its dim, so a
-# model whose heads are wider or narrower may take a q term for a d term. Selective AC is counted
-# compiled; eager, the policy keeps the same outputs (an assumption: the hooks cannot see inside it).
+# and 3B shapes on CPU, and checked to the byte at the 8B's (tests/test_gpu_h200.py recounts them);
+# d's terms told from q's on blocks whose heads are twice dim wide together, or half (Qwen3's are
+# 128 wide at any dim; tests/planner/test_memory_qwen3.py recounts them). The block's fp32 input
+# is not among them (the block before made it). Selective AC is counted compiled; eager, the
+# policy keeps the same outputs (an assumption: the hooks cannot see inside it).
 AUTOCAST_SAVED = {  # (mode, float8) -> (d, f, q, kv, h, bytes)
-    ("eager", False): (30, 8, 0, 0, 4, 8),
-    ("eager", True): (28, 8, 0, 0, 4, 8),
+    ("eager", False): (22, 8, 8, 0, 4, 8),
+    ("eager", True): (20, 8, 8, 0, 4, 8),
     ("compiled", False): (6, 6, 8, 0, 4, 8),
     ("compiled", True): (2, 4, 8, 0, 4, 8),
-    ("selective", False): (2, 2, 2, 2, 4, 0),
-    ("selective", True): (10, 2, 2, 2, 4, 0),
+    ("selective", False): (0, 2, 4, 2, 4, 0),
+    ("selective", True): (8, 2, 4, 2, 4, 0),
 }
+# What QK-norm (Qwen3's) adds to them, bytes per element of the query and key heads and per head,
+# by mode, counted the same way: eager, autocast's fp32 copy of each head and its normalized
+# output (the norm runs decomposed: its fp32 weight does not match the bf16 input) and each
+# head's rsqrt; compiled, the bf16 input and the rsqrt (Inductor recomputes the rest); under
+# selective AC nothing (the policy recomputes the norms).
+QK_NORM_SAVED = {"eager": (8, 4), "compiled": (2, 4), "selective": (0, 0)}
 # What a block keeps on CUDA beyond (or short of) what it keeps on CPU, bytes a token per unit of
 # dim, by (mode, float8). A compiled bf16 block keeps 8 more (two fp32 tensors of the residual
 # stream, it seems: Inductor on CPU recomputes them); with the compiled loss's 3 units of logits
@@ -260,12 +267,16 @@ def autocast_replica(job: JobConfig) -> bool:
 
 def autocast_saved(job: JobConfig, mode: str, cuda: bool = True) -> float:
     """Bytes a token one block keeps for backward under bf16 autocast, `mode` eager, compiled or
-    selective (AC per op): AUTOCAST_SAVED as counted on CPU, with CUDA_EXTRA on CUDA."""
+    selective (AC per op): AUTOCAST_SAVED (and QK_NORM_SAVED) as counted on CPU, with CUDA_EXTRA on
+    CUDA."""
     m = job.model
     key = (mode, job.precision.converter != "none")
     d, f, q, kv, h, c = AUTOCAST_SAVED[key]
     d += CUDA_EXTRA.get(key, 0) if cuda else 0
     heads = q * m.n_heads * m.head_size + kv * m.kv_heads * m.head_size + h * m.n_heads
+    if m.qk_norm:
+        per_element, per_head = QK_NORM_SAVED[mode]
+        heads += (m.n_heads + m.kv_heads) * (per_element * m.head_size + per_head)
     return d * m.dim + f * m.ffn_hidden_dim + heads + c
 
 
@@ -275,6 +286,7 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
     AC's fp32 block inputs), the loss (`logits`), float8's copies, the update's temporaries; beside
     them DDP's buckets (`fsdp_working_set`, as perf.model.memory names the working set), the caching
     allocator's rounding, cuBLAS's workspaces and NCCL's buffers (`nccl`)."""
+    from titan_exp.train import muon
     from titan_exp.train.optim import kernels
 
     m, t, p, ac = job.model, job.training, job.parallelism, job.activation_checkpoint
@@ -301,11 +313,14 @@ def autocast_peak(job: JobConfig, architecture: str) -> dict[str, float]:
         activations, checkpoints = (m.n_layers - kept) * whole, kept * inputs
     f8 = float8_tensors(job, tokens)
     foreach = kernels(job.optimizer.implementation, on_gpu=True)["foreach"]
-    start = {"states": (12 if microbatches == 1 else 16) * m.num_params, "weight_copies": copies,
+    # optimizer=muon: the blocks' matrices keep one moment (Muon's momentum), not AdamW's two
+    matrices = m.n_layers * (m.block_params - muon.block_norm_params(m)) if muon.routes(job.optimizer._target_) else 0
+    start = {"states": (12 if microbatches == 1 else 16) * m.num_params - 4 * matrices, "weight_copies": copies,
              "activations": activations, "checkpoints": checkpoints,
              "logits": LOSS_UNITS[mode] * tokens * m.vocab_size * 2, "float8": sum(b * k for b, k in f8)}
-    end = {"states": 16 * m.num_params}
-    update = {"states": 16 * m.num_params, "optimizer_step": FOREACH_UPDATE * m.num_params * foreach}
+    end = {"states": 16 * m.num_params - 4 * matrices}
+    update = {"states": 16 * m.num_params - 4 * matrices,
+              "optimizer_step": FOREACH_UPDATE * (m.num_params - matrices) * foreach}
     peak = max((start, end, update), key=lambda parts: sum(parts.values()))
     saved = peak.get("activations", 0.0) * m.dim / (m.dim + m.ffn_hidden_dim)  # in tensors of dim, and of f
     tensors = step_tensors(job, tokens=tokens, act_bytes=2, gathered=2, working=buckets, fsdp=False,

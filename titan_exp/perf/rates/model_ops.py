@@ -55,6 +55,10 @@ class Elementwise:
     mla_eager: tuple[float, float, float, float] = (12, 94, 4, 2)
     mla_compiled: tuple[float, float, float, float] = (8, 0, 4, 2)
     mla_ops: tuple[tuple[int, int], tuple[int, int]] = ((2, 4), (1, 2))
+    # QK-norm (Qwen3, model.qk_norm): bytes a token forward per unit of (q + k heads x head_dim)
+    # beyond the table's, and its kernels, eager and compiled (below LLAMA: what they are).
+    qk_norm_bytes: tuple[float, float] = (4, 0)
+    qk_norm_ops: tuple[int, int] = (2, 0)
 
 
 # This toolkit's Llama (titan_exp.models.llama) on a CUDA torch (2.11, 2.13), bytes per token of a
@@ -118,3 +122,7 @@ EP_SORT_BYTES = 8
 # Compiled, an assumption as Llama's compiled table is: q and k read and written once each
 # (4 a unit of their widths, as Llama's RoPE compiled), the norms and the shared part as eager;
 # 2 kernels more with a query latent (its GEMM and norm), 1 without.
+# QK-norm (Qwen3's): eager, a fused norm each over the queries and the keys before RoPE, reading
+# and writing them (2 x 2 bytes a unit of their width), 2 kernels; counted on this toolkit's block
+# by tests/planner/test_gpu_model.py. Compiled, an assumption: Inductor fuses each head's norm into the
+# RoPE kernel that reads and writes the head anyway, nothing more.

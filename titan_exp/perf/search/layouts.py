@@ -71,7 +71,8 @@ def factorizations(world: int, n_experts: int = 0) -> list[dict[str, int]]:
             degrees = dict(zip(MESH_DIMS, (pp, rep, shard, cp, world // rest)))
             out.append(degrees)
             carved = shard * cp * degrees["tp"]
-            out += [degrees | {"ep": ep} for ep in range(2, carved + 1) if n_experts % ep == 0 and carved % ep == 0]
+            out += [degrees | {"ep": ep} for ep in range(2, carved + 1)
+                    if n_experts and n_experts % ep == 0 and carved % ep == 0]
     return out
 
 
@@ -119,17 +120,21 @@ SPLIT_FIELDS = ("training.local_batch_size", "training.global_batch_size",
                 "parallelism.pipeline_parallel_microbatch_size")
 
 
-def batch_splits(job: JobConfig, degrees: dict[str, int], global_batch: int, *, cuda: bool = False) -> list[JobConfig]:
-    """The job with these degrees at every split of `global_batch` that validates: each local batch
-    that divides a rank's share (the rest accumulates) and, under PP, each microbatch that divides
-    the local batch."""
+def split_jobs(job: JobConfig, degrees: dict[str, int], global_batch: int, *, cuda: bool = False) -> list[JobConfig]:
+    """The job with these degrees at every split of `global_batch`, not yet validated: each local
+    batch that divides a rank's share (the rest accumulates) and, under PP, each microbatch that
+    divides the local batch; none where the layout is refused for anything but its split."""
     dp = degrees["dp_replicate"] * degrees["dp_shard"]
     if global_batch % dp:
         return []
     # A layout refused for anything but its split is refused at every split.
     if any(not e.startswith(SPLIT_FIELDS) for e in validate(with_layout(job, degrees, global_batch), cuda=cuda)):
         return []
-    jobs = (with_layout(job, degrees, global_batch, local_batch_size=local, microbatch_size=microbatch)
+    return [with_layout(job, degrees, global_batch, local_batch_size=local, microbatch_size=microbatch)
             for local in divisors(global_batch // dp)
-            for microbatch in (divisors(local) if degrees["pp"] > 1 else [None]))
-    return [resolve(j) for j in jobs if not validate(j, cuda=cuda)]
+            for microbatch in (divisors(local) if degrees["pp"] > 1 else [None])]
+
+
+def batch_splits(job: JobConfig, degrees: dict[str, int], global_batch: int, *, cuda: bool = False) -> list[JobConfig]:
+    """The job with these degrees at every split of `global_batch` that validates (split_jobs)."""
+    return [resolve(j) for j in split_jobs(job, degrees, global_batch, cuda=cuda) if not validate(j, cuda=cuda)]

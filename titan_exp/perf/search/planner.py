@@ -7,7 +7,6 @@ and cluster.elastic re-plans with `fastest_fitting`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -23,9 +22,11 @@ from titan_exp.perf.search.layouts import (
     factorizations,
     global_batch_of,
     layout_overrides,
+    split_jobs,
     split_label,
     valid_layouts,
 )
+from titan_exp.validation import resolve, validate
 
 
 @dataclass
@@ -55,11 +56,10 @@ class Plan:
 
 
 def fastest(jobs: list[JobConfig], profile: MachineProfile, *, cuda: bool, memory_gib: float) -> JobConfig | None:
-    """The fastest predicted of `jobs` among those that fit in memory, else the fastest."""
-    def key(j: JobConfig) -> tuple[bool, float]:
-        return predict_memory(j, cuda=cuda)["total"] > memory_gib, predict_step(j, profile, cuda=cuda).step_s
-
-    return min(jobs, key=key, default=None)
+    """The fastest predicted of `jobs` among those that fit in memory, else the fastest. Memory is
+    predicted first, so the step is predicted only for those that fit (for all when none does)."""
+    fits = [j for j in jobs if predict_memory(j, cuda=cuda)["total"] <= memory_gib] or jobs
+    return min(fits, key=lambda j: predict_step(j, profile, cuda=cuda).step_s, default=None)
 
 
 def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, cuda: bool = False,
@@ -76,12 +76,13 @@ def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, c
 @dataclass
 class Replan:
     """The planner's answer for an elastic run (fastest_fitting): the job in the chosen layout, or
-    None when no layout fits; and the layout that needs the least memory, for the refusal."""
+    None when no layout fits; and then, for the refusal, how many layouts validate and which needs
+    the least memory."""
 
     job: JobConfig | None
     least_gib: float = float("inf")
     least_layout: str = ""
-    valid: int = 0  # layouts that validate (at their fastest split)
+    valid: int = 0  # where none fits: the layouts that validate (at their fastest split)
     step_s: float = 0.0  # the chosen layout's predicted seconds per step
     memory_gib: float = 0.0  # and its predicted memory per device
 
@@ -90,19 +91,35 @@ def fastest_fitting(job: JobConfig, world: int, *, cuda: bool, memory_gib: float
                     profile: MachineProfile | None = None) -> Replan:
     """The fastest predicted layout of `world` devices that fits in `memory_gib` per device, at
     the job's global batch (each layout at its fastest split, gradient accumulation absorbing
-    what the local batch cannot hold), with the job's model, precision, AC and compile."""
+    what the local batch cannot hold), with the job's model, precision, AC and compile. Every split
+    of every layout is priced, and only one predicted faster than the fastest that fits so far is
+    validated and its memory predicted: the answer is the search's over every valid split (a split
+    the validator refuses is never chosen), at little more than the cost of the step predictions."""
     profile = profile or this_machine(world, cuda=cuda, nodes=job.cluster.nodes_for(world))
-    layouts = best_split_layouts(job, world, profile, cuda=cuda, memory_gib=memory_gib)
+    global_batch, best = global_batch_of(job, world), None
+    for degrees in factorizations(world, job.model.n_experts):
+        for split in split_jobs(job, degrees, global_batch, cuda=cuda):
+            candidate = resolve(split)
+            step_s = predict_step(candidate, profile, cuda=cuda).step_s
+            if (best is not None and step_s >= best[0]) or validate(split, cuda=cuda):
+                continue
+            gib = predict_memory(candidate, cuda=cuda)["total"]
+            if gib <= memory_gib:
+                best = step_s, gib, candidate
+    if best is None:
+        return none_fits(job, world, profile, cuda=cuda)
+    return Replan(best[2], step_s=best[0], memory_gib=best[1])
+
+
+def none_fits(job: JobConfig, world: int, profile: MachineProfile, *, cuda: bool) -> Replan:
+    """Where no layout of `world` devices fits: how many validate, and of them (each at its fastest
+    split) the one that needs the least memory."""
+    layouts = best_split_layouts(job, world, profile, cuda=cuda)
     if not layouts:
         return Replan(None)
     memory = [predict_memory(j, cuda=cuda)["total"] for j in layouts]
     least = min(range(len(layouts)), key=memory.__getitem__)
-    answer = Replan(None, memory[least], layout_label(degrees_of(layouts[least])), len(layouts))
-    fits = [(predict_step(j, profile, cuda=cuda).step_s, m, j) for j, m in zip(layouts, memory) if m <= memory_gib]
-    if not fits:
-        return answer
-    step_s, gib, best = min(fits, key=lambda f: f[0])
-    return dataclasses.replace(answer, job=best, step_s=step_s, memory_gib=gib)
+    return Replan(None, memory[least], layout_label(degrees_of(layouts[least])), len(layouts))
 
 
 def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = False,
@@ -119,16 +136,21 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
             job.activation_checkpoint, job.compile, job.precision)
         layouts = (best_split_layouts(variant, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
                    else valid_layouts(variant, world, cuda=cuda))
-        for candidate in layouts:
-            parts = predict_memory(candidate, cuda=cuda)
-            plans.append(Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
-                              layout_overrides(candidate),
-                              parts["total"], {k: v for k, v in parts.items() if k != "total"},
-                              predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
-                              across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
-                              nodes=candidate.cluster.nnodes, settings=tuple(settings), configured=own,
-                              job=candidate))
+        plans += [plan_of(candidate, profile, cuda=cuda, device_memory_gib=device_memory_gib, settings=settings,
+                          configured=own) for candidate in layouts]
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
+
+
+def plan_of(candidate: JobConfig, profile: MachineProfile, *, cuda: bool, device_memory_gib: float,
+            settings: Iterable[str] = (), configured: bool = True) -> Plan:
+    """One candidate job (a layout at a batch split, with `settings` of the other axes searched) as
+    a ranked row: its predicted step and memory, and whether it fits."""
+    parts = predict_memory(candidate, cuda=cuda)
+    return Plan(degrees_of(candidate), candidate.training.local_batch_size, split_label(candidate),
+                layout_overrides(candidate), parts["total"], {k: v for k, v in parts.items() if k != "total"},
+                predict_step(candidate, profile, cuda=cuda), fits=parts["total"] <= device_memory_gib,
+                across_nodes=tuple(d for d in (*MESH_DIMS, "ep") if d in across_nodes(candidate)),
+                nodes=candidate.cluster.nnodes, settings=tuple(settings), configured=configured, job=candidate)
 
 
 def device_memory_gib(world: int, cuda: bool) -> float:
