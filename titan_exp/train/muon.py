@@ -67,8 +67,9 @@ def param_groups(part: torch.nn.Module, o: OptimizerConfig) -> list[dict[str, An
     m = o.muon
     named = list(part.named_parameters())
     on_gpu = any(p.device.type == "cuda" for _, p in named)
-    matrices = [p for name, p in named if is_matrix(name, p.shape)]
-    rest = [p for name, p in named if not is_matrix(name, p.shape)]
+    matrices, rest = [], []
+    for name, p in named:
+        (matrices if is_matrix(name, p.shape) else rest).append(p)
     muon = {"params": matrices, "muon": True, "lr": o.lr if m.lr is None else m.lr,
             "weight_decay": o.weight_decay if m.weight_decay is None else m.weight_decay,
             "momentum": m.momentum, "nesterov": m.nesterov, "ns_coefficients": tuple(m.ns_coefficients),
