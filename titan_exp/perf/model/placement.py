@@ -19,12 +19,16 @@ def node_ranks(job: JobConfig, dims: tuple[str, ...]) -> int:
     degrees = job.parallelism.degrees
     inner = max(MESH_DIMS.index(d) for d in dims)
     stride = math.prod(degrees[d] for d in MESH_DIMS[inner + 1:])
-    return max(1, min(math.prod(degrees[d] for d in dims), ranks_in_a_node(job) // stride))
+    return max(1, min(math.prod(degrees[d] for d in dims), _per_node(degrees, job.cluster.nnodes) // stride))
 
 
 def ranks_in_a_node(job: JobConfig) -> int:
     """The job's ranks on one node (all of them where the nodes do not divide the world)."""
-    world, nodes = math.prod(job.parallelism.degrees.values()), max(1, job.cluster.nnodes)
+    return _per_node(job.parallelism.degrees, job.cluster.nnodes)
+
+
+def _per_node(degrees: dict[str, int], nnodes: int) -> int:
+    world, nodes = math.prod(degrees.values()), max(1, nnodes)
     return world // nodes if world % nodes == 0 else world
 
 

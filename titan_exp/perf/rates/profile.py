@@ -104,7 +104,10 @@ class Envelope(Line):
     others: tuple[Line, ...] = ()
 
     def __call__(self, size: float) -> float:
-        return min([Line.__call__(self, size), *(line(size) for line in self.others)])
+        least = self.latency_s + size * self.per_unit_s  # a loop, not min() over a list: the planner's hot path
+        for line in self.others:
+            least = min(least, line.latency_s + size * line.per_unit_s)
+        return least
 
 
 @dataclass
@@ -269,6 +272,9 @@ class MachineProfile:
     # A spec sheet's collectives: NCCL's latencies over the tables' bandwidths (perf.rates.nccl; not
     # kept in the file, whose tables hold Simple's ring lines).
     nccl: Optional[NcclModel] = None
+    # collective()'s lines by its arguments and the tables they come from: the planner asks for the same
+    # few lines of every layout it prices
+    _lines: dict[tuple, Line] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # -- the file -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -370,6 +376,12 @@ class MachineProfile:
         """`op` on groups of `group` ranks (`ranks_per_node` of them in each node when
         `across_nodes`): the table's line (`table_line`), or where the profile has NCCL's latency
         model (a spec sheet's), the lowest of NCCL's lines for it, over the table's bandwidth."""
+        key = (op, group, across_nodes, ranks_per_node, id(self.collectives), id(self.inter_node), id(self.nccl))
+        if key not in self._lines:
+            self._lines[key] = self._collective(op, group, across_nodes, ranks_per_node)
+        return self._lines[key]
+
+    def _collective(self, op: str, group: int, across_nodes: bool, ranks_per_node: int) -> Line:
         line = self.table_line(op, group, across_nodes, ranks_per_node)
         if self.nccl is None:
             return line
