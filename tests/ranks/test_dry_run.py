@@ -111,7 +111,7 @@ def test_dry_run_at_world_512_shards_by_512(tmp_path):
 # What a dry run prints as it goes, in this order, each part when it ends with its seconds.
 PHASES = ["torch imported, fake process group up: ", "model built on the meta device: ", "parallelized (dp_shard64): ",
           "weights materialised on cpu and initialised: ", "the rank built (model, optimizer, data): ",
-          "step 1 of 2 (makes AdamW's state, not measured): ", "step 2 of 2 (measured): ", "done: "]
+          "step 1 of 2 (makes the optimizer's state, not measured): ", "step 2 of 2 (measured): ", "done: "]
 
 
 @pytest.mark.parametrize("rank", [pytest.param(0, marks=pytest.mark.quick), 5])

@@ -7,7 +7,7 @@ Rank `cluster.dry_run_rank` of the nnodes x nproc_per_node ranks runs as one pro
 torch's fake process group (TorchTitan's fake backend): every collective returns at once without
 moving data and no other rank exists. The real model, parallelism (device mesh, FSDP, TP, PP
 stages, CP, EP) and optimizer are built for that rank, and two real training steps run on its
-share of the data. The first makes what a run allocates once (AdamW's state). The run's summary
+share of the data. The first makes what a run allocates once (the optimizer's state). The run's summary
 records what the rank holds (parameters, gradients, optimizer state: its shards) and its peak
 memory during the second step, two ways: the peak bytes of live tensor storage (counted by a
 dispatch mode, so on any device) and the device's own (the caching allocator's reserved peak on
@@ -58,7 +58,7 @@ def run_dry(job: JobConfig, run_dir: RunDir) -> Optional[str]:
 
 def dry_job(job: JobConfig) -> JobConfig:
     """The job as the dry run trains it: two steps that always update, and nothing written beside
-    the summary and the log. The first makes what a run allocates once (AdamW's state, which it
+    the summary and the log. The first makes what a run allocates once (the optimizer's state, which it
     creates at its first update); the second is measured, as every later step of a run would be."""
     return dataclasses.replace(
         job,
@@ -265,7 +265,7 @@ def dry_step(job: JobConfig, run_dir: RunDir, rank: int, world: int, started: fl
 
 
 def two_steps(job: JobConfig, trainer, device) -> float:
-    """The first step (unmeasured: it makes AdamW's state), then the measured one, from the same
+    """The first step (unmeasured: it makes the optimizer's state), then the measured one, from the same
     weights; the peak GiB of live tensors during the second (the process's peak is reset before it)."""
     import torch
     from torch.distributed.tensor import DTensor
@@ -284,7 +284,7 @@ def two_steps(job: JobConfig, trainer, device) -> float:
         local = [t.to_local() if isinstance(t, DTensor) else t for part in trainer.model_parts
                  for t in (*part.parameters(), *part.buffers())]
         start = [t.detach().clone() for t in local]
-        with timed("step 1 of 2 (makes AdamW's state, not measured)"):
+        with timed("step 1 of 2 (makes the optimizer's state, not measured)"):
             trainer.train_step(trainer.loader.next_batch())
         with torch.no_grad():
             for t, saved in zip(local, start):
