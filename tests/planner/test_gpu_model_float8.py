@@ -139,7 +139,7 @@ def test_eager_float8_casts_are_what_torchaos_linear_runs(recipe):
         f8c.cast_bytes(rows * k, k * n, rows * n, recipe, "torchao"), rel=1e-2)
 
 
-@pytest.mark.parametrize("recipe", ["tensorwise", "rowwise"])
+@pytest.mark.parametrize("recipe", ["tensorwise", pytest.param("rowwise", marks=pytest.mark.slow)])
 def test_torchaos_linear_under_autocast_casts_its_fp32_weight_and_its_gradients(recipe):
     """A single GPU's float8 linear: torchao's Float8Linear with an fp32 weight, its input fp32
     under bf16 autocast (CPU's), against the same linear in bf16. Forward, its casts move as many
@@ -315,6 +315,7 @@ def test_float8_casts_are_priced_at_the_rate_calibration_measured_for_them():
                        if k != "float8_cast_tb_s"}) == K100  # a file from before
 
 
+@pytest.mark.slow  # times real float8 linears: a minute, and noisy on a shared machine
 def test_calibration_measures_torchaos_float8_casts_where_float8_runs(monkeypatch):
     """measure_kernels.float8_cast_tb_s on this CPU (torchao's float8 linear runs here, its matmul
     emulated), with a float8 GEMM rate in the kernels as on an FP8 GPU: a rate for each recipe and
