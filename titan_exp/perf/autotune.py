@@ -14,6 +14,7 @@
    each checked by the validator the launcher runs (titan_exp.perf.search.axes: the same candidates
    `python -m titan_exp.perf.plan` ranks), at every split of the global batch that validates
    (local batch and accumulation, PP microbatch): a layout is never dropped for want of a split.
+   A pipeline's stages are balanced, unless the job sets their split (titan_exp.perf.search.stages).
 2. Pruning: the memory model drops what would not fit. Each prediction gets an interval as wide
    as the predictions' error when last checked (perf.rates.accuracy.last_check); every candidate whose
    interval reaches the best one's is measured (at most `autotune.top_k`, and as many as
@@ -68,6 +69,7 @@ from titan_exp.perf.search.layouts import (
     split_label,
 )
 from titan_exp.perf.search.planner import device_memory_gib
+from titan_exp.perf.search.stages import balanced_all
 from titan_exp.record import RunDir, Status
 from titan_exp.validation import resolved
 
@@ -122,7 +124,9 @@ def candidates(job: JobConfig, world: int, *, cuda: bool, profile, memory_gib: f
     out, seen = [], set()
     for variant, extra in variants(job, axes, cuda=cuda):  # once: a layout changes none of their fields
         for degrees in degree_sets:
-            for split in batch_splits(variant, degrees, global_batch, cuda=cuda):
+            splits = balanced_all(batch_splits(variant, degrees, global_batch, cuda=cuda), profile, cuda=cuda,
+                                  memory_gib=memory_gib)  # a pipeline's stages balanced (perf.search.stages)
+            for split in splits:
                 overrides = [*layout_overrides(split), f"training.global_batch_size={global_batch}",
                              f"cluster.nproc_per_node={split.cluster.nproc_per_node}", *extra]  # per node
                 if tuple(overrides) in seen:

@@ -206,6 +206,19 @@ def newton_schulz(x: torch.Tensor, coefficients: tuple[float, float, float], ste
     return y.mT if tall else y
 
 
+def newton_schulz_matmuls(rows: int, cols: int, steps: int = NS_STEPS) -> list[tuple[int, int, int]]:
+    """The matmuls `newton_schulz` runs on one rows x cols matrix, as (m, n, k) for (m x k) @ (k x n):
+    each step, on the wide orientation (a x b, a <= b), the Gram matrix y y^T, its square inside the
+    quintic, and that times y."""
+    a, b = sorted((rows, cols))
+    return [(a, a, b), (a, a, a), (a, b, a)] * steps
+
+
+def newton_schulz_flops(rows: int, cols: int, steps: int = NS_STEPS) -> float:
+    """FLOPs of `newton_schulz` on one rows x cols matrix: steps x (4 a^2 b + 2 a^3), a <= b."""
+    return float(sum(2 * m * n * k for m, n, k in newton_schulz_matmuls(rows, cols, steps)))
+
+
 def orthogonalised(update: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
                    dtype: torch.dtype) -> torch.Tensor:
     """Newton-Schulz of `update`'s whole matrices, laid out as `update` is. A DTensor is

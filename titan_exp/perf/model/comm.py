@@ -29,6 +29,9 @@ the profile's measured latency + bytes / bandwidth of each collective at its gro
          attention's input: full, and per-op selective), a reduce-scatter backward.
   PP     a send and a receive per stage and microbatch, forward and backward; on a GPU priced from
          its parts, only what the schedule cannot hide (overlap.p2p_exposed).
+  Muon   (optimizer=muon) once a step, after backward (so not hidden): each block matrix's update
+         all-gathered whole over FSDP's group and TP's, a routed experts' stack over the ranks that
+         split it other than by experts (muon_gathers, train.muon.orthogonalised).
   EP     per MoE layer and microbatch, the tokens' trip to their experts and back, forward and
          backward (again under full AC; per-op selective saves them): four all-to-alls of tokens
          x top_k x dim over ep ranks (each TP rank's 1/tp of the tokens: EP spreads over TP,
@@ -58,9 +61,10 @@ from titan_exp.parallel.tensor import float8_collectives
 from titan_exp.perf.model.block import BlockTimes
 from titan_exp.perf.model.overlap import async_tp_exposed, ep_exposed, fsdp_exposed, p2p_exposed
 from titan_exp.perf.model.placement import across_nodes, ep_node_ranks, ep_spans_nodes, node_ranks
-from titan_exp.perf.model.shapes import float8_gathered, fsdp_rounds
+from titan_exp.perf.model.shapes import float8_gathered, fsdp_rounds, muon_matrices
 from titan_exp.perf.rates.kernels import hbm
 from titan_exp.perf.rates.profile import BlockCost, Line, MachineProfile, model_shape
+from titan_exp.train import muon
 
 DDP_BUCKET_BYTES = 25 * 2**20
 COMM_PARTS = ("fsdp", "hsdp", "ddp", "tp", "cp", "p2p", "ep")  # a step's exposed communication, by part
@@ -418,3 +422,43 @@ def communication(s: StepShape, work: BlockWork, per_mb: dict[str, float], load:
     if s.ep > 1:
         parts["ep"] = s.accumulation * s.n_mb * per_mb["ep"]
     return {part: max(0.0, t) * s.profile.corrections.communication for part, t in parts.items()}
+
+
+def muon_experts(s: StepShape) -> tuple[int, int]:
+    """How optimizer=muon gets the routed experts' whole matrices (train.muon.orthogonalised keeps a
+    stack's split along its experts, dim 0): (ranks splitting each stack by experts, each rank
+    orthogonalising its own; ranks of the FSDP group splitting them by rows, which gather them).
+    EP splits them by experts, and FSDP too where its ranks divide a rank's experts evenly, else
+    by rows (parallel.fsdp.experts_placement)."""
+    experts = s.job.model.n_experts
+    if s.ep > 1:
+        efsdp = s.shard * s.tp // s.ep
+        return (s.ep * efsdp, 1) if (experts // s.ep) % efsdp == 0 else (s.ep, efsdp)
+    return (s.shard, 1) if experts % s.shard == 0 else (1, s.shard)
+
+
+def muon_gathers(s: StepShape, load: RankLoad) -> dict[str, float]:
+    """optimizer=muon's all-gathers a step on a rank holding `load`, by part (train.muon.orthogonalised):
+    each block matrix's update whole over FSDP's group ("fsdp") and TP's ("tp"); each routed experts'
+    stack, this rank's experts of it, over the FSDP ranks splitting its rows and, without EP, over
+    TP's (its width). HSDP's replicas and DDP's hold updates whole already; none in one process."""
+    if not load.blocks or not muon.routes(s.job.optimizer._target_):
+        return {}
+    size = 2 if s.job.precision.full_bf16 else 4  # the gradient's dtype
+    whole, routed = muon_matrices(s.job.model)
+    split, rows = muon_experts(s)
+    stack = s.job.model.n_experts / split * size  # bytes of this rank's experts' matrices, per element
+    parts: dict[str, float] = {}
+    if s.shard > 1:
+        ag = s.line("all_gather", s.shard, ("dp_shard", "cp"))
+        parts["fsdp"] = sum(c * ag(size * k * n / s.tp) for k, n, c in whole)
+    if rows > 1:
+        eag = (s.line("all_gather", s.shard, ("dp_shard", "cp")) if s.ep == 1 else
+               s.profile.collective("all_gather", rows, bool({"dp_shard", "cp"} & s.spans)))
+        width = s.tp if s.ep == 1 else 1
+        parts["fsdp"] = parts.get("fsdp", 0.0) + sum(c * eag(stack * k * n / width) for k, n, c in routed)
+    if s.tp > 1:
+        ag = s.line("all_gather", s.tp, ("tp",))
+        parts["tp"] = (sum(c * ag(size * k * n) for k, n, c in whole)
+                       + (sum(c * ag(stack * k * n) for k, n, c in routed) if s.ep == 1 else 0.0))
+    return {part: load.blocks * t * s.profile.corrections.communication for part, t in parts.items()}

@@ -8,6 +8,7 @@ from titan_exp.config import JobConfig, ModelConfig
 from titan_exp.precision import converts
 
 Sizes = list[tuple[float, float]]  # (bytes or elements, how many)
+Matrices = list[tuple[int, int, float]]  # (rows, cols, how many)
 
 
 def fsdp_rounds(job: JobConfig, accumulation: int) -> tuple[int, int]:
@@ -161,3 +162,14 @@ def tp_degrees(m: ModelConfig, world: int) -> list[int]:
     """The TP degrees `world` ranks can split this model's block into (heads and SwiGLU width)."""
     return [tp for tp in range(1, world + 1)
             if world % tp == 0 and m.n_heads % tp == 0 and m.kv_heads % tp == 0 and m.ffn_hidden_dim % tp == 0]
+
+
+def muon_matrices(m: ModelConfig) -> tuple[Matrices, Matrices]:
+    """The mean block's matrices optimizer=muon orthogonalises (train.muon.is_matrix), whole, as
+    (rows, cols, how many per block): (the attention's linears, the dense SwiGLU's and the shared
+    experts'; the routed experts' stacks, each of n_experts matrices, in the MoE layers' share)."""
+    moe = m.n_moe_layers / m.n_layers
+    shared = m.n_shared_experts * m.expert_hidden_dim
+    whole = [(k, n, 1.0) for k, n, _ in attention_linears(m).values()]
+    whole += [(m.dim, m.ffn_hidden_dim, 3 * (1 - moe))] + ([(m.dim, shared, 3 * moe)] if shared and moe else [])
+    return whole, ([(m.dim, m.expert_hidden_dim, 3 * moe)] if moe and m.n_experts else [])

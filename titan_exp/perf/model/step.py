@@ -23,7 +23,12 @@ leave the cores to the others, which is why pp4 does well on a 2-core CPU and no
 Pipeline. The critical path of a schedule is (microbatches + b x (pp - 1) / v) x the slowest
 rank's time per microbatch, with v stages per rank and b = 1, or 1/2 for the zero-bubble
 schedules (backward split into input and weight gradients fills part of the bubble). On a GPU
-priced from its parts that time holds the TP, CP and EP collectives inside the rank's blocks.
+priced from its parts that time holds the TP, CP and EP collectives inside the rank's blocks. The
+rank holding the last stage also runs the head (output projection and loss: at a 128k vocabulary
+the FLOPs of 2.4 blocks of Llama 3 8B); the first stage's embedding lookup and its gradient's scatter-add
+are memory-bound and priced as nothing, its parameters in the first rank's optimizer phase (on a
+CPU the measured head, a one-block model less its block, holds them, on the last rank).
+stage_split_steps prices other splits of the blocks over the stages (perf.search.stages).
 Every rank waits the path out and adds the rest of its own communication and its optimizer: the
 step is the rank that ends last.
 
@@ -49,19 +54,25 @@ taken at the share of its FLOPs left). A calibrated MoE block (calibrate model=<
 measures dispatch as well; a GPU block from its parts prices the router, the grouped GEMM over the local experts and the
 dispatch's copies (gpu.routed_experts).
 
+Optimizer. AdamW (and Muon's elementwise part) per local parameter, as calibrated. optimizer=muon
+adds Newton-Schulz on every matrix of a rank's blocks, whole on every rank (train.muon gathers them:
+a stack split by experts, its own experts only), at the rate the blocks' matmuls are priced at
+(newton_schulz_s), and its all-gathers of the updates to FSDP's and TP's parts (comm.muon_gathers).
+
 In code, predict_step reads: the layout's shape (comm.StepShape), a block's compute
 (block_work), the collectives inside the blocks (comm.inline_comm), the schedule's critical
 path (pipeline_schedule), and each distinct pipeline rank's step (rank_step), of which the
-slowest is the step.
+slowest is the step (slowest_rank).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from titan_exp.config import ACMode, ActivationCheckpointConfig, JobConfig
 from titan_exp.parallel.pipeline import RankLoad
-from titan_exp.perf.model.block import block_times
+from titan_exp.perf.model.block import block_times, gemm_s
 from titan_exp.perf.model.comm import (
     COMM_PARTS,
     BlockWork,
@@ -70,9 +81,13 @@ from titan_exp.perf.model.comm import (
     communication,
     inline_comm,
     measured_fsdp,
+    muon_experts,
+    muon_gathers,
 )
 from titan_exp.perf.model.engine import TITAN_EXP, Engine
+from titan_exp.perf.model.shapes import muon_matrices
 from titan_exp.perf.rates.profile import BlockCost, Line, MachineProfile, model_shape
+from titan_exp.train import muon
 from titan_exp.validation import resolved
 
 # Extra bubble a schedule leaves, as a share of 1F1B's.
@@ -211,9 +226,36 @@ def pipeline_schedule(s: StepShape, work: BlockWork, inline: InlineComm, output_
     return Schedule(per_mb, comm_mb, period, critical, slowdown)
 
 
+def newton_schulz_s(s: StepShape, load: RankLoad) -> float:
+    """optimizer=muon's Newton-Schulz on a rank holding `load`: every matrix of its blocks whole (each
+    rank orthogonalises every matrix it gathers, train.muon), of the routed experts' stacks its own
+    experts (comm.muon_experts); each matmul (train.muon.newton_schulz_matmuls) at the rate the
+    blocks' are priced at: a GPU's kernels (perf.model.block.gemm_s), else the profile's measured
+    matmul line in the iterations' dtype (optimizer.muon.ns_dtype: bf16 on a GPU, fp32 on a CPU)."""
+    o, m, profile = s.job.optimizer, s.job.model, s.profile
+    if not load.blocks or not muon.routes(o._target_):
+        return 0.0
+    dtype = o.muon.ns_dtype.value if o.muon.ns_dtype is not None else ("bfloat16" if s.cuda else "float32")
+    kern = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" and s.cuda else None
+    line = profile.gemm.get(dtype) or profile.gemm.get("float32") or Line(20e-6, 1 / 80e9)
+
+    def matrix(rows: int, cols: int) -> float:
+        matmuls = muon.newton_schulz_matmuls(rows, cols, o.muon.ns_steps)
+        if kern is not None:
+            return sum(gemm_s(kern, a, b, k, dtype if dtype in kern.matmul_tflops else "bfloat16")
+                       for a, b, k in matmuls)
+        return sum(line(2 * a * b * k) for a, b, k in matmuls)
+
+    whole, routed = muon_matrices(m)
+    experts = m.n_experts / muon_experts(s)[0]
+    return load.blocks * (sum(c * matrix(k, n) for k, n, c in whole)
+                          + experts * sum(c * matrix(k, n) for k, n, c in routed))
+
+
 def optimizer_s(s: StepShape, work: BlockWork, load: RankLoad) -> float:
-    """A rank's optimizer phase: AdamW on its local shard, per parameter; under TP, a real TP
-    model's gradient norm, clipping and AdamW step as calibrated, by its blocks and its rest."""
+    """A rank's optimizer phase: AdamW's (or Muon's elementwise) on its local shard, per parameter;
+    under TP, a real TP model's gradient norm, clipping and AdamW step as calibrated, by its blocks
+    and its rest; and under optimizer=muon its Newton-Schulz (newton_schulz_s)."""
     profile = s.profile
     local_params = sum(s.units(load)) / s.shard + (load.blocks * s.routed / (s.shard * s.tp) if s.ep > 1 else 0.0)
     if s.tp > 1 and work.cost.update is not None:  # a real TP model's, measured: its blocks and its rest
@@ -221,7 +263,7 @@ def optimizer_s(s: StepShape, work: BlockWork, load: RankLoad) -> float:
         seconds = work.cost.update.latency_s * rest + work.cost.update.per_unit_s * load.blocks
     else:
         seconds = local_params * profile.optimizer_s_per_param
-    return seconds * profile.corrections.compute
+    return (seconds + newton_schulz_s(s, load)) * profile.corrections.compute
 
 
 def rank_step(s: StepShape, work: BlockWork, schedule: Schedule, rank: int) -> dict[str, float]:
@@ -237,6 +279,8 @@ def rank_step(s: StepShape, work: BlockWork, schedule: Schedule, rank: int) -> d
         "bubble": s.accumulation * (schedule.critical - s.n_mb * schedule.period[rank]) * schedule.slowdown,
     }
     parts.update(communication(s, work, schedule.comm_mb[rank], load, parts["compute"] + parts["recompute"]))
+    for part, seconds in muon_gathers(s, load).items():  # optimizer=muon's, after backward
+        parts[part] = parts.get(part, 0.0) + seconds
     parts["optimizer"] = optimizer_s(s, work, load)
     if not s.cuda and profile.fresh_memory_s_per_byte:
         blocks = 0 if measured_fsdp(s, work, load) is not None else load.blocks  # measured FSDP blocks: in their cost
@@ -246,6 +290,33 @@ def rank_step(s: StepShape, work: BlockWork, schedule: Schedule, rank: int) -> d
                                  * profile.fresh_memory_s_per_byte * profile.corrections.compute)
     parts["overhead"] = profile.step_overhead_s + profile.corrections.overhead_s
     return parts
+
+
+def slowest_rank(s: StepShape, work: BlockWork, inline: InlineComm, engine: Engine) -> dict[str, float]:
+    """The step by part of the rank that ends last: the critical path is every rank's, the rest of
+    its communication and its optimizer its own (fewer blocks but more of those can end last)."""
+    schedule = pipeline_schedule(s, work, inline, engine.output_heads)
+    ranks = {load: i for i, load in enumerate(s.loads)}.values()  # one of each load
+    return max((rank_step(s, work, schedule, i) for i in ranks), key=lambda d: sum(d.values()))
+
+
+def stage_split_steps(job: JobConfig, profile: MachineProfile, splits: list[list[RankLoad]], *, cuda: bool,
+                      engine: Engine = TITAN_EXP, near: float = 0.1) -> list[float]:
+    """Seconds per step of `job` with its pipeline ranks loaded as each of `splits` says
+    (pipeline.rank_loads of another split of its blocks), as predict_step prices one: the block's
+    work and the collectives inside it are priced once, each distinct rank's period once, and the
+    schedule and each rank's step only for a split whose slowest period is within `near` of the
+    least (the critical path is that period times the microbatches): the others are infinite."""
+    s = StepShape.of(resolved(job), profile, cuda)
+    work = block_work(s, engine, [])
+    inline = inline_comm(s, work, engine.tp_overlap, engine.ep_overlap)
+    distinct = list({load for loads in splits for load in loads})
+    periods = pipeline_schedule(dataclasses.replace(s, loads=distinct), work, inline, engine.output_heads).period
+    period = dict(zip(distinct, periods))
+    slowest = [max(period[load] for load in loads) for loads in splits]
+    bound = min(slowest, default=0.0) * (1 + near)
+    return [sum(slowest_rank(dataclasses.replace(s, loads=loads), work, inline, engine).values())
+            if worst <= bound else float("inf") for loads, worst in zip(splits, slowest)]
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,
@@ -264,12 +335,7 @@ def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None =
         notes.append("expert parallel: its all-to-all is priced by its bytes and NCCL's latencies; Megatron-Bridge's "
                      "published MoE runs over NCCL's all-to-all ran slower than that prices them (BENCHMARKS.md, "
                      "Megatron's MoE engine beyond the parts), so take EP layouts' times as optimistic")
-    inline = inline_comm(s, work, engine.tp_overlap, engine.ep_overlap)
-    schedule = pipeline_schedule(s, work, inline, engine.output_heads)
-    # The step ends with its slowest rank: the critical path is every rank's, the rest of its
-    # communication and its optimizer its own (fewer blocks but more of those can end last).
-    ranks = {load: i for i, load in enumerate(s.loads)}.values()  # one of each load
-    parts = max((rank_step(s, work, schedule, i) for i in ranks), key=lambda d: sum(d.values()))
+    parts = slowest_rank(s, work, inline_comm(s, work, engine.tp_overlap, engine.ep_overlap), engine)
     step = sum(parts.values())
     tokens = job.training.global_batch_size * job.training.seq_len
     return StepPrediction(step, tokens / step / s.world, parts, notes)

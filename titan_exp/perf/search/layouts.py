@@ -19,13 +19,24 @@ def degrees_of(job: JobConfig) -> dict[str, int]:
 
 def layout_overrides(job: JobConfig) -> list[str]:
     """The overrides that give another job this job's layout and batch split: its local batch and,
-    under PP, its microbatch (for an MoE model, its expert parallel degree too, 1 included)."""
+    under PP, its microbatch and how many blocks each end of the pipeline counts as (stage_overrides;
+    for an MoE model, its expert parallel degree too, 1 included)."""
     layout = degrees_of(job) | ({"ep": job.parallelism.expert_parallel_degree} if job.model.is_moe else {})
     p = job.parallelism
     microbatch = ([f"parallelism.pipeline_parallel_microbatch_size={p.pipeline_parallel_microbatch_size}"]
                   if p.pipeline_parallel_degree > 1 else [])
     return [f"parallelism.{LAYOUT_FIELDS[dim]}={d}" for dim, d in layout.items()] + [
-        f"training.local_batch_size={job.training.local_batch_size}", *microbatch]
+        f"training.local_batch_size={job.training.local_batch_size}", *microbatch, *stage_overrides(job)]
+
+
+def stage_overrides(job: JobConfig) -> list[str]:
+    """Under PP, the pair that splits its blocks over the stages (as perf.search.stages chose it, or
+    the user set it): `parallelism.pipeline_parallel_first_stage_less_layers=K ..._last_stage_less_layers=L`."""
+    p = job.parallelism
+    if p.pipeline_parallel_degree == 1:
+        return []
+    return [f"parallelism.pipeline_parallel_first_stage_less_layers={p.pipeline_parallel_first_stage_less_layers}",
+            f"parallelism.pipeline_parallel_last_stage_less_layers={p.pipeline_parallel_last_stage_less_layers}"]
 
 
 def split_label(job: JobConfig) -> str:

@@ -26,6 +26,7 @@ from titan_exp.perf.search.layouts import (
     split_label,
     valid_layouts,
 )
+from titan_exp.perf.search.stages import balanced, balanced_all
 from titan_exp.validation import resolve, validate
 
 
@@ -66,9 +67,10 @@ def best_split_layouts(job: JobConfig, world: int, profile: MachineProfile, *, c
                        memory_gib: float = float("inf")) -> list[JobConfig]:
     """Every layout of `world` devices, each at its fastest predicted split of the job's global
     batch (batch_splits): a layout is not left out for want of a local batch or microbatch the
-    user did not ask for."""
+    user did not ask for. A pipeline's stages are balanced (perf.search.stages), once a layout."""
     global_batch = global_batch_of(job, world)
-    best = (fastest(batch_splits(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda, memory_gib=memory_gib)
+    best = (fastest(balanced_all(batch_splits(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda,
+                                 memory_gib=memory_gib), profile, cuda=cuda, memory_gib=memory_gib)
             for degrees in factorizations(world, job.model.n_experts))
     return [j for j in best if j is not None]
 
@@ -98,7 +100,9 @@ def fastest_fitting(job: JobConfig, world: int, *, cuda: bool, memory_gib: float
     profile = profile or this_machine(world, cuda=cuda, nodes=job.cluster.nodes_for(world))
     global_batch, best = global_batch_of(job, world), None
     for degrees in factorizations(world, job.model.n_experts):
-        for split in split_jobs(job, degrees, global_batch, cuda=cuda):
+        splits = balanced_all(split_jobs(job, degrees, global_batch, cuda=cuda), profile, cuda=cuda,
+                              memory_gib=memory_gib)  # a pipeline's stages balanced, once a layout
+        for split in splits:
             candidate = resolve(split)
             step_s = predict_step(candidate, profile, cuda=cuda).step_s
             if (best is not None and step_s >= best[0]) or validate(split, cuda=cuda):
@@ -127,7 +131,8 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
          axes: Iterable[AutotuneAxis] = ()) -> list[Plan]:
     """Every valid layout, fastest first among those that fit, then those that do not; at the
     job's local batch, or with `any_split` each at its fastest split of the global batch; each
-    at every combination of the values of the other `axes` searched (perf.search.axes.variants)."""
+    at every combination of the values of the other `axes` searched (perf.search.axes.variants);
+    each pipeline with its stages balanced (perf.search.stages), unless the job sets their split."""
     nodes = job.cluster.nodes_for(world)
     profile = profile or this_machine(world, cuda=cuda, nodes=nodes)
     plans = []
@@ -135,7 +140,8 @@ def plan(job: JobConfig, world: int, *, device_memory_gib: float, cuda: bool = F
         own = (variant.activation_checkpoint, variant.compile, variant.precision) == (
             job.activation_checkpoint, job.compile, job.precision)
         layouts = (best_split_layouts(variant, world, profile, cuda=cuda, memory_gib=device_memory_gib) if any_split
-                   else valid_layouts(variant, world, cuda=cuda))
+                   else [balanced(j, profile, cuda=cuda, memory_gib=device_memory_gib)
+                         for j in valid_layouts(variant, world, cuda=cuda)])
         plans += [plan_of(candidate, profile, cuda=cuda, device_memory_gib=device_memory_gib, settings=settings,
                           configured=own) for candidate in layouts]
     return sorted(plans, key=lambda pl: (not pl.fits, -pl.tokens_per_s))
