@@ -385,5 +385,6 @@ def test_float8_all_gather_sends_a_byte_a_weight_casts_the_shard_and_holds_less(
     assert f8.parts["compute"] < bf16.parts["compute"]  # the weight's cast left the forward
     saved = (predict_memory(llama8b(*short), cuda=True)["fsdp_working_set"]
              - predict_memory(llama8b(*short, *on), cuda=True)["fsdp_working_set"]) * 2**30
-    # the working set's peak: the embedding (128k vocabulary, not float8) at work and the next block, prefetched
-    assert saved == pytest.approx(linears)
+    # the working set's peak, at seq 512 (small logits): the last block's backward, the block gathered and
+    # the next one prefetched, both a byte a float8 weight, beside the output's reduce-scatter input
+    assert saved == pytest.approx(2 * linears)

@@ -63,10 +63,10 @@ def test_the_plan_of_llama3_8b_on_64_h100_is_of_bf16_at_8192_marks_ties_and_prin
         words = shlex.split(command)
         assert words[0].endswith("titan-exp") and "cluster=slurm" in words
         job = compose_job([w for w in words if "=" in w])
-        row = table[int(rank.split()[1]) - 1]
+        k = int(rank.split()[1])  # the roomiest tie's may rank below the --top rows printed
         assert (job.world_size, job.cluster.nnodes, job.cluster.nproc_per_node) == (64, 8, 8), line
         assert job.training.global_batch_size == 64 and job.precision.name == "bf16", line
-        assert row[2] == layout_label(job.parallelism.layout), line
+        assert k > len(table) or table[k - 1][2] == layout_label(job.parallelism.layout), line
         assert not validate(job, cuda=True), (line, validate(job, cuda=True))
 
 

@@ -3,9 +3,10 @@
   * states: parameters, gradients and AdamW's two moments (fp32, 16 bytes per parameter; the
     param/grad share is smaller under bf16 params; optimizer=muon keeps one moment of the blocks'
     matrices, 12) of the rank's pipeline stages, divided by the shard degree (dp_shard x cp, times tp);
-  * FSDP working set: the all-gathered parameters and unreduced gradient of the unit at work (a
-    block, or the embedding or output layer where those are larger) and the next block,
-    prefetched (all of the stage's parameters when they stay gathered:
+  * FSDP working set: at the backward of the unit where it is largest (a block, the embedding or
+    the output layer), the unit's all-gathered parameters and unreduced gradient, the next unit,
+    prefetched, and the previous unit's reduce-scatter input, which FSDP holds until the next
+    reduce-scatter (_unit_peak; all of the stage's parameters when they stay gathered:
     reshard_after_forward=never, or default under PP; with their unsharded fp32 gradients where
     a pipeline accumulates them over several microbatches; float8 linears a byte an element under
     float8 all-gather); under TP at least the embedding's whole gradient, which DTensor computes
@@ -222,10 +223,12 @@ class _Rank:
 def _rank(job: JobConfig, cuda: bool, pp_rank: int) -> _Rank:
     p, t = job.parallelism, job.training
     loads = rank_loads(p, job.model.n_layers)
-    # On a GPU under bf16 mixed precision FSDP gathers bf16 parameters and autocast saves bf16
-    # activations (2 bytes); the CPU constants below were fitted on CPU runs as they are (4), and stay so.
-    low = job.precision.full_bf16 or (cuda and job.precision.param_dtype == "bfloat16")
+    # Under bf16 mixed precision FSDP gathers bf16 parameters and the blocks run and save in bf16 (2
+    # bytes), on a CPU too (parallel.fsdp's MixedPrecisionPolicy); a GPU's autocast saves bf16 activations. A
+    # CPU without FSDP autocasts (CPU autocast keeps much in fp32): the CPU constants below were fitted on
+    # such runs as they are (4), and stay so.
     fsdp = p.data_parallel_shard_degree * p.context_parallel_degree > 1
+    low = job.precision.full_bf16 or ((cuda or fsdp) and job.precision.param_dtype == "bfloat16")
     microbatch = p.pipeline_parallel_microbatch_size if p.pipeline_parallel_degree > 1 else t.local_batch_size
     n_mb = t.local_batch_size // microbatch
     # torch's pipeline schedules gather a stage's parameters once and reduce-scatter its gradients
@@ -236,11 +239,9 @@ def _rank(job: JobConfig, cuda: bool, pp_rank: int) -> _Rank:
                  accumulates, n_mb, microbatch * t.seq_len / p.context_parallel_degree)
 
 
-def _states_and_gathered(r: _Rank) -> tuple[float, float, float, float]:
+def _states_and_gathered(r: _Rank) -> tuple[float, float, float]:
     """The rank's parameters, gradients and optimizer states as sharded (bytes); and what one TP rank
-    gathers of its stage and of a block (parameters), and its largest FSDP unit: the embedding and
-    the output layer are units of their own (parallel/fsdp.py), larger than a block when the
-    vocabulary is large (Llama 3's 128k)."""
+    gathers of its stage and of a block (parameters)."""
     job, worst = r.job, r.worst
     p, m = job.parallelism, job.model
     dps, cp, tp, ep = (p.data_parallel_shard_degree, p.context_parallel_degree, p.tensor_parallel_degree,
@@ -260,22 +261,62 @@ def _states_and_gathered(r: _Rank) -> tuple[float, float, float, float]:
         states -= 4 * worst.blocks * ((block - routed - muon.block_norm_params(m)) / shard + experts - router)
     params = (params - worst.blocks * routed) / tp + worst.blocks * routed_rank
     block = (block - routed) / tp + routed_rank
-    unit = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params_on(worst.first) / tp)
-    return states, params, block, unit
+    return states, params, block
 
 
-def _working_set(r: _Rank, params: float, block: float, unit: float) -> float:
+def _reduce_bytes(job: JobConfig) -> int:
+    """Bytes an element of a gradient FSDP reduce-scatters (precision.reduce_dtype)."""
+    return 2 if job.precision.reduce_dtype == "bfloat16" else 4
+
+
+def _block_tail(r: _Rank, block: float) -> float:
+    """What of a block (`block` gathered parameters) FSDP reduce-scatters last in backward: under EP
+    its routed experts are a unit of their own, reduced first, and the rest of the block after."""
+    p, m = r.job.parallelism, r.job.model
+    if p.expert_parallel_degree > 1 and m.routed_params_per_block:
+        return block - m.routed_params_on_tp_rank(p.tensor_parallel_degree, p.expert_parallel_degree)
+    return block
+
+
+def _unit_peak(r: _Rank, block: float, logits: float) -> float:
+    """FSDP gathering one unit at a time: the largest of what each unit's backward holds, in the order
+    backward reaches the units (the output layer, the blocks, the embedding): the unit's gathered
+    parameters and their unsharded gradients, the next unit (prefetched), and the previous unit's
+    reduce-scatter input (its whole gradient in the reduce dtype), which FSDP keeps until the next
+    reduce-scatter is issued (torch's reduce_scatter_max_input_buffers, 1). The logits live at the
+    output layer's backward only: the peak is taken with them there, less them (the loss part counts them).
+    A block is one unit here, but for which of its parts is reduced last (_block_tail)."""
+    job, m, worst, gathered = r.job, r.job.model, r.worst, r.act_bytes
+    tp = job.parallelism.tensor_parallel_degree
+    # Under float8 all-gather a block's float8 linears arrive a byte an element (shapes.float8_gathered).
+    f8_less = float8_gathered(job)[0] * (gathered - 1)
+    output, embedding = m.output_params_on(worst.first) / tp, m.embedding_params / tp
+    # (parameters, gathered bytes fewer, parameters reduced last) of each unit, in backward's order
+    units = [(output, 0.0, output)] * worst.last + [(block, f8_less, _block_tail(r, block))] * worst.blocks + [
+        (embedding, 0.0, embedding)] * worst.first
+    units = [unit for unit in units if unit[0]]
+    moments = []
+    for i, (n, less, _) in enumerate(units):
+        previous = units[i - 1][2] * _reduce_bytes(job) if i else 0.0
+        following = units[i + 1][0] * gathered - units[i + 1][1] if i + 1 < len(units) else 0.0
+        moments.append(previous + 2 * n * gathered - less + following + (logits if i == 0 else 0.0))
+    return max(moments, default=0.0) - (logits if units else 0.0)
+
+
+def _working_set(r: _Rank, params: float, block: float, logits: float) -> float:
     """FSDP's gathered parameters and unreduced gradients at their peak (or DDP's buckets); under TP,
     at least the embedding's whole gradient."""
     p, m, gathered = r.job.parallelism, r.job.model, r.act_bytes
     # Under float8 all-gather a block's float8 linears arrive a byte an element (shapes.float8_gathered).
     f8_less = float8_gathered(r.job)[0] * (gathered - 1)  # bytes fewer in each gathered block
-    if r.accumulates:
-        working = params * (gathered + 4) + block * gathered - (r.worst.blocks + 1) * f8_less
+    if r.accumulates:  # and the fresh gradient of the unit at work, before autograd adds it in: the largest
+        tp, worst = p.tensor_parallel_degree, r.worst
+        largest = max(block, worst.first * m.embedding_params / tp, worst.last * m.output_params_on(worst.first) / tp)
+        working = params * (gathered + 4) + largest * gathered - (r.worst.blocks + (largest == block)) * f8_less
     elif r.fsdp and r.keeps_gathered:  # the stage's parameters stay gathered from forward to backward
         working = (params + block) * gathered - (r.worst.blocks + 1) * f8_less
-    elif r.fsdp:  # the unit at work, its unsharded gradient, and the next unit (prefetched)
-        working = (2 * unit + block) * gathered - (2 if unit == block else 1) * f8_less
+    elif r.fsdp:
+        working = _unit_peak(r, block, logits if r.worst.last else 0.0)
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params * 4
     else:
@@ -284,9 +325,12 @@ def _working_set(r: _Rank, params: float, block: float, unit: float) -> float:
         # torch's DTensor has no vocabulary-sharded embedding backward: under TP every rank
         # computes the embedding's whole gradient (vocab x dim) and then keeps its shard. With
         # its gathered weight and that shard, it is the working set's peak when the vocabulary
-        # is large; twice, where the pipeline accumulates gradients unsharded.
+        # is large; twice, where the pipeline accumulates gradients unsharded. Beside them, where FSDP
+        # reduce-scatters a unit at a time, the block before it in backward's reduce-scatter input (_unit_peak).
         whole = m.embedding_params * gathered
-        working = max(working, (2 if r.accumulates else 1) * whole + 2 * whole / p.tensor_parallel_degree)
+        reduced = r.fsdp and not r.accumulates and r.worst.blocks
+        pending = _block_tail(r, block) * _reduce_bytes(r.job) if reduced else 0.0
+        working = max(working, (2 if r.accumulates else 1) * whole + 2 * whole / p.tensor_parallel_degree + pending)
     return working
 
 
@@ -399,10 +443,11 @@ def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = 
         return max((predict_memory(job, cuda=cuda, pp_rank=k, gpu=gpu, engine=engine) for k in range(pp)),
                    key=lambda parts: parts["total"])
     r = _rank(job, cuda, pp_rank or 0)
-    states, params, block, unit = _states_and_gathered(r)
+    states, params, block = _states_and_gathered(r)
     saved, checkpoints, recompute = _kept(r, _block_activations(r))
-    parts = {"states": states, "fsdp_working_set": _working_set(r, params, block, unit),
-             "activations": saved + recompute, "checkpoints": checkpoints, "logits": _logits(r, engine)}
+    logits = _logits(r, engine)
+    parts = {"states": states, "fsdp_working_set": _working_set(r, params, block, logits),
+             "activations": saved + recompute, "checkpoints": checkpoints, "logits": logits}
     if cuda:
         return _in_gib(_gpu_parts(r, gpu, parts))
     return _in_gib(parts | {"allocator": _cpu_slack(r)}, runtime_gib=RUNTIME_GIB_CPU)
