@@ -25,9 +25,9 @@ TOKENS = 15 * 10**12  # the card's ~15T (15T+ in its table)
 # --device h100`, its pick (the cheapest count up to 1,024 GPUs); for 405B at the 16,384 GPUs Meta
 # trained it on (`--min-gpus 16384 --max-gpus 16384`). Predicted GPU-hours, and the range the quoted error spans.
 PREDICTED = {  # flavor: (GPUs, GPU-hours, its range)
-    "llama3_8b": (16, 548e3, (473e3, 653e3)),
+    "llama3_8b": (8, 547e3, (471e3, 651e3)),
     "llama3_70b": (64, 4.81e6, (4.15e6, 5.73e6)),
-    "llama3_405b": (16384, 36.2e6, (31.2e6, 43.1e6)),
+    "llama3_405b": (16384, 35.9e6, (30.9e6, 42.7e6)),
 }
 BAND = (0.3, 3.0)  # predicted / published: wide, for what a plan leaves out; not fitted
 
