@@ -278,18 +278,17 @@ def _block_tail(r: _Rank, block: float) -> float:
     return block
 
 
-def _unit_peak(r: _Rank, block: float, logits: float) -> float:
+def _unit_peak(r: _Rank, block: float, logits: float, f8_less: float) -> float:
     """FSDP gathering one unit at a time: the largest of what each unit's backward holds, in the order
     backward reaches the units (the output layer, the blocks, the embedding): the unit's gathered
     parameters and their unsharded gradients, the next unit (prefetched), and the previous unit's
     reduce-scatter input (its whole gradient in the reduce dtype), which FSDP keeps until the next
     reduce-scatter is issued (torch's reduce_scatter_max_input_buffers, 1). The logits live at the
     output layer's backward only: the peak is taken with them there, less them (the loss part counts them).
-    A block is one unit here, but for which of its parts is reduced last (_block_tail)."""
+    A block is one unit here, but for which of its parts is reduced last (_block_tail); `f8_less`: the
+    bytes fewer a block arrives in under float8 all-gather."""
     job, m, worst, gathered = r.job, r.job.model, r.worst, r.act_bytes
     tp = job.parallelism.tensor_parallel_degree
-    # Under float8 all-gather a block's float8 linears arrive a byte an element (shapes.float8_gathered).
-    f8_less = float8_gathered(job)[0] * (gathered - 1)
     output, embedding = m.output_params_on(worst.first) / tp, m.embedding_params / tp
     # (parameters, gathered bytes fewer, parameters reduced last) of each unit, in backward's order
     units = [(output, 0.0, output)] * worst.last + [(block, f8_less, _block_tail(r, block))] * worst.blocks + [
@@ -316,7 +315,7 @@ def _working_set(r: _Rank, params: float, block: float, logits: float) -> float:
     elif r.fsdp and r.keeps_gathered:  # the stage's parameters stay gathered from forward to backward
         working = (params + block) * gathered - (r.worst.blocks + 1) * f8_less
     elif r.fsdp:
-        working = _unit_peak(r, block, logits if r.worst.last else 0.0)
+        working = _unit_peak(r, block, logits if r.worst.last else 0.0, f8_less)
     elif p.data_parallel_replicate_degree > 1:  # DDP's gradient buckets: a second copy of the grads
         working = params * 4
     else:

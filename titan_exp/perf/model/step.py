@@ -94,6 +94,7 @@ from titan_exp.validation import resolved
 BUBBLE = {"GPipe": 1.0, "1F1B": 1.0, "Interleaved1F1B": 1.0, "LoopedBFS": 1.0,
           "InterleavedZeroBubble": 0.5, "ZBVZeroBubble": 0.5, "DualPipeV": 0.5}
 NONMATMUL = 1.3  # a block's time over its matmuls' when no block was measured (estimate)
+UNMEASURED_GEMM = Line(20e-6, 1 / 80e9)  # a matmul line where the profile measured none (80 GFLOP/s, an estimate)
 
 # How the parts add up into the report's breakdown.
 BREAKDOWN = {"compute": ("compute", "optimizer", "fresh_memory", "overhead"), "exposed_comm": COMM_PARTS,
@@ -115,7 +116,7 @@ class StepPrediction:
 def estimated_block(job: JobConfig, tp: int, profile: MachineProfile) -> BlockCost:
     """A block not calibrated: its FLOPs at the fp32 matmul rate, times NONMATMUL."""
     m, seq = job.model, job.training.seq_len
-    gemm = profile.gemm.get("float32") or Line(20e-6, 1 / 80e9)
+    gemm = profile.gemm.get("float32") or UNMEASURED_GEMM
     fwd_flops = 2 * m.block_matmul_params(tp) * seq + 4 * m.dim / tp * seq * seq
     fwd = Line(4 * gemm.latency_s, gemm.per_unit_s * fwd_flops * NONMATMUL)
     fwd_bwd = Line(3 * fwd.latency_s, 3 * fwd.per_unit_s)
@@ -237,7 +238,7 @@ def newton_schulz_s(s: StepShape, load: RankLoad) -> float:
         return 0.0
     dtype = o.muon.ns_dtype.value if o.muon.ns_dtype is not None else ("bfloat16" if s.cuda else "float32")
     kern = profile.kernels if profile.kernels and profile.kernels.architecture != "cpu" and s.cuda else None
-    line = profile.gemm.get(dtype) or profile.gemm.get("float32") or Line(20e-6, 1 / 80e9)
+    line = profile.gemm.get(dtype) or profile.gemm.get("float32") or UNMEASURED_GEMM
 
     def matrix(rows: int, cols: int) -> float:
         matmuls = muon.newton_schulz_matmuls(rows, cols, o.muon.ns_steps)

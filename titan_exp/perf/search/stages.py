@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from titan_exp.config import JobConfig
 from titan_exp.parallel import dims as parallel_dims
 from titan_exp.parallel import pipeline
+from titan_exp.perf.model.memory import predict_memory
 from titan_exp.perf.model.step import stage_split_steps
 from titan_exp.perf.rates.profile import MachineProfile
 from titan_exp.perf.search.layouts import SPLIT_FIELDS
@@ -40,10 +41,6 @@ class StageSplit:
     last_less: int
     blocks: tuple[int, ...]
     step_s: float = 0.0
-
-    @property
-    def label(self) -> str:
-        return f"first {self.first_less}, last {self.last_less}: " + "/".join(map(str, self.blocks))
 
 
 def user_set(job: JobConfig) -> bool:
@@ -126,8 +123,6 @@ def choose(job: JobConfig, profile: MachineProfile, *, cuda: bool,
     priced = priced_splits(job, profile, cuda=cuda)
     if not priced or memory_gib == float("inf"):
         return priced[0] if priced else None
-    from titan_exp.perf.model.memory import predict_memory
-
     fits = (s for s in priced[:MEMORY_TRIES]
             if predict_memory(with_pair(job, s.first_less, s.last_less), cuda=cuda)["total"] <= memory_gib)
     return next(fits, priced[0])
@@ -135,8 +130,7 @@ def choose(job: JobConfig, profile: MachineProfile, *, cuda: bool,
 
 def balanced(job: JobConfig, profile: MachineProfile, *, cuda: bool, memory_gib: float = float("inf")) -> JobConfig:
     """`job` with its pipeline's stages balanced (choose); as it is without PP or with its own split."""
-    chosen = choose(job, profile, cuda=cuda, memory_gib=memory_gib)
-    return job if chosen is None else with_pair(job, chosen.first_less, chosen.last_less)
+    return balanced_all([job], profile, cuda=cuda, memory_gib=memory_gib)[0]
 
 
 def balanced_all(jobs: list[JobConfig], profile: MachineProfile, *, cuda: bool,
