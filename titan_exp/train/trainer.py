@@ -287,8 +287,11 @@ class Trainer:
                     losses: list[torch.Tensor] = []
                     args = (inputs,) if self.has_first else ()
                     target = labels if self.has_last else None
-                    run = self.schedule.step if backward else self.schedule.eval
-                    run(*args, target=target, losses=losses if self.has_last else None)
+                    if backward:  # the last stage keeps no microbatch's logits: only the losses are read
+                        self.schedule.step(*args, target=target, losses=losses if self.has_last else None,
+                                           return_outputs=False)
+                    else:
+                        self.schedule.eval(*args, target=target, losses=losses if self.has_last else None)
                     loss += sum(_plain(part) for part in losses) if self.has_last else 0.0
         return loss
 
