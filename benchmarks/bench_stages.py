@@ -1,7 +1,7 @@
 """Balanced pipeline stages on CPU: the split the planner picks (titan_exp.perf.search.stages)
 against the splits around it, measured.
 
-    python -m benchmarks.bench_stages [--steps 6] [--repeats 3] [--profile-dir DIR]
+    python -m benchmarks.bench_stages [--steps 10] [--repeats 3] [--profile-dir DIR]
 
 The model is the debug model with a 32k vocabulary and 16 blocks, whose output projection and loss
 weigh about ten blocks: its last stage is heavy. It runs as PP 2 (1F1B) on 2 local gloo ranks,
@@ -80,8 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     from titan_exp.perf.search import stages
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--layers", type=int, default=16)

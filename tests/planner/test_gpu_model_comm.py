@@ -9,9 +9,10 @@ from gpu_model_jobs import H100, llama8b, olmoe_job
 
 from titan_exp.config import compose_job
 from titan_exp.perf.model import overlap
-from titan_exp.perf.model.engine import Engine
+from titan_exp.perf.model.comm import StepShape, inline_comm
+from titan_exp.perf.model.engine import TITAN_EXP, Engine
 from titan_exp.perf.model.placement import across_nodes, node_ranks
-from titan_exp.perf.model.step import predict_step
+from titan_exp.perf.model.step import block_work, pipeline_schedule, predict_step
 from titan_exp.perf.rates.devices import spec_profile
 from titan_exp.validation import resolve
 
@@ -57,25 +58,31 @@ def test_pipeline_sends_wait_in_the_fill_and_drain_and_where_they_outlast_a_chun
 
 def test_collectives_inside_a_stages_blocks_lengthen_the_pipelines_fill_and_drain_too():
     """TP's collectives run inside every microbatch of a stage, so a microbatch reaches the next
-    stage as late as they make it: the bubble is (pp - 1) / v of the slowest rank's microbatch
-    with them, not of its compute alone (on a GPU priced from its parts)."""
+    stage as late as they make it: the fill and drain run through each other rank's microbatch
+    with them, not its compute alone (on a GPU priced from its parts)."""
     job = llama8b("parallelism.data_parallel_shard_degree=1", "parallelism.tensor_parallel_degree=2",
                   "parallelism.pipeline_parallel_degree=4", "parallelism.pipeline_parallel_microbatch_size=1",
                   "training.local_batch_size=8", "training.global_batch_size=8")
-    parts = predict_step(job, spec_profile(H100, 8, 8), cuda=True).parts
-    microbatch = (parts["compute"] + parts["recompute"] + parts["tp"]) / 8
+    profile = spec_profile(H100, 8, 8)
+    parts = predict_step(job, profile, cuda=True).parts
+    s = StepShape.of(job, profile, True)
+    work = block_work(s, TITAN_EXP, [])
+    schedule = pipeline_schedule(s, work, inline_comm(s, work, TITAN_EXP.tp_overlap, TITAN_EXP.ep_overlap), 1)
     assert parts["tp"] > 0.02 * parts["compute"]
-    assert parts["bubble"] == pytest.approx(3 * microbatch)
+    assert all(period > compute for period, compute in zip(schedule.period, schedule.per_mb))
+    ends_last = max(range(4), key=lambda r: schedule.period[r])
+    assert parts["bubble"] == pytest.approx(sum(schedule.period) - schedule.period[ends_last])
 
 
 def test_a_pipeline_steps_at_its_slowest_ranks_pace_with_each_ranks_own_communication():
     """The critical path is the slowest rank's compute; each rank adds its own communication, and
     the step is the rank that ends last. OLMoE's 16 MoE blocks over PP 4 and EP 16 across two
     nodes, the last stage a block short: a middle rank has the most blocks and all-to-alls. Give
-    the last stage three passes through the output head (a published model's multi-token
-    prediction runs it more than once: output_heads) and it sets the pace, but the middle rank,
-    waiting as long and exchanging a block's more tokens, still ends last. (Until 2026-11-28 the
-    step took the communication of the rank with the most compute: adding work made it faster.)"""
+    the last stage more passes through the output head (a published model's multi-token
+    prediction runs it more than once: output_heads): while it is lighter than a middle rank, a
+    pass lengthens the fill and drain once; from the fourth, the last rank sets the pace and a
+    pass costs every microbatch (8). The middle rank, waiting as long and exchanging a block's more
+    tokens, still ends last."""
     job = resolve(compose_job(["model=olmoe_1b_7b", "precision=bf16", "training.seq_len=4096",
                                "training.local_batch_size=8", "training.global_batch_size=32",
                                "parallelism.data_parallel_shard_degree=4", "parallelism.pipeline_parallel_degree=4",
@@ -84,12 +91,13 @@ def test_a_pipeline_steps_at_its_slowest_ranks_pace_with_each_ranks_own_communic
                                "parallelism.pipeline_parallel_last_stage_less_layers=1", "cluster.executor=slurm",
                                "cluster.nnodes=2", "cluster.nproc_per_node=8"]))
     profile = spec_profile(H100, 16, 8)
-    once, twice, thrice = (predict_step(job, profile, cuda=True, engine=Engine(output_heads=h)) for h in (1, 2, 3))
-    assert twice.step_s == pytest.approx(once.step_s)  # 3 blocks and 2 heads: still under a middle rank's 4 blocks
-    assert thrice.parts["bubble"] > once.parts["bubble"] and thrice.step_s > once.step_s  # the last rank sets the pace
-    assert thrice.parts["ep"] == pytest.approx(once.parts["ep"]) and thrice.parts["compute"] == pytest.approx(
-        once.parts["compute"])  # and a middle rank's 4 blocks, their all-to-alls among them, end the step
-    assert thrice.step_s - once.step_s == pytest.approx(thrice.parts["bubble"] - once.parts["bubble"])
+    steps = [predict_step(job, profile, cuda=True, engine=Engine(output_heads=h)) for h in (1, 2, 3, 4)]
+    head = steps[1].step_s - steps[0].step_s  # a pass through the head, once in the fill and drain
+    assert head > 0 and steps[3].step_s - steps[2].step_s == pytest.approx(8 * head)  # every microbatch's
+    for later in steps[1:]:
+        assert later.parts["ep"] == pytest.approx(steps[0].parts["ep"]) and later.parts["compute"] == pytest.approx(
+            steps[0].parts["compute"])  # a middle rank's 4 blocks, their all-to-alls among them, end the step
+        assert later.step_s - steps[0].step_s == pytest.approx(later.parts["bubble"] - steps[0].parts["bubble"])
 
 
 def test_a_spec_sheets_collectives_take_nccls_latencies_and_its_fastest_protocol():

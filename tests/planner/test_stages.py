@@ -4,18 +4,24 @@ Its measurement on CPU is benchmarks/bench_stages.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 from conftest import job_config
 
 from titan_exp.config import AutotuneAxis
-from titan_exp.parallel.pipeline import stage_split
+from titan_exp.parallel.pipeline import RankLoad, stage_split
 from titan_exp.perf import autotune
 from titan_exp.perf import plan as plan_cli
+from titan_exp.perf.model import step
+from titan_exp.perf.model.comm import StepShape, inline_comm
+from titan_exp.perf.model.engine import TITAN_EXP
 from titan_exp.perf.model.memory import predict_memory
 from titan_exp.perf.model.step import predict_step
 from titan_exp.perf.rates.devices import SPECS, spec_profile
+from titan_exp.perf.rates.kernels import spec_kernels
+from titan_exp.perf.rates.profile import BlockCost, Line, MachineProfile, machine_key, model_shape
 from titan_exp.perf.search import layouts, planner, stages
 from titan_exp.validation import resolve, validate
 
@@ -123,3 +129,44 @@ def test_autotune_candidates_carry_the_pair():
     piped = [c for c in grid if c.job.parallelism.pipeline_parallel_degree > 1]
     assert piped and all(sum(o.startswith(FIELDS) for o in c.overrides) == 2 for c in piped)
     assert any(c.job.parallelism.pipeline_parallel_last_stage_less_layers > 0 for c in piped)
+
+
+@pytest.mark.quick
+def test_the_critical_path_runs_the_fill_and_drain_through_each_rank_once():
+    """The schedule's critical path: microbatches at the slowest rank's period, and the fill and
+    drain through the other ranks at their own (b / v of it): equal periods give TorchTitan's
+    (microbatches + pp - 1) x period, a light rank adds its own period, not the slowest one's."""
+    job = resolve(job_config(PP4))
+    s = StepShape.of(job, h100(8), True)
+    assert s.n_mb == 8 and s.pp == 4
+    assert step.critical_path(s, [1.0] * 4) == pytest.approx(8 + 3)
+    assert step.critical_path(s, [2.0, 1.0, 1.0, 0.5]) == pytest.approx(8 * 2 + 2.5)
+    zero_bubble = resolve(job_config([*PP4, "parallelism.pipeline_parallel_schedule=ZBVZeroBubble"]))
+    zs = StepShape.of(zero_bubble, h100(8), True)
+    assert zs.loads[0].stages == 2
+    assert step.critical_path(zs, [1.0] * 4) == pytest.approx(zs.n_mb + 0.5 * 3 / 2)
+
+
+@pytest.mark.quick
+def test_a_cpu_head_leaves_the_embedding_gradient_on_the_first_stage():
+    """On a CPU the measured head (a one-block model less its block) holds the embedding: its dense
+    fp32 gradient's four passes over the table (embedding_s) run on the first stage, the rest of
+    the head on the last, and one process runs both, as before the split."""
+    job = resolve(job_config(["model=debugmodel", "model.vocab_size=32768", "model.n_layers=4",
+                              "training.seq_len=256", "parallelism.pipeline_parallel_degree=2",
+                              "training.local_batch_size=4", "parallelism.pipeline_parallel_microbatch_size=1"]))
+    kernels = dataclasses.replace(spec_kernels(SPECS["h100"]), architecture="cpu", memory_tb_s=0.01)
+    head = Line(0.0, 0.2)
+    cost = {1: BlockCost(Line(0.0, 0.005), Line(0.0, 0.015), head)}
+    profile = MachineProfile(key=machine_key("cpu", "gloo", 2, 1), concurrency=2.0, blocks={model_shape(job): cost},
+                             gemm={"float32": Line(0.0, 1e-11)}, kernels=kernels)
+    s = StepShape.of(job, profile, False)
+    work = step.block_work(s, TITAN_EXP, [])
+    m = job.model
+    assert work.embedding == pytest.approx(4 * m.vocab_size * m.dim * 4 / 0.01e12)
+    assert 0 < work.embedding < work.head == pytest.approx(0.2)
+    per_mb = step.pipeline_schedule(s, work, inline_comm(s, work, False, False), 1).per_mb
+    assert per_mb == pytest.approx([2 * work.block + work.embedding, 2 * work.block + work.head - work.embedding])
+    one = dataclasses.replace(s, loads=[RankLoad(1, 4, True, True)])
+    assert step.pipeline_schedule(one, work, inline_comm(one, work, False, False), 1).per_mb == pytest.approx(
+        [sum(per_mb)])

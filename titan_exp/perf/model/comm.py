@@ -187,7 +187,8 @@ class StepShape:
 class BlockWork:
     """A block's compute on one rank, per microbatch (perf.model.step.block_work), which its collectives
     run beside: forward, forward + backward, the head's, what activation checkpointing recomputes;
-    as calibrated (`cost`) or, on a GPU priced from its parts, `gpu` (else None)."""
+    as calibrated (`cost`) or, on a GPU priced from its parts, `gpu` (else None). `embedding` is the
+    share of `head` that runs on the first pipeline stage, not the last (the embedding's)."""
 
     fwd: float
     block: float
@@ -195,6 +196,7 @@ class BlockWork:
     recompute: float
     cost: BlockCost
     gpu: BlockTimes | None
+    embedding: float = 0.0
 
     @property
     def backward_window(self) -> float:

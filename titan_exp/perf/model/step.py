@@ -20,14 +20,15 @@ runs max(1, active / S) / max(1, world / S) times the measured time: every rank 
 data/tensor-parallel layout is busy all step (1x), while pipeline ranks idle in the bubble and
 leave the cores to the others, which is why pp4 does well on a 2-core CPU and not on 4 GPUs.
 
-Pipeline. The critical path of a schedule is (microbatches + b x (pp - 1) / v) x the slowest
-rank's time per microbatch, with v stages per rank and b = 1, or 1/2 for the zero-bubble
-schedules (backward split into input and weight gradients fills part of the bubble). On a GPU
-priced from its parts that time holds the TP, CP and EP collectives inside the rank's blocks. The
-rank holding the last stage also runs the head (output projection and loss: at a 128k vocabulary
-the FLOPs of 2.4 blocks of Llama 3 8B); the first stage's embedding lookup and its gradient's scatter-add
-are memory-bound and priced as nothing, its parameters in the first rank's optimizer phase (on a
-CPU the measured head, a one-block model less its block, holds them, on the last rank).
+Pipeline. The critical path of a schedule is the microbatches at the slowest rank's time per
+microbatch, plus the fill and drain through the other ranks at their own times, x b / v (v stages
+per rank, b = 1, or 1/2 for the zero-bubble schedules: backward split into input and weight
+gradients fills part of the bubble); equal stages give (microbatches + b x (pp - 1) / v) x the
+time. On a GPU priced from its parts that time holds the TP, CP and EP collectives inside the
+rank's blocks. The rank holding the last stage also runs the head (output projection and loss: at
+a 128k vocabulary the FLOPs of 2.4 blocks of Llama 3 8B); the first stage's embedding lookup and
+its gradient: on a GPU memory-bound and priced as nothing, on a CPU (whose measured head, a
+one-block model less its block, holds it) the dense fp32 gradient's passes (embedding_s).
 stage_split_steps prices other splits of the blocks over the stages (perf.search.stages).
 Every rank waits the path out and adds the rest of its own communication and its optimizer: the
 step is the rank that ends last.
@@ -188,11 +189,26 @@ def block_work(s: StepShape, engine: Engine, notes: list[str]) -> BlockWork:
         fwd = cost.fwd(s.seqs) * scale
         head = cost.head(s.seqs) * scale
         kept = gemm32(block_fwd_flops) * scale if gemm32 else 0.6 * fwd  # the matmuls
+        embedding = min(head, embedding_s(s))
     ac = job.activation_checkpoint
     if ac.mode == ACMode.selective and ac.selective_ac_option == "op" and gpu is not None and not job.compile.enable:
         notes.append("selective AC without compile runs its per-op policy in Python, which is not priced (the 1B on "
                      "one H200 ran 26-38 % slower than predicted): take it as optimistic, or compile")
-    return BlockWork(fwd, block, head, recomputed(ac, fwd, max(0.0, fwd - kept)), cost, gpu)
+    return BlockWork(fwd, block, head, recomputed(ac, fwd, max(0.0, fwd - kept)), cost, gpu,
+                     0.0 if gpu is not None else embedding)
+
+
+def embedding_s(s: StepShape) -> float:
+    """The embedding's share of a calibrated head per microbatch (the head is measured on a model
+    whose blocks are removed: embedding, norm, output and loss together): its backward writes a
+    dense fp32 gradient of the whole table, which the first microbatch's keeps and the others' add
+    to the kept one (zero-fill, then two reads and a write): 4 passes over vocab x dim / tp x 4 bytes,
+    at the profile's memory-bound rate (nothing without its kernels). A GPU's head is the output
+    and loss alone (perf.model.block), so this is not taken from it."""
+    kern, m = s.profile.kernels, s.job.model
+    if kern is None or not kern.memory_tb_s:
+        return 0.0
+    return 4 * m.vocab_size * m.dim / s.tp * 4 / (kern.memory_tb_s * 1e12) * s.profile.corrections.compute
 
 
 @dataclass(frozen=True)
@@ -210,21 +226,32 @@ class Schedule:
 
 
 def pipeline_schedule(s: StepShape, work: BlockWork, inline: InlineComm, output_heads: int) -> Schedule:
-    """The critical path of the schedule: (microbatches + b x (pp - 1) / v) x the slowest rank's
-    period. On a GPU priced from its parts the collectives inside the blocks lengthen each
-    microbatch of a stage, so the fill and drain of the pipeline too."""
-    p, profile = s.job.parallelism, s.profile
-    per_mb = [r.blocks * (work.block + work.recompute) + r.last * output_heads * work.head for r in s.loads]
+    """The critical path of the schedule: the microbatches at the slowest rank's period, and the
+    fill and drain through the other ranks once, at their own periods, b / v of it (b the schedule's
+    bubble share, v the stages a rank holds): microbatches x the slowest period + b x (the sum of the
+    periods less the slowest) / v. Equal periods give (microbatches + b x (pp - 1) / v) x the period;
+    a light rank adds its own period, not the heavy one's (a flow shop of equal jobs). On a GPU
+    priced from its parts the collectives inside the blocks lengthen each microbatch of a stage, so
+    the fill and drain of the pipeline too."""
+    profile = s.profile
+    head_rest = work.head - work.embedding
+    per_mb = [r.blocks * (work.block + work.recompute) + r.first * work.embedding + r.last * output_heads * head_rest
+              for r in s.loads]
     comm_mb = [inline.of(s, r) for r in s.loads]
     period = [compute + (sum(comm.values()) * profile.corrections.communication if work.gpu is not None else 0.0)
               for compute, comm in zip(per_mb, comm_mb)]
-    slowest = max(range(len(s.loads)), key=lambda i: period[i])
-    v = s.loads[0].stages
-    critical = (s.n_mb + (BUBBLE[p.pipeline_parallel_schedule] * (s.pp - 1) / v if s.pp > 1 else 0)) * period[slowest]
+    critical = critical_path(s, period)
     # Costs were measured with all `world` ranks computing; fewer at a time run faster.
     active = s.world / s.pp * sum(s.n_mb * c for c in per_mb) / critical
     slowdown = max(1.0, active / profile.concurrency) / max(1.0, s.world / profile.concurrency)
     return Schedule(per_mb, comm_mb, period, critical, slowdown)
+
+
+def critical_path(s: StepShape, periods: list[float]) -> float:
+    """pipeline_schedule's critical path for the pipeline ranks' periods (one per rank, in order)."""
+    v, slowest = s.loads[0].stages, max(periods)
+    others = sum(periods) - slowest if s.pp > 1 else 0.0
+    return s.n_mb * slowest + BUBBLE[s.job.parallelism.pipeline_parallel_schedule] * others / v
 
 
 def newton_schulz_s(s: StepShape, load: RankLoad) -> float:
@@ -306,18 +333,18 @@ def stage_split_steps(job: JobConfig, profile: MachineProfile, splits: list[list
     """Seconds per step of `job` with its pipeline ranks loaded as each of `splits` says
     (pipeline.rank_loads of another split of its blocks), as predict_step prices one: the block's
     work and the collectives inside it are priced once, each distinct rank's period once, and the
-    schedule and each rank's step only for a split whose slowest period is within `near` of the
-    least (the critical path is that period times the microbatches): the others are infinite."""
+    schedule and each rank's step only for a split whose critical path (critical_path of its
+    periods) is within `near` of the shortest: the others are infinite."""
     s = StepShape.of(resolved(job), profile, cuda)
     work = block_work(s, engine, [])
     inline = inline_comm(s, work, engine.tp_overlap, engine.ep_overlap)
     distinct = list({load for loads in splits for load in loads})
     periods = pipeline_schedule(dataclasses.replace(s, loads=distinct), work, inline, engine.output_heads).period
     period = dict(zip(distinct, periods))
-    slowest = [max(period[load] for load in loads) for loads in splits]
-    bound = min(slowest, default=0.0) * (1 + near)
+    critical = [critical_path(s, [period[load] for load in loads]) for loads in splits]
+    bound = min(critical, default=0.0) * (1 + near)
     return [sum(slowest_rank(dataclasses.replace(s, loads=loads), work, inline, engine).values())
-            if worst <= bound else float("inf") for loads, worst in zip(splits, slowest)]
+            if path <= bound else float("inf") for loads, path in zip(splits, critical)]
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,

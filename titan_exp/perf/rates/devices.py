@@ -149,7 +149,7 @@ class Efficiency:
     changed for them or their layouts were derived, LLM Foundry's every row among them;
     BENCHMARKS.md)."""
 
-    compute_scale: float = 1.285
+    compute_scale: float = 1.287
     nvlink: float = 0.8
     network: float = 0.9
     latency_nvlink_s: float = NVLINK_STEP_S["ring"][SIMPLE]  # per ring step inside a node
