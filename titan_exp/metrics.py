@@ -105,7 +105,7 @@ def peak_tflops(job: JobConfig, device: torch.device, dtype: torch.dtype) -> tup
 
 def peak_memory_gib(device: torch.device) -> float:
     """On a GPU the most the caching allocator held (reserved): what an out-of-memory error is
-    about, what TorchTitan reports, and what the planner predicts (perf.model.memory.GpuMemory). On a
+    about, what TorchTitan reports, and what the planner predicts (perf.model.memory.predict_memory). On a
     CPU the process's peak resident set."""
     if device.type == "cuda":
         return torch.cuda.max_memory_reserved(device) / 2**30

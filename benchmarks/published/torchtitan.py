@@ -10,15 +10,10 @@ used). Tokens/s are the GPU model's from its parts (titan_exp/perf/model/block.p
 compute_scale, comes from the validation's fitting set (fit.py), where the leave-one-source-
 out scores are; the rows in that set, Table 1 and Table 4, whose async TP the model was changed
 for, are marked and their tokens/s not scored here). Memory is the model's from its parts
-(titan_exp/perf/model/memory.py and memory_gpu.py: the counted tensors, the caching allocator's
-rounding, cuBLAS's workspaces, float8's copies; TorchTitan reports the allocator's reserved peak,
-so NCCL's buffers, outside it, are not in the total). Fitted here, for memory only, from Table 1's
-bf16 and compile rows and Table 2's first row (8B, 8 GPUs, FSDP 8, sequence 32k, full AC), are
-the three GpuMemory values not priced from parts: the allocator's fragmentation as a share of what
-comes and goes each step (the states and parameters allocated once do not fragment), a scale on
-what the blocks save inside (counted with constants fitted on CPU runs) for a GPU's kernels, and
-what compile saves of it. Every other row's memory (14) is predicted with those values and set
-beside the published one.
+(titan_exp/perf/model/memory.py and memory_gpu.py: the counted tensors, the loss as an H200 counted
+it, the caching allocator's rounding, cuBLAS's workspaces, float8's copies; TorchTitan reports the
+allocator's reserved peak, so NCCL's buffers, outside it, are not in the total). Nothing in it is
+fitted on these rows: every row's memory (18) is predicted and set beside the published one.
 """
 
 from __future__ import annotations
@@ -28,10 +23,8 @@ import dataclasses
 import statistics
 from dataclasses import dataclass, field
 
-import torch
-
 from titan_exp.config import Executor, compose_job
-from titan_exp.perf.model.memory import AS_COUNTED, FITTED, GpuMemory, predict_memory
+from titan_exp.perf.model.memory import GpuMemory, predict_memory
 from titan_exp.perf.model.step import predict_step
 from titan_exp.perf.rates.devices import SPECS, Efficiency, spec_profile
 from titan_exp.validation import resolve, validate
@@ -140,30 +133,6 @@ def predict_memory_gib(row: Row, gpu: GpuMemory) -> float:
     return predict_memory(job_for(row), cuda=True, gpu=gpu, engine=ENGINES["torchtitan"].engine)["total"]
 
 
-def fit(bf16: Row, compiled: Row, f8: Row, long_seq: Row) -> dict[str, float]:
-    """Memory: the GpuMemory values (memory.FITTED) at which the model's totals equal the
-    published peaks of the bf16, compile and long-sequence rows: three equations in three
-    unknowns, linear but for the allocator's rounding of the scaled activations, solved by
-    Newton's method. (The float8 row is in the fitting set for tokens/s as it was before the GPU
-    model was priced from parts; it is not used here.)"""
-    rows = (bf16, compiled, long_seq)
-    target = torch.tensor([r.memory_gib for r in rows], dtype=torch.float64)
-
-    def totals(x: torch.Tensor) -> torch.Tensor:
-        gpu = dataclasses.replace(GpuMemory(), **dict(zip(FITTED, x.tolist())))
-        return torch.tensor([predict_memory_gib(r, gpu) for r in rows], dtype=torch.float64)
-
-    x = torch.tensor([getattr(AS_COUNTED, k) for k in FITTED], dtype=torch.float64)
-    for _ in range(20):
-        now = totals(x)
-        if (now - target).abs().max() < 1e-9:
-            break
-        step = 1e-4
-        jacobian = torch.stack([(totals(x + step * e) - now) / step for e in torch.eye(3, dtype=torch.float64)], dim=1)
-        x = x - torch.linalg.solve(jacobian, now - target)
-    return dict(zip(FITTED, x.tolist()))
-
-
 def tokens_fitted_tables() -> set[int]:
     """The tables whose tokens/s the validation fits compute_scale on: Table 1, declared, and
     those the model was later changed for (its MOVED_TO_FIT)."""
@@ -171,26 +140,13 @@ def tokens_fitted_tables() -> set[int]:
     return {int(p.row.table.split()[1]) for p in fitting_set(planned)}
 
 
-def planner_defaults() -> dict[str, float]:
-    """What the planner uses: the memory model's GpuMemory, its fitted values."""
-    return {k: getattr(GpuMemory(), k) for k in FITTED}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.published.torchtitan",
                                      description=__doc__.split("\n")[0])
     parser.parse_args(argv)
     all_rows = rows()
-    fitting = [r for r in all_rows if r.table == 1] + [all_rows[3]]  # Table 1, and Table 2's FSDP 8 / CP 1 row
     tps_fitting = tokens_fitted_tables()
-    fitted = fit(*fitting)
-    eff = Efficiency()
-    gpu = dataclasses.replace(GpuMemory(), **fitted)
-    print("fitted on the 8B / 8-GPU rows marked (fit): " + ", ".join(f"{k} {v:.3f}" for k, v in fitted.items()))
-    stale = {k: v for k, v in planner_defaults().items() if abs(v - fitted[k]) > 5e-4}
-    print("the planner's defaults (GpuMemory) are these values" if not stale else
-          f"THE PLANNER'S DEFAULTS DIFFER from this fit: {stale}; update titan_exp/perf/model/memory.py")
-    print()
+    eff, gpu = Efficiency(), GpuMemory(architecture=SPECS[DEVICE].architecture)
     print("| table | run | published tok/s/GPU | predicted | error | published GiB | predicted | error |")
     print("|---|---|---|---|---|---|---|---|")
     tps_err, mem_err, orders = [], [], {}
@@ -198,20 +154,19 @@ def main(argv: list[str] | None = None) -> int:
         tps = predict_tps(row, eff)
         mem = predict_memory_gib(row, gpu)
         e_t, e_m = 100 * (tps / row.tps - 1), 100 * (mem / row.memory_gib - 1)
-        fit_tps, fit_mem = row.table in tps_fitting, row in fitting
+        fit_tps = row.table in tps_fitting
         if not fit_tps:
             tps_err.append(abs(e_t))
             orders.setdefault(row.table, []).append((row.tps, tps))
-        if not fit_mem:
-            mem_err.append(abs(e_m))
-        fitted_on = " and ".join(n for n, f in (("tokens/s", fit_tps), ("memory", fit_mem)) if f)
-        print(f"| {row.table}{f' (fit: {fitted_on})' if fitted_on else ''} | {row.label} | {row.tps:,.0f} | "
+        mem_err.append(abs(e_m))
+        print(f"| {row.table}{' (fit: tokens/s)' if fit_tps else ''} | {row.label} | {row.tps:,.0f} | "
               f"{tps:,.0f} | {e_t:+.0f} % | {row.memory_gib:.1f} | {mem:.1f} | {e_m:+.0f} % |")
     kept = [t for t, pairs in orders.items()
             if sorted(range(len(pairs)), key=lambda i: pairs[i][0])
             == sorted(range(len(pairs)), key=lambda i: pairs[i][1])]
     print()
-    print(f"held-out rows: {len(tps_err)} for tokens/s, {len(mem_err)} for memory; tokens/s |error| median "
+    print(f"held-out rows: {len(tps_err)} for tokens/s, {len(mem_err)} for memory (none fitted); tokens/s |error| "
+          f"median "
           f"{statistics.median(tps_err):.0f} %, worst {max(tps_err):.0f} %, "
           f"within 25 %: {sum(e <= 25 for e in tps_err)}; memory |error| median "
           f"{statistics.median(mem_err):.0f} %, worst {max(mem_err):.0f} %, "

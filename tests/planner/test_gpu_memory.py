@@ -91,7 +91,7 @@ def test_float8_adds_its_copies_and_scales():
         assert f8["float8"] * GIB == pytest.approx(want), recipe
         for same in ("states", "fsdp_working_set", "activations", "checkpoints", "logits", "workspaces"):
             assert f8[same] == bf16[same]  # torchao saves the bf16 input and weight: nothing else moves
-        assert f8["allocator"] - bf16["allocator"] == pytest.approx(GpuMemory().fragmentation * f8["float8"])
+        assert f8["allocator"] == bf16["allocator"] == 0  # expandable segments: no fragmentation priced
         assert f8["rounding"] > bf16["rounding"]  # a tensorwise scale takes a 512-byte block
     assert bf16["float8"] == 0
 
@@ -100,7 +100,8 @@ def test_torchtitans_table_1_is_predicted_within_10_percent(monkeypatch):
     """TorchTitan's Table 1 (Llama 3.1 8B on 8 H100s, FSDP, local batch 2 x 8192, selective AC):
     published reserved peaks 82.4, 77.0 and 76.8 GiB (bf16, + compile, + float8), its loss eager
     under compile too (benchmarks/published/engines.py). This toolkit compiles its loss with the
-    blocks: 4 bytes a logit fewer (perf.model.memory_gpu.LOSS_UNITS' 6 against the eager 10)."""
+    blocks: 8 bytes a logit fewer (perf.model.memory_gpu.LOSS_UNITS: 3 units of bf16 logits against
+    the eager 7, both counted on an H200). Nothing in the account is fitted on these rows."""
     from benchmarks.published.engines import ENGINES
 
     eager = ENGINES["torchtitan"].engine.loss_compiled
@@ -110,20 +111,21 @@ def test_torchtitans_table_1_is_predicted_within_10_percent(monkeypatch):
         job = llama8b("activation_checkpoint.mode=selective", *overrides)
         titan, ours = (predict_memory(job, cuda=True, engine=Engine(loss_compiled=how)) for how in (eager, None))
         assert titan["total"] == pytest.approx(published, rel=0.10), overrides
-        assert titan["logits"] - ours["logits"] == pytest.approx(4 * logits if overrides else 0)
+        assert titan["logits"] - ours["logits"] == pytest.approx(8 * logits if overrides else 0)
+        assert titan["logits"] == pytest.approx(14 * logits)  # bf16 logits, fp32 copy, log-softmax's, its gradient
     assert 2 + 4 == 2 * mg.LOSS_UNITS["compiled"]  # bf16 logits and their fp32 gradient: the count
 
 
 def test_without_ac_a_gpu_blocks_activations_agree_with_the_counted_replicas():
     """Two accounts of what a GPU block keeps without AC, one against the other: the general one
-    (ACT_PER_TOKEN_* x GpuMemory.activation_scale, fitted on TorchTitan's selective-AC rows)
-    and the one counted for one replica under autocast (AUTOCAST_SAVED, checked against an H200's
-    allocated peaks). Eager, the 8B's within 5 % a token and block. Until selective AC's saves were
-    counted (memory.selective_saved), the fit took a guessed share's error into activation_scale
-    and the general account held 48 % of the counted one."""
+    (ACT_PER_TOKEN_*, fitted on CPU in fp32, and a bf16 block's fp32 norm upcasts, BF16_UPCAST_D,
+    counted) for a block in bf16 under FSDP, and the one counted for one replica under autocast
+    (AUTOCAST_SAVED, checked against an H200's allocated peaks): on the 8B's shape the autocast
+    block keeps 2 bytes a token per unit of dim more (22 d against 20 d + the query heads' 8), within
+    4 % a token and block."""
     job = llama8b("activation_checkpoint.mode=none")
     parts = predict_memory(job, cuda=True)
     tokens, blocks = job.training.local_batch_size * job.training.seq_len, job.model.n_layers
     general = parts["activations"] / blocks / tokens * GIB
     counted = mg.autocast_saved(job, "eager")
-    assert general == pytest.approx(counted, rel=0.05)
+    assert general == pytest.approx(counted, rel=0.04)

@@ -90,3 +90,44 @@ def test_a_pipeline_stage_accumulating_gradients_holds_its_largest_units_fresh_g
     stage = m.block_params + m.output_params
     working = predict_memory(job, pp_rank=3)["fsdp_working_set"] * GIB
     assert working == pytest.approx(stage * (4 + 4) + m.output_params * 4)
+
+
+def _saved_by_a_bf16_block(job) -> float:
+    """Bytes a token one of this toolkit's blocks saves for backward in bf16 (FSDP's mixed precision
+    casts its weights and inputs so), counted with autograd's saved-tensor hooks; its input, rope
+    tables and weights, saved as they are, take no new memory."""
+    import torch
+    from torch import nn
+
+    from titan_exp.models.llama import TransformerBlock, rope_tables
+
+    m, seq = job.model, 32
+    holder = nn.Module()
+    holder.block = TransformerBlock(m).to(torch.bfloat16)
+    cos, sin = rope_tables(m.head_size, seq, m.rope_theta)
+    x = torch.randn(1, seq, m.dim, dtype=torch.bfloat16, requires_grad=True)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        holder.block(x, cos, sin)
+    held = {t.untyped_storage().data_ptr() for t in (x, cos, sin, *holder.parameters())}
+    return sum(n for ptr, n in saved.items() if ptr not in held) / seq
+
+
+@pytest.mark.parametrize("shape", [[], ["model.head_dim=64"], ["model.ffn_dim_multiplier=2.0"]])
+def test_a_bf16_blocks_saves_are_the_accounts(shape):
+    """What the account says a bf16 block keeps a token without AC (ACT_PER_TOKEN_* in bf16, the
+    query heads' width beyond dim, the norms' fp32 upcasts: BF16_UPCAST_D) is what the block saves,
+    counted by hooks, within 1 % (attention's fp32 log-sum-exp and the norms' rsqrt, a float a head
+    and a token, are left out), at the debug shape, with heads four times dim wide together, and
+    with a wider SwiGLU."""
+    job = job_config(["model=debugmodel", "precision=bf16", "activation_checkpoint.mode=none",
+                      "training.seq_len=32", "training.local_batch_size=1", "model.n_layers=1",
+                      "parallelism.data_parallel_shard_degree=2", "cluster.nproc_per_node=2", *shape])
+    parts = predict_memory(job, cuda=True)
+    tokens = job.training.seq_len
+    assert parts["activations"] * GIB / tokens == pytest.approx(_saved_by_a_bf16_block(job), rel=0.01)

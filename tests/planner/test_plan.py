@@ -16,7 +16,8 @@ from conftest import REPO, compose, job_config
 
 from titan_exp.parallel.pipeline import layer_split, rank_loads
 from titan_exp.perf import plan as plan_cli
-from titan_exp.perf.model.memory import AS_COUNTED, GpuMemory, predict_memory
+from titan_exp.perf.model.memory import predict_memory
+from titan_exp.perf.model.memory_gpu import LOSS_UNITS
 from titan_exp.perf.model.step import predict_step
 from titan_exp.perf.rates.accuracy import published
 from titan_exp.perf.rates.devices import SPECS, spec_profile
@@ -67,8 +68,8 @@ def test_memory_model_counts_what_grows_at_scale():
     embedding and output larger FSDP units than a block; sequence parallel's gathered inputs are
     whole on every TP rank, and so is the TP embedding's gradient; a pipeline keeps each
     microbatch's checkpoints but recomputes one block at a time, and accumulates unsharded
-    gradients over several microbatches; a GPU adds GpuMemory's terms; the logits are split by
-    TP only under loss parallel."""
+    gradients over several microbatches; a GPU counts the same tensors, its loss as an H200 counted
+    it, and no fragmentation; the logits are split by TP only under loss parallel."""
     gib = 2**30
     job = job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1",
                       "precision=bf16", "activation_checkpoint.mode=full"])
@@ -76,7 +77,7 @@ def test_memory_model_counts_what_grows_at_scale():
 
     def memory(global_batch=8, job=job, **degrees):
         layout = dict(dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=1), **degrees)
-        return predict_memory(layouts.with_layout(job, layout, global_batch), cuda=True, gpu=AS_COUNTED)
+        return predict_memory(layouts.with_layout(job, layout, global_batch), cuda=True)
 
     fsdp = memory(dp_shard=8)
     assert m.embedding_params > 2 * m.block_params
@@ -101,21 +102,19 @@ def test_memory_model_counts_what_grows_at_scale():
             pp=4, dp_replicate=1, dp_shard=2, cp=1, tp=1), n), cuda=cuda) for n in (2, 16))
         assert several["fsdp_working_set"] > single["fsdp_working_set"] * 1.5
 
-    # On a GPU the kernels keep a share of the CPU-fitted activation count and the caching
-    # allocator's fragmentation grows what comes and goes (GpuMemory, fitted on TorchTitan's 8B rows).
-    gpu, layout = GpuMemory(), layouts.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1), 8)
+    # A GPU counts what a CPU counts but the loss (an H200's units of bf16 logits, 7 eager) and adds
+    # no fragmentation (expandable segments); a CPU's slack is glibc's heap.
+    layout = layouts.with_layout(job, dict(pp=1, dp_replicate=1, dp_shard=8, cp=1, tp=1), 8)
     on_gpu, on_cpu = predict_memory(layout, cuda=True), predict_memory(layout)
     assert on_gpu["states"] == fsdp["states"] and on_gpu["checkpoints"] == fsdp["checkpoints"]
-    assert on_gpu["activations"] == pytest.approx(fsdp["activations"] * gpu.activation_scale)
-    assert on_gpu["allocator"] == pytest.approx(
-        gpu.fragmentation * (on_gpu["activations"] + fsdp["checkpoints"] + fsdp["logits"] + on_gpu["float8"]))
-    # A CPU's slack is glibc's heap, not GpuMemory's (tests/test_perf.py::test_heap_slack_under_the_mmap_threshold).
-    assert on_cpu["allocator"] == predict_memory(layout, gpu=AS_COUNTED)["allocator"] < on_gpu["allocator"]
+    assert on_gpu["activations"] == pytest.approx(on_cpu["activations"])  # bf16 under FSDP on either
+    assert on_gpu["logits"] == pytest.approx(tokens * m.vocab_size * LOSS_UNITS["eager"] * 2 / gib)
+    assert on_gpu["allocator"] == 0 < on_cpu["allocator"]
 
     no_loss_parallel = predict_memory(layouts.with_layout(
         job_config(["model=llama3_8b", "training.seq_len=8192", "training.local_batch_size=1", "precision=bf16",
                     "parallelism.disable_loss_parallel=true"]), dict(pp=1, dp_replicate=1, dp_shard=1, cp=1, tp=8), 1),
-        cuda=True, gpu=AS_COUNTED)
+        cuda=True)
     assert no_loss_parallel["logits"] > 7 * tp["logits"]
 
 

@@ -32,9 +32,11 @@
     segments, large requests rounded up to 2 MiB), cuBLAS's workspaces (once per process),
     float8's transient copies and scales; and NCCL's buffers, which NCCL allocates outside
     torch's allocator: reported (`nccl`), not in the total, which is the allocator's reserved
-    peak TorchTitan reports and a job's memory is checked against. What the allocator reserves
-    beyond these, its fragmentation, is fitted (GpuMemory, on TorchTitan's published 8B rows), as
-    are the share of the CPU-fitted activation count a GPU's kernels keep and what compile keeps;
+    peak TorchTitan reports and a job's memory is checked against. Beyond the rounded tensors the
+    allocator reserves next to nothing with expandable segments (cluster.cuda_expandable_segments,
+    the default here and TorchTitan's launcher's): not priced. The activations are the account
+    above in the GPU's bytes (compiled blocks taken to keep what eager ones keep), the loss the
+    units an H200 counted (memory_gpu.LOSS_UNITS): nothing is fitted on published rows;
   * on a GPU, one replica under bf16 autocast (no FSDP, TP, PP or CP; a dense model: a single GPU,
     or DDP) is counted instead, part by part at the moments its peak can be, with nothing fitted
     on TorchTitan's rows (perf.model.memory_gpu.autocast_peak): its fp32 parameters, autocast's bf16
@@ -84,29 +86,23 @@ SP_GATHERED = 2  # of ACT_PER_TOKEN_D: the sequence-parallel inputs each block g
 DISPATCH_COPIES = 3  # routed tokens (x top_k) a block saves per MoE layer, counted on CPU with or without EP
 EXCHANGED_COPIES = 2  # routed tokens (x top_k) EP's all-to-alls return (received, returned): selective AC saves them
 ATTENTION_WIDTH_SAVES = 4  # tensors attention saves at the query heads' width (wide_attention_saved)
+# Bytes a token per unit of dim a block in bf16 (FSDP's mixed precision, or full_bf16) keeps beyond
+# ACT_PER_TOKEN_D's count, which was fitted in fp32: its RMSNorms' fp32 upcasts of their inputs,
+# new tensors in bf16 (in fp32 the same). Counted with autograd's saved-tensor hooks on the block in
+# bf16 at Llama 3 1B's shape, with its heads 128 wide and with a wider SwiGLU (to tell the
+# terms of dim from those of the heads and the SwiGLU): 20 d + 8 q + 8 f bytes a token (q the query
+# heads' width), of which this is what ACT_PER_TOKEN_* and wide_attention_saved leave.
+BF16_UPCAST_D = 4
 
 
 @dataclass(frozen=True)
 class GpuMemory:
-    """What a GPU's reserved peak holds beyond the counted bytes that is not priced from its parts
-    (perf.model.memory_gpu prices the rest). Three fitted values, from TorchTitan's Llama 3.1 8B / 8-GPU
-    rows (Table 1's bf16 and compile rows, Table 2's first row) and checked on its other published
-    rows (benchmarks/published/torchtitan.py, BENCHMARKS.md): the caching allocator's fragmentation,
-    as a share of what comes and goes every step (activations, checkpoints, logits, float8
-    copies; the states, allocated once, do not fragment); what a GPU's eager blocks keep over the
-    activation count (ACT_PER_TOKEN_* fitted on CPU; per-op selective AC's counted,
-    selective_saved); and what compile keeps of that. `architecture` (not fitted) picks
-    cuBLAS's workspace size. One replica under autocast reads none of the fitted three
-    (perf.model.memory_gpu.autocast_peak)."""
+    """What a GPU's memory account reads of the device: its architecture, which picks cuBLAS's
+    workspace size (perf.model.memory_gpu.workspaces)."""
 
-    fragmentation: float = 0.225  # reserved beyond counted and rounded, over what comes and goes (fitted)
-    activation_scale: float = 1.078  # a GPU's eager blocks over the activation count (fitted)
-    compile_activations: float = 0.868  # compiled over eager (fitted)
     architecture: str = "hopper"  # hopper, ampere or blackwell (perf.rates.devices.DeviceSpec.architecture)
 
 
-FITTED = ("fragmentation", "activation_scale", "compile_activations")
-AS_COUNTED = GpuMemory(0.0, 1.0, 1.0)  # the bytes as counted, for fitting GpuMemory
 ALLOCATOR_SLACK = ("runtime", "allocator", "rounding", "workspaces")  # in the total, not in live tensors
 OUTSIDE_ALLOCATOR = ("nccl",)  # predicted, not in the total: not in torch's reserved peak
 
@@ -338,6 +334,8 @@ def _block_activations(r: _Rank) -> float:
     p, m, tokens, act_bytes = r.job.parallelism, r.job.model, r.tokens, r.act_bytes
     tp = p.tensor_parallel_degree
     per_block = tokens * (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * r.ffn_width) * act_bytes / tp
+    if act_bytes == 2 and not m.mla:  # the norms' fp32 upcasts (BF16_UPCAST_D)
+        per_block += tokens * BF16_UPCAST_D * m.dim / tp
     per_block += tokens * (latent_attention_saved(m, tp) + wide_attention_saved(m, tp, r.cuda)) * act_bytes
     # Sequence parallel: the attention's and the feed-forward's inputs are all-gathered to the
     # whole sequence, and their first linears save that gathered copy for backward (2 of the
@@ -380,37 +378,41 @@ def _kept(r: _Rank, per_block: float) -> tuple[float, float, float]:
 
 
 def _logits(r: _Rank, engine: Engine) -> float:
-    """The loss at its peak, split by tp under loss parallel. Eager, the logits, their fp32 copy and
-    its gradient (bf16 logits on a GPU: 2 + 4 + 4 bytes), as GpuMemory's values were fitted on
-    TorchTitan's rows, whose loss is this toolkit's code, eager there under compile too. Compiled on a
-    GPU (parallel.compiles_loss: with the blocks, not under loss parallel), its saved logits and their
-    fp32 gradient: for bf16 logits the 3 units an H200 counted (perf.model.memory_gpu.LOSS_UNITS)."""
+    """The loss at its peak, split by tp under loss parallel. On a GPU with bf16 logits, the units
+    of them an H200 counted (perf.model.memory_gpu.LOSS_UNITS): eager (TorchTitan's loss is this
+    toolkit's code, eager there under compile too), the logits, their fp32 copy, log-softmax's saved
+    fp32 output and its fp32 gradient; compiled (parallel.compiles_loss: with the blocks, not under
+    loss parallel), the saved logits and their fp32 gradient. Else the logits, their fp32 copy and
+    its gradient (a compiled loss: the logits and the gradient)."""
     if not r.worst.last:
         return 0.0
+    from titan_exp.perf.model.memory_gpu import LOSS_UNITS
+
     p, m, tp = r.job.parallelism, r.job.model, r.job.parallelism.tensor_parallel_degree
     vocab_split = 1 if p.disable_loss_parallel else tp
-    loss_compiled = compiles_loss(r.job) if engine.loss_compiled is None else engine.loss_compiled
-    loss_bytes = r.act_bytes + (4 if r.cuda and loss_compiled else 8)
+    compiled = r.cuda and (compiles_loss(r.job) if engine.loss_compiled is None else engine.loss_compiled)
+    if r.cuda and r.act_bytes == 2:
+        loss_bytes = LOSS_UNITS["compiled" if compiled else "eager"] * 2
+    else:
+        loss_bytes = r.act_bytes + (4 if compiled else 8)
     return r.tokens * m.vocab_size * loss_bytes / vocab_split + r.tokens * m.dim * r.act_bytes * (tp > 1)
 
 
 def _gpu_parts(r: _Rank, gpu: GpuMemory, parts: dict[str, float]) -> dict[str, float]:
-    """A GPU's terms: the activations scaled by `gpu`, float8's copies, the caching allocator's
-    fragmentation and rounding, cuBLAS's workspaces, NCCL's buffers (perf.model.memory_gpu)."""
+    """A GPU's terms: float8's copies, the caching allocator's rounding, cuBLAS's workspaces (by
+    `gpu`'s architecture), NCCL's buffers (perf.model.memory_gpu)."""
     from titan_exp.perf.model import memory_gpu  # only a GPU's terms read it
 
     job, m = r.job, r.job.model
-    scale = gpu.activation_scale * (gpu.compile_activations if job.compile.enable else 1.0)
-    activations = parts["activations"] * scale
+    activations = parts["activations"]
     f8 = memory_gpu.float8_tensors(job, r.tokens)
     float8 = sum(b * k for b, k in f8)
-    slack = gpu.fragmentation * (activations + parts["checkpoints"] + parts["logits"] + float8)
     d_share = ACT_PER_TOKEN_D * m.dim / (ACT_PER_TOKEN_D * m.dim + ACT_PER_TOKEN_H * r.ffn_width)
     rounding = memory_gpu.rounding(memory_gpu.step_tensors(
         job, tokens=r.tokens, act_bytes=r.act_bytes, gathered=r.act_bytes, working=parts["fsdp_working_set"],
         fsdp=r.fsdp, saved=(activations * d_share, activations * (1 - d_share)), checkpoints=parts["checkpoints"],
         logits=bool(r.worst.last), float8=f8))
-    return parts | {"activations": activations, "float8": float8, "rounding": rounding, "allocator": slack,
+    return parts | {"float8": float8, "rounding": rounding,
                     "workspaces": memory_gpu.workspaces(gpu.architecture), "nccl": memory_gpu.nccl(job)}
 
 
@@ -426,9 +428,9 @@ def _cpu_slack(r: _Rank) -> float:
 def predict_memory(job: JobConfig, *, cuda: bool = False, pp_rank: int | None = None,
                    gpu: GpuMemory = GpuMemory(), engine: Engine = TITAN_EXP) -> dict[str, float]:
     """Predicted peak memory (GiB) of the most loaded rank (or of the ranks at pipeline position
-    `pp_rank`), by part, and the total. On a GPU (`cuda`) the activations are scaled by `gpu`,
-    and the caching allocator's rounding, its fragmentation (`allocator`, by `gpu`), cuBLAS's
-    workspaces and float8's copies are parts of their own (perf.model.memory_gpu); NCCL's buffers
+    `pp_rank`), by part, and the total. On a GPU (`cuda`) the caching allocator's rounding,
+    cuBLAS's workspaces (by `gpu`'s architecture) and float8's copies are parts of their own
+    (perf.model.memory_gpu); NCCL's buffers
     (`nccl`) are predicted beside the total, not in it (OUTSIDE_ALLOCATOR). `engine` says whether
     the loss runs compiled (model.engine: by default as this toolkit's trainer runs it)."""
     job = resolved(job)

@@ -35,7 +35,8 @@ model reads it for plans on CUDA (predict_memory(..., cuda=True)).
                NVLink SHARP and the proxy's host buffers are not counted.
 
 The fragmentation the allocator adds beyond rounding, segments split and cached where a later
-request does not fit, is no part here: it is fitted (perf.model.memory.GpuMemory).
+request does not fit, is no part here: with expandable segments (cluster.cuda_expandable_segments,
+the default, as TorchTitan's launcher sets) a segment grows in place, and it is not priced.
 
 One replica under autocast (`autocast_peak`): a job without FSDP, TP, PP or CP runs its forward
 and backward under bf16 autocast (titan_exp.precision.autocast_dtype) with fp32 parameters, and
