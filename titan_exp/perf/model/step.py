@@ -329,12 +329,13 @@ def slowest_rank(s: StepShape, work: BlockWork, inline: InlineComm, engine: Engi
 
 
 def stage_split_steps(job: JobConfig, profile: MachineProfile, splits: list[list[RankLoad]], *, cuda: bool,
-                      engine: Engine = TITAN_EXP, near: float = 0.1) -> list[float]:
+                      engine: Engine = TITAN_EXP, keep: int = 8) -> list[float]:
     """Seconds per step of `job` with its pipeline ranks loaded as each of `splits` says
     (pipeline.rank_loads of another split of its blocks), as predict_step prices one: the block's
     work and the collectives inside it are priced once, each distinct rank's period once, and the
-    schedule and each rank's step only for a split whose critical path (critical_path of its
-    periods) is within `near` of the shortest: the others are infinite."""
+    schedule and each rank's step only for the `keep` splits with the shortest critical paths
+    (critical_path of their periods; the rest of a step, a rank's communication and optimizer,
+    moves little between splits): the others are infinite."""
     s = StepShape.of(resolved(job), profile, cuda)
     work = block_work(s, engine, [])
     inline = inline_comm(s, work, engine.tp_overlap, engine.ep_overlap)
@@ -342,9 +343,9 @@ def stage_split_steps(job: JobConfig, profile: MachineProfile, splits: list[list
     periods = pipeline_schedule(dataclasses.replace(s, loads=distinct), work, inline, engine.output_heads).period
     period = dict(zip(distinct, periods))
     critical = [critical_path(s, [period[load] for load in loads]) for loads in splits]
-    bound = min(critical, default=0.0) * (1 + near)
+    shortest = set(sorted(range(len(splits)), key=critical.__getitem__)[:keep])
     return [sum(slowest_rank(dataclasses.replace(s, loads=loads), work, inline, engine).values())
-            if path <= bound else float("inf") for loads, path in zip(splits, critical)]
+            if i in shortest else float("inf") for i, loads in enumerate(splits)]
 
 
 def predict_step(job: JobConfig, profile: MachineProfile, *, cuda: bool | None = None,

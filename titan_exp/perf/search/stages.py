@@ -7,8 +7,8 @@ are not alike: the output projection and the loss (at a 128k vocabulary the FLOP
 of Llama 3 8B) run on the last stage, the embedding's lookup costs next to nothing. The chooser
 prices every split a valid pair of those two fields gives (pipeline.check accepts it, the stage
 count kept) with the cost model (perf.model.step.stage_split_steps: the slowest rank's step, the
-head on the last stage's; a split whose slowest rank is over 10 % slower per microbatch than the
-least slow one's is not priced further), and picks the fastest, of those predicted to fit in
+head on the last stage's; only the 8 splits with the shortest critical paths are priced whole),
+and picks the fastest, of those predicted to fit in
 memory where a limit is given. The planner chooses once a layout, at its first batch split
 (balanced_all), so a plan costs little more than before. A job whose pair is set (either field
 not 0) keeps it: the user's split.
