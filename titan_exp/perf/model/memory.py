@@ -91,7 +91,8 @@ ATTENTION_WIDTH_SAVES = 4  # tensors attention saves at the query heads' width (
 # new tensors in bf16 (in fp32 the same). Counted with autograd's saved-tensor hooks on the block in
 # bf16 at Llama 3 1B's shape, with its heads 128 wide and with a wider SwiGLU (to tell the
 # terms of dim from those of the heads and the SwiGLU): 20 d + 8 q + 8 f bytes a token (q the query
-# heads' width), of which this is what ACT_PER_TOKEN_* and wide_attention_saved leave.
+# heads' width), of which this is what ACT_PER_TOKEN_* and wide_attention_saved leave
+# (tests/planner/test_memory_fsdp_units.py recounts it).
 BF16_UPCAST_D = 4
 
 
@@ -386,12 +387,12 @@ def _logits(r: _Rank, engine: Engine) -> float:
     its gradient (a compiled loss: the logits and the gradient)."""
     if not r.worst.last:
         return 0.0
-    from titan_exp.perf.model.memory_gpu import LOSS_UNITS
-
     p, m, tp = r.job.parallelism, r.job.model, r.job.parallelism.tensor_parallel_degree
     vocab_split = 1 if p.disable_loss_parallel else tp
     compiled = r.cuda and (compiles_loss(r.job) if engine.loss_compiled is None else engine.loss_compiled)
     if r.cuda and r.act_bytes == 2:
+        from titan_exp.perf.model.memory_gpu import LOSS_UNITS  # only a GPU's terms read it
+
         loss_bytes = LOSS_UNITS["compiled" if compiled else "eager"] * 2
     else:
         loss_bytes = r.act_bytes + (4 if compiled else 8)
