@@ -166,10 +166,9 @@ def main(argv: list[str] | None = None) -> int:
             == sorted(range(len(pairs)), key=lambda i: pairs[i][1])]
     print()
     print(f"held-out rows: {len(tps_err)} for tokens/s, {len(mem_err)} for memory (none fitted); tokens/s |error| "
-          f"median "
-          f"{statistics.median(tps_err):.0f} %, worst {max(tps_err):.0f} %, "
+          f"median {statistics.median(tps_err):.0f} %, worst {max(tps_err):.0f} %, "
           f"within 25 %: {sum(e <= 25 for e in tps_err)}; memory |error| median "
-          f"{statistics.median(mem_err):.0f} %, worst {max(mem_err):.0f} %, "
+          f"{statistics.median(mem_err):.0f} %, worst {max(mem_err):.1f} %, "
           f"within 10 %: {sum(e <= 10 for e in mem_err)}; "
           f"published ordering kept in tables {sorted(kept)} of {sorted(orders)}")
     return 0
