@@ -286,13 +286,12 @@ class Trainer:
                 else:
                     losses: list[torch.Tensor] = []
                     args = (inputs,) if self.has_first else ()
-                    target = labels if self.has_last else None
+                    target, kept = (labels, losses) if self.has_last else (None, None)
                     if backward:  # the last stage keeps no microbatch's logits: only the losses are read
-                        self.schedule.step(*args, target=target, losses=losses if self.has_last else None,
-                                           return_outputs=False)
+                        self.schedule.step(*args, target=target, losses=kept, return_outputs=False)
                     else:
-                        self.schedule.eval(*args, target=target, losses=losses if self.has_last else None)
-                    loss += sum(_plain(part) for part in losses) if self.has_last else 0.0
+                        self.schedule.eval(*args, target=target, losses=kept)
+                    loss += sum(_plain(part) for part in losses)
         return loss
 
     def _global_loss(self, loss: torch.Tensor) -> torch.Tensor:

@@ -168,6 +168,7 @@ def block_work(s: StepShape, engine: Engine, notes: list[str]) -> BlockWork:
         c = profile.corrections.compute
         fwd, block, head = gpu.fwd * c, (gpu.fwd + gpu.bwd) * c, gpu.head * c
         kept = fwd - gpu.selective_s * c  # what per-op selective AC saves rather than recomputes
+        embedding = 0.0  # a GPU's head is the output and the loss alone (perf.model.block)
     else:
         gpu = None
         cost = profile.block(model_shape(job), s.tp)
@@ -194,17 +195,15 @@ def block_work(s: StepShape, engine: Engine, notes: list[str]) -> BlockWork:
     if ac.mode == ACMode.selective and ac.selective_ac_option == "op" and gpu is not None and not job.compile.enable:
         notes.append("selective AC without compile runs its per-op policy in Python, which is not priced (the 1B on "
                      "one H200 ran 26-38 % slower than predicted): take it as optimistic, or compile")
-    return BlockWork(fwd, block, head, recomputed(ac, fwd, max(0.0, fwd - kept)), cost, gpu,
-                     0.0 if gpu is not None else embedding)
+    return BlockWork(fwd, block, head, recomputed(ac, fwd, max(0.0, fwd - kept)), cost, gpu, embedding)
 
 
 def embedding_s(s: StepShape) -> float:
-    """The embedding's share of a calibrated head per microbatch (the head is measured on a model
-    whose blocks are removed: embedding, norm, output and loss together): its backward writes a
-    dense fp32 gradient of the whole table, which the first microbatch's keeps and the others' add
-    to the kept one (zero-fill, then two reads and a write): 4 passes over vocab x dim / tp x 4 bytes,
-    at the profile's memory-bound rate (nothing without its kernels). A GPU's head is the output
-    and loss alone (perf.model.block), so this is not taken from it."""
+    """The embedding's share of a calibrated CPU head per microbatch (the head is measured on a model
+    whose blocks are removed: embedding, norm, output and loss together): its backward fills a dense
+    fp32 gradient of the whole table with zeros, writes it, and adds it to the accumulated one (two
+    reads and a write): 4 passes over vocab x dim / tp x 4 bytes, at the profile's memory-bound rate
+    (nothing without its kernels)."""
     kern, m = s.profile.kernels, s.job.model
     if kern is None or not kern.memory_tb_s:
         return 0.0
@@ -234,17 +233,26 @@ def pipeline_schedule(s: StepShape, work: BlockWork, inline: InlineComm, output_
     priced from its parts the collectives inside the blocks lengthen each microbatch of a stage, so
     the fill and drain of the pipeline too."""
     profile = s.profile
-    head_rest = work.head - work.embedding
-    per_mb = [r.blocks * (work.block + work.recompute) + r.first * work.embedding + r.last * output_heads * head_rest
-              for r in s.loads]
-    comm_mb = [inline.of(s, r) for r in s.loads]
-    period = [compute + (sum(comm.values()) * profile.corrections.communication if work.gpu is not None else 0.0)
-              for compute, comm in zip(per_mb, comm_mb)]
+    per_mb, comm_mb, period = rank_periods(s, work, inline, output_heads)
     critical = critical_path(s, period)
     # Costs were measured with all `world` ranks computing; fewer at a time run faster.
     active = s.world / s.pp * sum(s.n_mb * c for c in per_mb) / critical
     slowdown = max(1.0, active / profile.concurrency) / max(1.0, s.world / profile.concurrency)
     return Schedule(per_mb, comm_mb, period, critical, slowdown)
+
+
+def rank_periods(s: StepShape, work: BlockWork, inline: InlineComm,
+                 output_heads: int) -> tuple[list[float], list[dict[str, float]], list[float]]:
+    """Per load of `s.loads`: its compute per microbatch (its blocks, the embedding's share on the
+    first stage, the rest of the head on the last), the collectives inside its blocks per
+    microbatch, and its period (on a GPU priced from its parts, compute and those collectives)."""
+    head_rest = work.head - work.embedding
+    per_mb = [r.blocks * (work.block + work.recompute) + r.first * work.embedding + r.last * output_heads * head_rest
+              for r in s.loads]
+    comm_mb = [inline.of(s, r) for r in s.loads]
+    period = [compute + (sum(comm.values()) * s.profile.corrections.communication if work.gpu is not None else 0.0)
+              for compute, comm in zip(per_mb, comm_mb)]
+    return per_mb, comm_mb, period
 
 
 def critical_path(s: StepShape, periods: list[float]) -> float:
@@ -340,8 +348,8 @@ def stage_split_steps(job: JobConfig, profile: MachineProfile, splits: list[list
     work = block_work(s, engine, [])
     inline = inline_comm(s, work, engine.tp_overlap, engine.ep_overlap)
     distinct = list({load for loads in splits for load in loads})
-    periods = pipeline_schedule(dataclasses.replace(s, loads=distinct), work, inline, engine.output_heads).period
-    period = dict(zip(distinct, periods))
+    period = dict(zip(distinct, rank_periods(dataclasses.replace(s, loads=distinct), work, inline,
+                                             engine.output_heads)[2]))
     critical = [critical_path(s, [period[load] for load in loads]) for loads in splits]
     shortest = set(sorted(range(len(splits)), key=critical.__getitem__)[:keep])
     return [sum(slowest_rank(dataclasses.replace(s, loads=loads), work, inline, engine).values())

@@ -8,10 +8,9 @@ of Llama 3 8B) run on the last stage, the embedding's lookup costs next to nothi
 prices every split a valid pair of those two fields gives (pipeline.check accepts it, the stage
 count kept) with the cost model (perf.model.step.stage_split_steps: the slowest rank's step, the
 head on the last stage's; only the 8 splits with the shortest critical paths are priced whole),
-and picks the fastest, of those predicted to fit in
-memory where a limit is given. The planner chooses once a layout, at its first batch split
-(balanced_all), so a plan costs little more than before. A job whose pair is set (either field
-not 0) keeps it: the user's split.
+and picks the fastest, of those predicted to fit in memory where a limit is given. The planner
+chooses once a layout, at its first batch split (balanced_all), so a plan costs little more than
+before. A job whose pair is set (either field not 0) keeps it: the user's split.
 """
 
 from __future__ import annotations
@@ -105,8 +104,8 @@ def _splits(job: JobConfig, layout, own: tuple[int, int], cuda: bool) -> list[tu
 
 
 def priced_splits(job: JobConfig, profile: MachineProfile, *, cuda: bool) -> list[StageSplit]:
-    """candidate_splits, each with its predicted step (infinite where its slowest rank is far from
-    the least slow: perf.model.step.stage_split_steps), fastest first (ties: fewest blocks counted)."""
+    """candidate_splits, each with its predicted step (infinite beyond the few with the shortest
+    critical paths: perf.model.step.stage_split_steps), fastest first (ties: fewest blocks counted)."""
     splits = candidate_splits(job, cuda=cuda)
     steps = stage_split_steps(job, profile, [loads for _, loads in splits], cuda=cuda) if splits else []
     priced = [dataclasses.replace(split, step_s=step) for (split, _), step in zip(splits, steps)]
